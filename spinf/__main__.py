@@ -1,0 +1,5 @@
+"""``python -m spinf`` is the ``spinf-serve`` command."""
+
+from spinf.cli import main
+
+raise SystemExit(main())

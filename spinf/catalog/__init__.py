@@ -1,0 +1,1 @@
+"""Model catalog: manifests and built-in model assets."""

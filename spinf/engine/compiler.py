@@ -1,0 +1,236 @@
+"""Compiling a parsed request into jobs: content read once, every question a branch of its input's trie.
+
+Per input, in the order of api spec §4.9: the content's tokens and their limit, the choice of queries, each query
+compiled with running prompt counts, the engine-maximum check, then the content/template join check and the cut
+(engine spec A.5). Every prompt becomes a `Prompt`; prompts are laid into `Job`s (one per input, split by query
+group and then by halving when it exceeds its limit, A.11.1), plus floor jobs for the distinct floor reads (A.9).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from spinf.engine.queries import CompiledQuery, compile_query
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.engine.trie import PREFIX_END, Job, add_prompt
+from spinf.errors import ApiError, bad_request
+from spinf.protocol.queries import choose_queries
+from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
+
+TAIL_CHARS = 256  # the join check reads the content's last 256 characters
+MIN_CUT_TAIL = 32
+CUT_CANDIDATES = 64
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """One read: a branch after a prefix and the spellings read at its end; ``reads`` filled once laid out."""
+
+    branch: tuple[int, ...]
+    query: CompiledQuery
+    group: str = ""
+    reads: list[list[tuple[int, int, int]]] = attrs.field(factory=list)  # per spelling: (job, node, token)
+
+
+@attrs.define
+class CompiledInput:
+    spec: InputSpec
+    content_tokens: tuple[int, ...]
+    prefix: tuple[int, ...]
+    queries: list[CompiledQuery]
+    prompts: list[list[Prompt]]  # per chosen query, per combination
+    floors: list[list[Prompt | None]]  # the same shape; None where the floor is off
+
+
+@attrs.define
+class CompiledRequest:
+    request: ScoreRequest
+    inputs: list[CompiledInput]
+    floors: dict[tuple, Prompt]
+    jobs: list[Job]
+    warnings: list[dict]
+
+    @property
+    def processed_tokens(self) -> int:
+        return sum(job.num_tokens for job in self.jobs)
+
+
+@attrs.frozen
+class EngineShape:
+    """The engine constants a compilation needs."""
+
+    token_budget: int
+    max_tokens: int
+
+    @property
+    def engine_max(self) -> int:
+        return max(self.token_budget, self.max_tokens)
+
+
+def compile_request(req: ScoreRequest, tk: TextTokenizer, shape: EngineShape) -> CompiledRequest:
+    for i, inp in enumerate(req.inputs):
+        if any(isinstance(s, MediaPart) for s in inp.segments):
+            raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
+    cache: dict[str, CompiledQuery] = {}
+    warnings: list[dict] = []
+    floors: dict[tuple, Prompt] = {}
+    inputs = [_compile_input(req, i, tk, shape, cache, floors, warnings) for i in range(len(req.inputs))]
+    jobs: list[Job] = []
+    for ci in inputs:
+        _lay_out_input(ci, shape, jobs)
+    _lay_out(tk.bos, list(floors.values()), shape.token_budget, shape.engine_max, jobs)
+    compiled = CompiledRequest(req, inputs, floors, jobs, warnings)
+    if compiled.processed_tokens > req.limits.max_processed_tokens:
+        raise ApiError(
+            413,
+            "request_too_large",
+            None,
+            f"the request needs {compiled.processed_tokens} processed tokens; the limit is "
+            f"{req.limits.max_processed_tokens}",
+        )
+    return compiled
+
+
+def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
+    inp = req.inputs[i]
+    text = inp.text
+    content = tk.tok(text)
+    limits = req.limits
+    if len(content) > limits.max_content_tokens:
+        raise bad_request(
+            "content_too_long",
+            f"inputs.{i}",
+            f"the content has {len(content)} tokens; the limit is {limits.max_content_tokens}",
+        )
+    queries, prompts_seen = [], 0
+    for q in choose_queries(req, i):
+        if q.path not in cache:
+            cache[q.path] = compile_query(q, tk, limits, case_insensitive=req.case_insensitive)
+        cq = cache[q.path]
+        prompts_seen += len(cq.combos)
+        if prompts_seen > limits.max_prompts_per_input:
+            raise bad_request(
+                "too_many_prompts",
+                f"inputs.{i}",
+                f"the input has more than {limits.max_prompts_per_input} prompts (combinations of its queries)",
+            )
+        queries.append(cq)
+    for cq in queries:
+        longest = len(tk.bos) + len(content) + max(map(len, cq.filled_tokens)) + limits.max_option_tokens
+        if longest > shape.engine_max:
+            raise bad_request(
+                "content_too_long",
+                f"inputs.{i}",
+                f"content plus query {cq.spec.id!r} needs {longest} tokens; the engine maximum is {shape.engine_max}",
+            )
+    for cq in queries:
+        if not tk.bos and not all(cq.filled_tokens) and (not content or _floor_on(req, cq)):
+            raise bad_request(
+                "invalid_field",
+                f"{cq.spec.path}.template",
+                "this model has no <bos> token, so an empty template read on empty content has nothing to "
+                "condition on",
+            )
+    cut, tail, merged = _join(text, content, queries, tk)
+    if not merged:
+        warnings.append(
+            {
+                "code": "join_not_merged",
+                "message": "the content's end merges with a template when tokenized and no clean cut exists; the "
+                "content and the templates were tokenized separately",
+                "param": f"inputs.{i}",
+            }
+        )
+    prefix = tuple(tk.bos) + (content if cut is None else content[:cut])
+    prompts, input_floors = [], []
+    for cq in queries:
+        branches = cq.filled_tokens if cut is None else tuple(tk.tok_many([tail + f for f in cq.filled]))
+        group = cq.spec.group or ""
+        prompts.append([Prompt(branch, cq, group) for branch in branches])
+        on = _floor_on(req, cq)
+        input_floors.append([_floor(floors, cq, k) if on else None for k in range(len(cq.combos))])
+    return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
+
+
+def _floor_on(req: ScoreRequest, cq: CompiledQuery) -> bool:
+    return cq.spec.empty_floor if cq.spec.empty_floor is not None else req.empty_floor
+
+
+def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int) -> Prompt:
+    """The shared floor read of combination ``k``: keyed by what determines it (engine spec A.9)."""
+    key = (cq.filled[k], cq.spec.options, cq.case_insensitive, cq.spellings)
+    if key not in floors:
+        floors[key] = Prompt(cq.filled_tokens[k], cq)
+    return floors[key]
+
+
+def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:
+    """The join check: does the content's tail merge with any query's first filled template?"""
+    if not content:
+        return False
+    tail = text[-TAIL_CHARS:]
+    tail_tokens = tk.tok(tail)
+    return any(tk.tok(tail + cq.filled[0]) != tail_tokens + cq.filled_tokens[0] for cq in queries)
+
+
+def _join(text, content, queries, tk) -> tuple[int | None, str, bool]:
+    """Where to cut the content (a token index) and the tail re-tokenized with each template; False: no clean cut."""
+    if not _needs_cut(text, content, queries, tk):
+        return None, "", True
+    starts = tk.boundaries(text)
+    for index in sorted(range(max(0, len(starts) - CUT_CANDIDATES), len(starts)), reverse=True):
+        at = starts[index]
+        if len(text) - at < MIN_CUT_TAIL:
+            continue
+        if tk.tok(text[:at]) + tk.tok(text[at:]) == content:
+            return index, text[at:], True
+    if len(text) <= TAIL_CHARS:
+        return 0, text, True
+    return None, "", False
+
+
+def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job]) -> None:
+    """One job per input; when too large, one per query group (ungrouped first), then halves (A.11.1)."""
+    content_len = len(ci.prefix)
+    limit = shape.max_tokens if content_len > shape.token_budget // 2 else shape.token_budget
+    ordered = [p for per_query in ci.prompts for p in per_query]
+    ordered.sort(key=lambda p: (p.group != "", p.group))
+    if _size(ci.prefix, ordered) <= limit:
+        _lay_out(ci.prefix, ordered, limit, shape.engine_max, jobs)
+        return
+    for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
+        _lay_out(ci.prefix, [p for p in ordered if p.group == group], limit, shape.engine_max, jobs)
+
+
+def _size(prefix: tuple[int, ...], prompts: list[Prompt]) -> int:
+    job = Job(prefix)
+    for p in prompts:
+        add_prompt(job, p.branch, p.query.flat_spellings)
+    return job.num_tokens
+
+
+def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job]) -> None:
+    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving; record each prompt's reads."""
+    if not prompts:
+        return
+    job = Job(prefix)
+    reads = [add_prompt(job, p.branch, p.query.flat_spellings) for p in prompts]
+    if job.num_tokens > limit and len(prompts) > 1:
+        half = len(prompts) // 2
+        _lay_out(prefix, prompts[:half], limit, engine_max, jobs)
+        _lay_out(prefix, prompts[half:], limit, engine_max, jobs)
+        return
+    if job.num_tokens > engine_max:
+        raise ApiError(
+            413,
+            "request_too_large",
+            None,
+            f"one prompt needs {job.num_tokens} tokens; the engine maximum is {engine_max}",
+        )
+    index = len(jobs)
+    jobs.append(job)
+    for p, per_spelling in zip(prompts, reads, strict=True):
+        p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
+
+
+__all__ = ["PREFIX_END", "CompiledInput", "CompiledRequest", "EngineShape", "Prompt", "compile_request"]

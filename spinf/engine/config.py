@@ -1,0 +1,111 @@
+"""The text-model configuration the engine needs, read from a checkpoint's ``config.json``.
+
+Reading the JSON ourselves (instead of through transformers' config classes) keeps the engine independent of how
+a given transformers release serialises Gemma 4's per-layer overrides: older files carry ``global_head_dim`` and
+``num_global_key_value_heads``, newer ones a ``per_layer_config`` table. Both give the same `TextConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+
+from spinf.errors import ModelError
+
+GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
+GEMMA4_TYPES = ("gemma4_unified", "gemma4")
+
+
+@attrs.frozen
+class LayerSpec:
+    """One decoder layer's attention shape."""
+
+    is_sliding: bool
+    head_dim: int
+    num_kv_heads: int
+    k_eq_v: bool  # the layer has no v projection: its (un-normed) keys serve as values
+    rope_theta: float
+    rope_fraction: float  # share of each head's dimensions that rotate ("proportional" rope)
+
+
+@attrs.frozen
+class TextConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    layers: tuple[LayerSpec, ...]
+    sliding_window: int
+    rms_norm_eps: float
+    final_logit_softcapping: float | None
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
+    """The text config of the checkpoint in ``folder`` and the weight-name prefix of its text model."""
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the model config {path}: {exc}") from exc
+    model_type = raw.get("model_type")
+    if model_type in GEMMA4_TYPES:
+        text = dict(raw.get("text_config") or {})
+        text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", True))
+        return parse_text_config(text), "model.language_model."
+    if model_type in GEMMA4_TEXT_TYPES:
+        return parse_text_config(raw), "model."
+    raise ModelError(f"{path}: model_type {model_type!r} is not a Gemma 4 model; this engine serves Gemma 4")
+
+
+def parse_text_config(raw: dict) -> TextConfig:
+    """A `TextConfig` from a Gemma 4 text-config dict (either serialisation of the per-layer overrides)."""
+    layer_types = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(raw["num_hidden_layers"])
+    ]
+    rope = raw.get("rope_parameters") or {}
+    overrides = {int(k): v for k, v in (raw.get("per_layer_config") or {}).items()}
+    global_head_dim = raw.get("global_head_dim", 512)
+    k_eq_v = bool(raw.get("attention_k_eq_v", False))
+    global_kv = raw.get("num_global_key_value_heads") if k_eq_v else None
+    layers = []
+    for i, kind in enumerate(layer_types):
+        sliding = kind == "sliding_attention"
+        head_dim, kv_heads = raw.get("head_dim", 256), raw["num_key_value_heads"]
+        if not sliding:
+            override = overrides.get(i, {"head_dim": global_head_dim, "num_key_value_heads": global_kv})
+            head_dim = override.get("head_dim") or head_dim
+            kv_heads = override.get("num_key_value_heads") or kv_heads
+        params = rope.get(kind) or {}
+        fraction = params.get("partial_rotary_factor", 1.0) if params.get("rope_type") == "proportional" else 1.0
+        layers.append(
+            LayerSpec(
+                is_sliding=sliding,
+                head_dim=head_dim,
+                num_kv_heads=kv_heads,
+                k_eq_v=k_eq_v and not sliding,
+                rope_theta=float(params.get("rope_theta", 10_000.0 if sliding else 1_000_000.0)),
+                rope_fraction=float(fraction),
+            )
+        )
+    return TextConfig(
+        model_type=raw.get("model_type", "gemma4_unified_text"),
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_heads=raw["num_attention_heads"],
+        layers=tuple(layers),
+        sliding_window=raw.get("sliding_window", 1024),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        final_logit_softcapping=raw.get("final_logit_softcapping"),
+        tie_word_embeddings=raw.get("tie_word_embeddings", True),
+        bos_token_id=raw.get("bos_token_id"),
+    )

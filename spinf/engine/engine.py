@@ -1,0 +1,125 @@
+"""The library entry point: ``Engine(model, device).score(body)`` answers a ``/v1/score`` body in-process.
+
+It ties the pieces together in straight-line order: parse the body (`spinf.protocol`), compile it against the
+tokenizer (`spinf.engine.compiler`), run the jobs (`spinf.engine.scorer`), and assemble the response
+(`spinf.engine.results`). Request problems raise `ApiError` with the spec's status, code and param.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from spinf._version import __version__
+from spinf.engine.compiler import EngineShape, compile_request
+from spinf.engine.model import load_gemma4_text
+from spinf.engine.results import input_results, usage
+from spinf.engine.scorer import Scorer
+from spinf.engine.tiny import TINY_MODEL_ID, ensure_tiny_snapshot
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.errors import ModelError
+from spinf.protocol.ids import new_request_id
+from spinf.protocol.request import parse_score_request
+from spinf.settings import Features, Limits
+
+TINY_ALIASES = ("tiny",)
+DEFAULT_TOKEN_BUDGET = 16_384
+DEFAULT_MAX_TOKENS = 65_536
+# Until the extraction and media issues land, the engine reads text and scores {?} slots only.
+SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=False)
+
+
+def resolve_snapshot(model: str, cache_dir: str | Path | None = None) -> tuple[Path, str, tuple[str, ...]]:
+    """The checkpoint folder, served id and aliases for ``model`` (the tiny model or a local folder)."""
+    if model.lower() in (TINY_MODEL_ID, *TINY_ALIASES):
+        return ensure_tiny_snapshot(cache_dir), TINY_MODEL_ID, TINY_ALIASES
+    folder = Path(model).expanduser()
+    if (folder / "config.json").is_file():
+        return folder, model, ()
+    raise ModelError(
+        f"unknown model {model!r}: this build serves {TINY_MODEL_ID!r} (alias 'tiny') or a local checkpoint folder"
+    )
+
+
+def round_up(n: int, multiple: int = 128) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Engine:
+    """One loaded model and everything needed to score requests on it, synchronously."""
+
+    def __init__(
+        self,
+        model: str = TINY_MODEL_ID,
+        *,
+        device: str = "cpu",
+        limits: Limits | None = None,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        cache_dir: str | Path | None = None,
+    ):
+        folder, self.model_id, self.aliases = resolve_snapshot(model, cache_dir)
+        self.folder = folder
+        self.device = torch.device(device)
+        self.limits = limits or Limits()
+        self.shape = EngineShape(round_up(token_budget), round_up(max_tokens))
+        self.tokenizer = TextTokenizer.from_folder(folder)
+        self.model = load_gemma4_text(folder, device=device, dtype=torch.float32)
+        self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
+        self.revision = folder.name
+        self.quant = "fp32"
+        self.system_fingerprint = self._fingerprint()
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.model_id, *self.aliases)
+
+    def _fingerprint(self) -> str:
+        """``fp_`` + 10 hex digits of sha256 over the parts of api spec §11, in order."""
+        capability = "cpu"
+        if self.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(self.device)
+            capability = f"{major}.{minor}"
+        parts = [
+            self.model_id,
+            self.revision,
+            self.quant,
+            os.environ.get("GIT_SHA") or "unknown",
+            __version__,
+            capability,
+            "fp32",
+        ]
+        return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+
+    def score(self, body: object, *, debug: bool = False) -> dict:
+        """The response of spec §5 for a ``/v1/score`` body, or `ApiError`."""
+        request_id = new_request_id()
+        started = time.perf_counter()
+        req = parse_score_request(body, served_names=self.served_names, limits=self.limits, features=SCORING_FEATURES)
+        compiled = compile_request(req, self.tokenizer, self.shape)
+        compiled_at = time.perf_counter()
+        values, stats = self.scorer.run(compiled.jobs)
+        scored_at = time.perf_counter()
+        results, mass_warnings = input_results(compiled, values)
+        response = {"id": request_id, "object": "score", "created": int(time.time())}
+        response["model"] = req.model if req.model is not None else self.model_id
+        if req.endpoint is not None:
+            response["endpoint"] = req.endpoint
+        response["system_fingerprint"] = self.system_fingerprint
+        response["results"] = results
+        response["warnings"] = compiled.warnings + mass_warnings
+        response["usage"] = usage(compiled)
+        if debug:
+            response["usage"]["packed_tokens"] = stats.packed_tokens
+        response["timing"] = {
+            "wall_ms": round((scored_at - compiled_at) * 1000),
+            "queue_ms": 0,
+            "compile_ms": round((compiled_at - started) * 1000),
+            "score_ms": round((scored_at - compiled_at) * 1000),
+            "gpu_busy_ms": round(stats.busy_s * 1000),
+        }
+        return response

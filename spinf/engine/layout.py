@@ -1,0 +1,68 @@
+"""The layout of one pass: jobs back to back as flat per-token arrays (pure Python, no torch).
+
+Within a job the prefix comes first (positions ``0 … P-1``), then the trie's nodes in pre-order; a node at depth
+``d`` gets position ``P + d``, so siblings reuse positions and every prompt sees exactly its solo positions
+(engine spec A.6). For each branch token the layout lists its path (ancestors root first, then itself) as stream
+rows; tree attention reads nothing else of the branch part of the pass.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from spinf.engine.trie import PREFIX_END, Job
+
+
+@attrs.frozen
+class PassLayout:
+    token_ids: list[int]
+    positions: list[int]
+    spans: list[tuple[int, int, int]]  # per job: (start row, prefix length, branch count)
+    branch_rows: list[int]
+    paths: list[list[int]]  # per branch row: the stream rows of its path, root first
+    read_rows: list[int]  # distinct rows whose next-token distribution is read
+    read_columns: list[list[int]]  # per read row: the token ids read there
+    read_index: dict[tuple[int, int, int], tuple[int, int]]  # (job, node, token) -> (read row no., column no.)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def build_pass(jobs: list[Job]) -> PassLayout:
+    """Lay out ``jobs`` in order; ``read_index`` maps each job's reads to where the scorer finds them."""
+    token_ids: list[int] = []
+    positions: list[int] = []
+    spans, branch_rows, paths = [], [], []
+    read_rows: list[int] = []
+    read_columns: list[list[int]] = []
+    read_index: dict[tuple[int, int, int], tuple[int, int]] = {}
+    for j, job in enumerate(jobs):
+        start, prefix_len = len(token_ids), len(job.prefix)
+        if not prefix_len and any(node == PREFIX_END for node, _ in job.reads):
+            raise ValueError("a read at the end of an empty prefix has nothing to condition on")
+        token_ids.extend(job.prefix)
+        positions.extend(range(prefix_len))
+        row_of = {PREFIX_END: start + prefix_len - 1}
+        path_of: dict[int, list[int]] = {PREFIX_END: []}
+        trie = job.trie
+        for node in trie.preorder():
+            row = len(token_ids)
+            row_of[node] = row
+            token_ids.append(trie.tokens[node])
+            positions.append(prefix_len + trie.depth[node])
+            path_of[node] = [*path_of[trie.parent[node]], row]
+            branch_rows.append(row)
+            paths.append(path_of[node])
+        spans.append((start, prefix_len, len(trie)))
+        by_row: dict[int, int] = {}
+        for node, token in sorted(job.reads):
+            row = row_of[node]
+            if row not in by_row:
+                by_row[row] = len(read_rows)
+                read_rows.append(row)
+                read_columns.append([])
+            k = by_row[row]
+            read_index[(j, node, token)] = (k, len(read_columns[k]))
+            read_columns[k].append(token)
+    return PassLayout(token_ids, positions, spans, branch_rows, paths, read_rows, read_columns, read_index)

@@ -1,0 +1,177 @@
+"""The Gemma 4 text decoder as the engine runs it: one flat pass of many jobs under tree attention.
+
+Written as plain modules (gpt-fast style) and checked against transformers' definitions by the tests. Weights are
+loaded from memory-mapped safetensors onto modules built on the ``meta`` device; q/k/v and gate/up are fused at
+load so the forward stays a handful of GEMMs per layer. The forward returns hidden states; only the rows where an
+option token is read go through the final norm and the LM head (`Gemma4Text.read_logprobs`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from spinf.engine.attention import AttentionPlan, tree_attention
+from spinf.engine.config import LayerSpec, TextConfig, read_text_config
+from spinf.errors import ModelError
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 4's RMSNorm in fp32: ``x * (mean(x^2) + eps) ** -0.5 * weight`` (the weight multiplies directly)."""
+    xf = x.float()
+    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        out = out * weight.float()
+    return out.type_as(x)
+
+
+def rope_inv_freq(spec: LayerSpec) -> torch.Tensor:
+    """Inverse frequencies; with "proportional" rope only the first ``fraction`` of the pairs rotate."""
+    half = spec.head_dim // 2
+    rotated = int(spec.rope_fraction * spec.head_dim // 2)
+    exponents = torch.arange(0, 2 * rotated, 2, dtype=torch.int64).float() / spec.head_dim
+    inv = 1.0 / (spec.rope_theta**exponents)
+    return torch.cat([inv, torch.zeros(half - rotated)])
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rope. x [N, heads, d]; cos, sin [N, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, spec: LayerSpec):
+        super().__init__()
+        self.spec = spec
+        self.eps = cfg.rms_norm_eps
+        self.window = cfg.sliding_window if spec.is_sliding else None
+        q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.qkv_sizes = (q_out, kv_out) if spec.k_eq_v else (q_out, kv_out, kv_out)
+        self.wqkv = nn.Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=False)
+        self.wo = nn.Linear(q_out, cfg.hidden_size, bias=False)
+        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        for name, dim in (("q_norm", spec.head_dim), ("k_norm", spec.head_dim)):
+            self.register_parameter(name, nn.Parameter(torch.ones(dim)))
+        for name in ("input_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm"):
+            self.register_parameter(name, nn.Parameter(torch.ones(cfg.hidden_size)))
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: AttentionPlan) -> torch.Tensor:
+        n, d = h.shape[0], self.spec.head_dim
+        x = rms_norm(h, self.input_norm, self.eps)
+        parts = self.wqkv(x).split(self.qkv_sizes, dim=-1)
+        q = apply_rope(rms_norm(parts[0].view(n, -1, d), self.q_norm, self.eps), *rope)
+        raw_k = parts[1].view(n, -1, d)
+        k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
+        v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
+        a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
+        h = h + rms_norm(self.wo(a), self.post_attn_norm, self.eps)
+        gate, up = self.w_gate_up(rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
+        mlp = self.w_down(F.gelu(gate, approximate="tanh") * up)
+        h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
+        return h * self.layer_scalar.to(h.dtype)
+
+
+class Gemma4Text(nn.Module):
+    """The decoder stack with a tied LM head; `forward` gives hidden states of a packed pass."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, spec) for spec in cfg.layers)
+        self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        kinds = {spec.is_sliding: spec for spec in cfg.layers}
+        self._rope_specs = kinds
+
+    def forward(self, token_ids: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] (before the final norm) of one pass."""
+        h = self.embed(token_ids)
+        # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
+        h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
+        ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
+        for layer in self.layers:
+            h = layer(h, ropes[layer.spec.is_sliding], plan)
+        return h
+
+    def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):
+        inv = rope_inv_freq(spec).to(positions.device)
+        freqs = positions[:, None].float() * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping."""
+        x = rms_norm(hidden_rows, self.final_norm, self.cfg.rms_norm_eps)
+        logits = torch.mm(x.float(), self.embed.weight.float().t())
+        cap = self.cfg.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return torch.log_softmax(logits, dim=-1)
+
+
+def _open_shards(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    single = folder / "model.safetensors"
+    if not single.exists():
+        raise ModelError(f"{folder} holds no model.safetensors (nor a sharded index)")
+    return [single]
+
+
+def _read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for shard in _open_shards(folder):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(prefix):
+                    tensors[key[len(prefix) :]] = f.get_tensor(key)
+    return tensors
+
+
+def _layer_state(raw: dict[str, torch.Tensor], i: int, spec: LayerSpec) -> dict[str, torch.Tensor]:
+    """Checkpoint names of layer ``i`` -> this module's names, with q/k/v and gate/up fused."""
+    p = f"layers.{i}."
+    qkv = ["q_proj", "k_proj"] + ([] if spec.k_eq_v else ["v_proj"])
+    return {
+        "wqkv.weight": torch.cat([raw.pop(f"{p}self_attn.{n}.weight") for n in qkv]),
+        "wo.weight": raw.pop(f"{p}self_attn.o_proj.weight"),
+        "w_gate_up.weight": torch.cat([raw.pop(f"{p}mlp.{n}.weight") for n in ("gate_proj", "up_proj")]),
+        "w_down.weight": raw.pop(f"{p}mlp.down_proj.weight"),
+        "q_norm": raw.pop(f"{p}self_attn.q_norm.weight"),
+        "k_norm": raw.pop(f"{p}self_attn.k_norm.weight"),
+        "input_norm": raw.pop(f"{p}input_layernorm.weight"),
+        "post_attn_norm": raw.pop(f"{p}post_attention_layernorm.weight"),
+        "pre_ff_norm": raw.pop(f"{p}pre_feedforward_layernorm.weight"),
+        "post_ff_norm": raw.pop(f"{p}post_feedforward_layernorm.weight"),
+        "layer_scalar": raw.pop(f"{p}layer_scalar", torch.ones(1)),
+    }
+
+
+def load_gemma4_text(folder: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Gemma4Text:
+    """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors)."""
+    folder = Path(folder)
+    cfg, prefix = read_text_config(folder)
+    raw = _read_tensors(folder, prefix)
+    state = {"embed.weight": raw.pop("embed_tokens.weight"), "final_norm": raw.pop("norm.weight")}
+    try:
+        for i, spec in enumerate(cfg.layers):
+            state.update({f"layers.{i}.{k}": v for k, v in _layer_state(raw, i, spec).items()})
+    except KeyError as exc:
+        raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
+    raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
+    with torch.device("meta"):
+        model = Gemma4Text(cfg)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()

@@ -1,0 +1,141 @@
+"""From read log-probs to the response's numbers: options, floors, warnings and usage (api spec §5.2–§5.7).
+
+A spelling's log-prob is the float64 sum of its tokens' log-probs (the chain rule); an option's ``logprob`` is the
+log-sum-exp of its kept spellings; ``p`` is the softmax over the query's options and ``residual`` the mass outside
+them. Every returned number is rounded to 6 decimals.
+"""
+
+from __future__ import annotations
+
+import math
+
+from spinf.engine.compiler import CompiledInput, CompiledRequest, Prompt
+
+LOW_MASS_RESIDUAL = 0.9
+Values = dict[tuple[int, int, int], float]
+
+
+def logsumexp(xs: list[float]) -> float:
+    top = max(xs)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(x - top) for x in xs))
+
+
+def option_logprobs(prompt: Prompt, values: Values) -> list[float]:
+    """Each option's log-probability at this prompt (engine spec A.7, A.8)."""
+    spelling_lp = [math.fsum(values[read] for read in reads) for reads in prompt.reads]
+    out, at = [], 0
+    for per_option in prompt.query.spellings:
+        out.append(logsumexp(spelling_lp[at : at + len(per_option)]))
+        at += len(per_option)
+    return out
+
+
+def softmax_and_residual(logprobs: list[float]) -> tuple[list[float], float]:
+    top = max(logprobs)
+    weights = [math.exp(x - top) for x in logprobs]
+    total = sum(weights)
+    mass = math.fsum(math.exp(x) for x in logprobs)
+    return [w / total for w in weights], max(0.0, 1.0 - mass)
+
+
+def r6(x: float) -> float:
+    return round(x, 6)
+
+
+def scored_query(ci: CompiledInput, qi: int, values: Values) -> tuple[dict, float]:
+    """The result entry of one chosen scored query, and its mean residual (for ``low_option_mass``)."""
+    cq = ci.queries[qi]
+    combinations, residuals = [], []
+    for k, combo in enumerate(cq.combos):
+        lps = option_logprobs(ci.prompts[qi][k], values)
+        ps, residual = softmax_and_residual(lps)
+        floor = ci.floors[qi][k]
+        floor_ps, floor_residual = softmax_and_residual(option_logprobs(floor, values)) if floor else (None, None)
+        options = [
+            {
+                "text": text,
+                "logprob": r6(lp),
+                "p": r6(p),
+                "floor_p": None if floor_ps is None else r6(floor_ps[j]),
+            }
+            for j, (text, lp, p) in enumerate(zip(cq.spec.options, lps, ps, strict=True))
+        ]
+        combinations.append(
+            {
+                "values": dict(combo),
+                "options": options,
+                "residual": r6(residual),
+                "floor_residual": None if floor_residual is None else r6(floor_residual),
+            }
+        )
+        residuals.append(residual)
+    return {"id": cq.spec.id, "combinations": combinations}, sum(residuals) / len(residuals)
+
+
+def input_results(compiled: CompiledRequest, values: Values) -> tuple[list[dict], list[dict]]:
+    """``results`` in input order, and the ``low_option_mass`` warnings."""
+    results, warnings = [], []
+    for ci in compiled.inputs:
+        queries = []
+        for qi, cq in enumerate(ci.queries):
+            entry, mean_residual = scored_query(ci, qi, values)
+            queries.append(entry)
+            if cq.reads_one_row and mean_residual > LOW_MASS_RESIDUAL:
+                warnings.append(
+                    {
+                        "code": "low_option_mass",
+                        "input_id": ci.spec.id,
+                        "query_id": cq.spec.id,
+                        "message": f"the options of query {cq.spec.id!r} hold {100 * (1 - mean_residual):.1f}% of "
+                        "the next-token mass on average; check the template's wording and the options' spelling",
+                    }
+                )
+        results.append({"input_id": ci.spec.id, "queries": queries})
+    return results, warnings
+
+
+def usage(compiled: CompiledRequest) -> dict:
+    """The ``usage`` block: every count defined by the request alone (api spec §5.7)."""
+    content = sum(len(ci.content_tokens) for ci in compiled.inputs)
+    query_tokens = sum(
+        sum(map(len, cq.filled_tokens)) + len(cq.combos) * cq.extra_option_tokens
+        for ci in compiled.inputs
+        for cq in ci.queries
+    )
+    floor_tokens = sum(len(p.branch) + p.query.extra_option_tokens for p in compiled.floors.values())
+    distinct = {cq.spec.path: cq for ci in compiled.inputs for cq in ci.queries}
+    prompt_tokens = content + query_tokens + floor_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "total_tokens": prompt_tokens,
+        "prompt_tokens_details": {
+            "content_tokens": content,
+            "text_tokens": content,
+            "query_tokens": query_tokens,
+            "floor_tokens": floor_tokens,
+        },
+        "inputs": len(compiled.inputs),
+        "content": {
+            "tokens": content,
+            "text_tokens": content,
+            "images": 0,
+            "image_tokens": 0,
+            "video_frames": 0,
+            "video_tokens": 0,
+            "audio_seconds": 0.0,
+            "audio_tokens": 0,
+        },
+        "scoring": {
+            "queries": len(distinct),
+            "combinations": sum(len(cq.combos) for cq in distinct.values()),
+            "options": sum(len(cq.spec.options or ()) for cq in distinct.values()),
+            "prompts": sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries),
+            "floor_prompts": len(compiled.floors),
+            "query_tokens": query_tokens,
+            "floor_tokens": floor_tokens,
+        },
+        "processed_tokens": compiled.processed_tokens,
+    }

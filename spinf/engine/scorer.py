@@ -1,0 +1,84 @@
+"""Running jobs through the model: pack them into passes, run each pass, read the wanted log-probs.
+
+The scorer decides nothing about the request; it returns plain Python floats keyed by ``(job, node, token)``.
+Only the read rows go through the final norm and the LM head, and only the wanted columns leave the log-softmax.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from spinf.engine.attention import AttentionPlan, JobSpan
+from spinf.engine.layout import PassLayout, build_pass
+from spinf.engine.model import Gemma4Text
+from spinf.engine.packing import pack
+from spinf.engine.trie import Job
+
+
+@attrs.frozen
+class RunStats:
+    passes: int
+    packed_tokens: int
+    busy_s: float
+
+
+def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
+    """Tensors of a pass layout; paths padded to the deepest branch token of the pass."""
+    depth = max((len(p) for p in layout.paths), default=1)
+    index = [p + [0] * (depth - len(p)) for p in layout.paths]
+    mask = [[True] * len(p) + [False] * (depth - len(p)) for p in layout.paths]
+
+    def as_tensor(data, dtype, shape=None):
+        t = torch.tensor(data, dtype=dtype)
+        return (t.reshape(shape) if shape else t).to(device)
+
+    return AttentionPlan(
+        positions=as_tensor(layout.positions, torch.long),
+        jobs=tuple(JobSpan(*span) for span in layout.spans),
+        branch_rows=as_tensor(layout.branch_rows, torch.long),
+        path_index=as_tensor(index, torch.long, (len(index), depth)),
+        path_mask=as_tensor(mask, torch.bool, (len(mask), depth)),
+    )
+
+
+class Scorer:
+    """Runs jobs on one model; single-threaded by design (the executor owns it)."""
+
+    def __init__(self, model: Gemma4Text, device: torch.device, token_budget: int):
+        self.model = model
+        self.device = device
+        self.token_budget = token_budget
+
+    def run(self, jobs: list[Job]) -> tuple[dict[tuple[int, int, int], float], RunStats]:
+        values: dict[tuple[int, int, int], float] = {}
+        passes = pack([job.num_tokens for job in jobs], self.token_budget)
+        busy, packed = 0.0, 0
+        for members in passes:
+            layout = build_pass([jobs[i] for i in members])
+            started = time.perf_counter()
+            found = self.run_pass(layout)
+            busy += time.perf_counter() - started
+            packed += layout.num_tokens
+            for (j, node, token), (row, col) in layout.read_index.items():
+                values[(members[j], node, token)] = found[row][col]
+        return values, RunStats(len(passes), packed, busy)
+
+    @torch.inference_mode()
+    def run_pass(self, layout: PassLayout) -> list[list[float]]:
+        """Log-probs of each read row's wanted tokens, as nested lists in ``layout.read_columns`` order."""
+        plan = attention_plan(layout, self.device)
+        token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
+        hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
+        rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
+        logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
+        flat_rows = [r for r, cols in enumerate(layout.read_columns) for _ in cols]
+        flat_cols = [c for cols in layout.read_columns for c in cols]
+        picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)].double().tolist()
+        out, at = [], 0
+        for cols in layout.read_columns:
+            out.append(picked[at : at + len(cols)])
+            at += len(cols)
+        return out

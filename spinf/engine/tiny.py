@@ -1,0 +1,243 @@
+"""The built-in tiny model ``spinf/tiny-gemma4``: random weights, a real tokenizer, generated on first use.
+
+This module owns the tiny model's snapshot: its architecture (``TINY_CONFIG``, a 6-layer Gemma 4 text model
+of about 0.7M parameters), how its weights are drawn, the revision id that names them, and writing the files
+into the Hugging Face hub cache layout (``models--spinf--tiny-gemma4/snapshots/<revision>/`` plus
+``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network. Tests
+and the quickstart use it. The weights are drawn here from the config alone, without instantiating
+transformers, so the bytes depend neither on transformers' version nor on its initialisers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import constants as hub_constants
+from safetensors.torch import save as save_safetensors
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL_ID = "spinf/tiny-gemma4"
+_REPO_FOLDER = "models--" + TINY_MODEL_ID.replace("/", "--")
+# Part of the revision: bump it whenever the weights or files written for the same config change.
+GENERATOR_VERSION = "spinf tiny-gemma4 generator 1"
+
+TINY_CONFIG: dict[str, Any] = {
+    "model_type": "gemma4_unified_text",
+    "architectures": ["Gemma4UnifiedForCausalLM"],
+    "vocab_size": 8192,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "global_head_dim": 64,
+    "num_global_key_value_heads": 1,
+    "attention_k_eq_v": True,
+    "sliding_window": 32,
+    "final_logit_softcapping": 30.0,
+    "layer_types": [
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    ],
+    "tie_word_embeddings": True,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 131072,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    },
+    "use_bidirectional_attention": "vision",
+    "dtype": "float32",
+}
+
+_SEED = 0
+# Wide enough that next-token distributions are far from flat once the embedding is scaled by sqrt(hidden)
+# on the way in and reused as the (tied) output head.
+_EMBEDDING_STD = 0.35
+# Gemma 4 norms multiply by the weight itself (not 1 + weight), so the weights sit around 1.
+_NORM_STD = 0.1
+
+_SPECIAL_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+# No add_bos_token: the <bos> comes from the template in tokenizer.json, and the flag would make transformers
+# rebuild that template its own way.
+_TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    **_SPECIAL_TOKENS,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": 131072,
+}
+_GENERATION_CONFIG = {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+
+
+def _json_bytes(value: Mapping[str, Any]) -> bytes:
+    return (json.dumps(value, indent=2) + "\n").encode("utf-8")
+
+
+def _tokenizer_bytes() -> bytes:
+    """The packaged tokenizer.json (trained by contrib/train_tiny_tokenizer.py)."""
+    return (resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json").read_bytes()
+
+
+def _revision(config_json: bytes, tokenizer_json: bytes) -> str:
+    digest = hashlib.sha1(usedforsecurity=False)
+    # Length prefixes keep the three parts from running into each other.
+    for part in (GENERATOR_VERSION.encode("utf-8"), config_json, tokenizer_json):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+TINY_REVISION = _revision(_json_bytes(TINY_CONFIG), _tokenizer_bytes())
+
+
+def tiny_weight_shapes(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, tuple[int, ...]]:
+    """The state-dict keys and shapes of ``Gemma4UnifiedForCausalLM`` for ``config``, written out by hand.
+
+    Covers what ``TINY_CONFIG`` uses: tied embeddings (no ``lm_head.weight``), no kv sharing between layers,
+    and ``attention_k_eq_v`` (full-attention layers reuse the keys as values, so they have no ``v_proj``).
+    """
+    hidden = config["hidden_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config["vocab_size"], hidden),
+        "model.norm.weight": (hidden,),
+    }
+    for index, layer_type in enumerate(config["layer_types"]):
+        shapes.update(_layer_shapes(config, f"model.layers.{index}.", layer_type == "full_attention"))
+    return shapes
+
+
+def _layer_shapes(config: Mapping[str, Any], prefix: str, full_attention: bool) -> dict[str, tuple[int, ...]]:
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    head_dim = config["global_head_dim"] if full_attention else config["head_dim"]
+    kv_heads = config["num_global_key_value_heads"] if full_attention else config["num_key_value_heads"]
+    q_width, kv_width = config["num_attention_heads"] * head_dim, kv_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "layer_scalar": (1,),
+        "self_attn.q_proj.weight": (q_width, hidden),
+        "self_attn.q_norm.weight": (head_dim,),
+        "self_attn.k_norm.weight": (head_dim,),
+        "self_attn.k_proj.weight": (kv_width, hidden),
+        "self_attn.o_proj.weight": (hidden, q_width),
+        "mlp.gate_proj.weight": (inner, hidden),
+        "mlp.up_proj.weight": (inner, hidden),
+        "mlp.down_proj.weight": (hidden, inner),
+    }
+    if not (full_attention and config["attention_k_eq_v"]):
+        shapes["self_attn.v_proj.weight"] = (kv_width, hidden)
+    for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+        shapes[f"{norm}_layernorm.weight"] = (hidden,)
+    return {prefix + name: shape for name, shape in shapes.items()}
+
+
+def tiny_state_dict(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, torch.Tensor]:
+    """The tiny model's float32 weights, drawn from one seeded CPU generator in sorted key order.
+
+    The revision does not hash these bytes (it names them by config, tokenizer and ``GENERATOR_VERSION``), so
+    they rely on torch's CPU normal sampler giving the same stream for a seed; should a torch release change
+    it, pin the old stream or bump ``GENERATOR_VERSION``.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(_SEED)
+    weights = {}
+    for key, shape in sorted(tiny_weight_shapes(config).items()):
+        weights[key] = _draw(key, shape, generator)
+    return weights
+
+
+def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    if key.endswith("layer_scalar"):
+        return torch.ones(shape, dtype=torch.float32)
+    normal = torch.randn(shape, generator=generator, dtype=torch.float32)
+    if key == "model.embed_tokens.weight":
+        return normal * _EMBEDDING_STD
+    if key.endswith("norm.weight"):
+        return 1.0 + normal * _NORM_STD
+    # A linear layer: weight is (out_features, in_features); 1/sqrt(in) keeps activations near unit scale.
+    return normal / math.sqrt(shape[1])
+
+
+def snapshot_files() -> dict[str, bytes]:
+    """Every file of the snapshot, by name; the same bytes on every call."""
+    return {
+        "config.json": _json_bytes(TINY_CONFIG),
+        "generation_config.json": _json_bytes(_GENERATION_CONFIG),
+        "model.safetensors": save_safetensors(tiny_state_dict(), metadata={"format": "pt"}),
+        "special_tokens_map.json": _json_bytes(_SPECIAL_TOKENS),
+        "tokenizer.json": _tokenizer_bytes(),
+        "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),
+    }
+
+
+def ensure_tiny_snapshot(cache_dir: str | Path | None = None) -> Path:
+    """The snapshot folder of ``spinf/tiny-gemma4`` under ``cache_dir``, generated first if it is missing.
+
+    ``cache_dir`` defaults to the hub cache (``HF_HUB_CACHE``). Safe against concurrent processes: each one
+    writes a private temporary folder and renames it into place; a rename is atomic, so a snapshot folder that
+    exists is complete, and the loser of a race discards its copy.
+    """
+    repo_dir = Path(cache_dir if cache_dir is not None else hub_constants.HF_HUB_CACHE) / _REPO_FOLDER
+    snapshot = repo_dir / "snapshots" / TINY_REVISION
+    if not snapshot.is_dir():
+        _generate(repo_dir, snapshot)
+    _write_ref(repo_dir)
+    return snapshot
+
+
+def _generate(repo_dir: Path, snapshot: Path) -> None:
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    # The temporary folder sits in the repo folder, beside snapshots/ (same file system, so the rename is
+    # atomic) but not inside it, so cache scanners never list a half-written revision.
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-snapshot-", dir=repo_dir))
+    try:
+        for name, data in snapshot_files().items():
+            (staging / name).write_bytes(data)
+        # mkdtemp makes the folder private; a hub cache may be shared, so open it like any other snapshot.
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, snapshot)
+        except OSError:
+            if not snapshot.is_dir():
+                raise
+            logger.debug("another process generated %s first; discarding this copy", snapshot)
+        else:
+            logger.info("generated the tiny model %s at %s", TINY_MODEL_ID, snapshot)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_ref(repo_dir: Path) -> None:
+    """Points ``refs/main`` at this revision, replacing the file atomically when it says anything else."""
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file() and ref.read_text(encoding="utf-8") == TINY_REVISION:
+        return
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside refs/, not in it, for the same reason as the staging folder of _generate.
+    fd, partial = tempfile.mkstemp(prefix=".tmp-ref-", dir=repo_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(TINY_REVISION)
+        os.chmod(partial, 0o644)  # mkstemp makes the file private; see the chmod in _generate
+        os.replace(partial, ref)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

@@ -1,0 +1,88 @@
+"""Token tries and jobs: how an input's questions become branches after its content.
+
+A `Job` is one prefix (BOS and the content, ending at the cut when there is one) and one `TokenTrie` of every token
+path that hangs off it: prompt suffixes (filled templates) and, under each prompt's end, the lead-ins of its
+multi-token options. Every distinct path is stored once, so a template's stem is shared by its combinations and a
+lead-in by its options. A read is a ``(node, token)`` pair: the log-probability of ``token`` at the row of ``node``
+(``PREFIX_END`` for the prefix's last row).
+
+Pure Python; the pass layout (`spinf.engine.layout`) turns jobs into the arrays the model runs.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+PREFIX_END = -1  # the read node of a prompt with no tokens of its own: the prefix's last row
+
+
+class TokenTrie:
+    """Nodes numbered in insertion order; children kept in insertion order for the pre-order layout."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parent: list[int] = []
+        self.depth: list[int] = []
+        self._children: list[dict[int, int]] = []
+        self._roots: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def insert(self, seq: tuple[int, ...] | list[int]) -> list[int]:
+        """Add a token path; return the node of each of its tokens."""
+        nodes = []
+        children, parent = self._roots, PREFIX_END
+        for token in seq:
+            node = children.get(token)
+            if node is None:
+                node = len(self.tokens)
+                children[token] = node
+                self.tokens.append(token)
+                self.parent.append(parent)
+                self.depth.append(0 if parent == PREFIX_END else self.depth[parent] + 1)
+                self._children.append({})
+            nodes.append(node)
+            children, parent = self._children[node], node
+        return nodes
+
+    def preorder(self) -> list[int]:
+        """Node ids in pre-order, so every subtree is one contiguous run."""
+        order: list[int] = []
+        stack = list(reversed(self._roots.values()))
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(reversed(self._children[node].values()))
+        return order
+
+
+@attrs.define
+class Job:
+    """One prefix and its trie; ``reads`` collects the ``(node, token)`` pairs whose log-probs are wanted."""
+
+    prefix: tuple[int, ...]
+    trie: TokenTrie = attrs.field(factory=TokenTrie)
+    reads: set[tuple[int, int]] = attrs.field(factory=set)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prefix) + len(self.trie)
+
+
+def add_prompt(job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...]]) -> list[list[tuple[int, int]]]:
+    """Insert one prompt's own tokens and its spellings' lead-ins; return each spelling's reads in order.
+
+    Token ``t`` of a spelling is read at the node of the token before it: the prompt's last node for the first
+    token, then the spelling's own lead-in nodes (engine spec A.7).
+    """
+    prompt_nodes = job.trie.insert(branch)
+    end = prompt_nodes[-1] if prompt_nodes else PREFIX_END
+    out = []
+    for tokens in spellings:
+        lead = job.trie.insert(branch + tokens[:-1])[len(branch) :] if len(tokens) > 1 else []
+        nodes = [end, *lead]
+        reads = list(zip(nodes, tokens, strict=True))
+        job.reads.update(reads)
+        out.append(reads)
+    return out
