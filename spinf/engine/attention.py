@@ -47,68 +47,114 @@ class AttentionPlan:
     path_mask: torch.Tensor  # [num_branch, max_depth] bool
 
 
-def _partial(scores: torch.Tensor, values: torch.Tensor, eq: str) -> tuple[torch.Tensor, ...]:
-    """Unnormalised softmax pieces (max, sum, weighted values) of masked scores ``-inf`` where hidden."""
-    m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(scores - m)
-    return m, p.sum(dim=-1, keepdim=True), torch.einsum(eq, p, values)
+ROW_CHUNK = 64  # branch rows are processed in chunks of exactly this many rows (padded), see `tree_attention`
 
 
 def _merge(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Combine two partial softmaxes in a fixed order (content first, then path)."""
+    """Combine two partial softmaxes (max, sum, unnormalised output) in a fixed order: content, then path."""
     (m1, l1, o1), (m2, l2, o2) = a, b
     m = torch.maximum(m1, m2)
     w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
     return (w1 * o1 + w2 * o2) / (w1 * l1 + w2 * l2)
 
 
+def _finite_max(scores: torch.Tensor) -> torch.Tensor:
+    m = scores.amax(dim=-1, keepdim=True)
+    return torch.where(torch.isinf(m), torch.zeros_like(m), m)
+
+
 def _prefix_attention(q, k, v, pos, window: int | None) -> torch.Tensor:
-    """Causal attention within one prefix. q [P, Hkv, G, d]; k, v [P, Hkv, d] -> [P, Hkv, G, d]."""
+    """Causal attention within one prefix (shapes set by the content alone). q [P, Hkv, G, d] -> same."""
     scores = torch.einsum("qhgd,khd->hgqk", q, k)
     diff = pos[:, None] - pos[None, :]
     visible = diff >= 0
     if window is not None:
         visible &= diff < window
-    scores = scores.masked_fill(~visible, NEG_INF)
-    probs = torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores.masked_fill(~visible, NEG_INF), dim=-1)
     return torch.einsum("hgqk,khd->qhgd", probs, v)
+
+
+def _content_part(q, k, v, q_pos, k_pos, window: int | None) -> tuple[torch.Tensor, ...]:
+    """Partial softmax of a chunk of branch rows over one prefix. q [C, Hkv, G, d]; k, v [P, Hkv, d].
+
+    Every call has the shape ``[ROW_CHUNK, …, P]``: the GEMMs and reductions a row goes through are fixed by
+    the content alone, whatever the other rows of the chunk are.
+    """
+    chunk, num_kv, group, dim = q.shape
+    if k.shape[0] == 0:  # no prefix (a model without BOS, empty content): nothing to attend to here
+        empty = q.new_zeros((chunk, num_kv, group, 1))
+        return torch.full_like(empty, NEG_INF), empty, torch.zeros_like(q)
+    qh = q.permute(1, 0, 2, 3).reshape(num_kv, chunk * group, dim)
+    scores = torch.bmm(qh, k.permute(1, 2, 0)).view(num_kv, chunk, group, -1).permute(1, 0, 2, 3)
+    if window is not None:
+        far = (q_pos[:, None] - k_pos[None, :]) >= window
+        scores = scores.masked_fill(far[:, None, None, :], NEG_INF)
+    m = _finite_max(scores)
+    p = torch.exp(scores - m)
+    ph = p.permute(1, 0, 2, 3).reshape(num_kv, chunk * group, -1)
+    o = torch.bmm(ph, v.permute(1, 0, 2)).view(num_kv, chunk, group, dim).permute(1, 0, 2, 3)
+    return m, p.sum(dim=-1, keepdim=True), o
+
+
+def _path_part(q, k_path, v_path, visible) -> tuple[torch.Tensor, ...]:
+    """Partial softmax of a chunk of rows over their own paths. q [C, Hkv, G, d]; k/v_path [C, D, Hkv, d].
+
+    Sums over the path run as sequential scans (cumulative sums, root first), so the padding that a deeper
+    neighbour forces on a row adds exact zeros after its own terms and never changes its result.
+    """
+    scores = (q[:, None] * k_path[:, :, :, None, :]).sum(-1).permute(0, 2, 3, 1)  # [C, Hkv, G, D]
+    scores = scores.masked_fill(~visible[:, None, None, :], NEG_INF)
+    m = _finite_max(scores)
+    p = torch.exp(scores - m)
+    total = torch.cumsum(p, dim=-1)[..., -1:]
+    weighted = p[:, :, :, None, :] * v_path.permute(0, 2, 3, 1)[:, :, None, :, :]  # [C, Hkv, G, d, D]
+    return m, total, torch.cumsum(weighted, dim=-1)[..., -1]
+
+
+def _chunks(total: int):
+    """Row ranges of ``ROW_CHUNK`` rows and how many rows of each are padding."""
+    for start in range(0, total, ROW_CHUNK):
+        yield start, min(ROW_CHUNK, total - start)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
 
 
 def tree_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, window: int | None
 ) -> torch.Tensor:
-    """Attention of every row of a pass. q [N, H, d]; k, v [N, Hkv, d] -> [N, H, d] (softmax scale 1)."""
+    """Attention of every row of a pass. q [N, H, d]; k, v [N, Hkv, d] -> [N, H, d] (softmax scale 1).
+
+    Branch rows go through in chunks of exactly ``ROW_CHUNK`` rows (the last one padded), so no GEMM or
+    reduction shape depends on how many other questions share the job or the pass.
+    """
     num_tokens, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
     qf = q.float().view(num_tokens, num_kv, num_heads // num_kv, head_dim)
     kf, vf = k.float(), v.float()
     out = torch.zeros_like(qf)
     pos = plan.positions
-
-    content_parts = []
+    first_branch = 0  # index into plan.branch_rows of the current job's first branch row
     for job in plan.jobs:
         prefix = slice(job.start, job.start + job.prefix_len)
         if job.prefix_len:
             out[prefix] = _prefix_attention(qf[prefix], kf[prefix], vf[prefix], pos[prefix], window)
-        rows = slice(job.start + job.prefix_len, job.start + job.prefix_len + job.num_branch)
-        # content part: [B, Hkv, G, P] scores of this job's branch rows against its prefix keys
-        scores = torch.einsum("bhgd,khd->bhgk", qf[rows], kf[prefix])
-        if window is not None:
-            far = (pos[rows][:, None] - pos[prefix][None, :]) >= window
-            scores = scores.masked_fill(far[:, None, None, :], NEG_INF)
-        content_parts.append(_partial(scores, vf[prefix], "bhgk,khd->bhgd"))
-    if not content_parts or plan.branch_rows.numel() == 0:
-        return out.view(num_tokens, num_heads, head_dim).to(q.dtype)
-
-    content = tuple(torch.cat(parts) for parts in zip(*content_parts, strict=True))
-    idx = plan.path_index
-    visible = plan.path_mask
-    if window is not None:
-        visible = visible & ((pos[plan.branch_rows][:, None] - pos[idx]) < window)
-    # path part: [B, Hkv, G, D] scores against the keys of each row's own path, root first
-    scores = torch.einsum("bhgd,bjhd->bhgj", qf[plan.branch_rows], kf[idx])
-    scores = scores.masked_fill(~visible[:, None, None, :], NEG_INF)
-    path = _partial(scores, vf[idx], "bhgj,bjhd->bhgd")
-    out[plan.branch_rows] = _merge(content, path)
+        for offset, count in _chunks(job.num_branch):
+            at = slice(first_branch + offset, first_branch + offset + count)
+            rows = plan.branch_rows[at]
+            idx, visible = plan.path_index[at], plan.path_mask[at]
+            if window is not None:
+                visible = visible & ((pos[rows][:, None] - pos[idx]) < window)
+            q_rows = _pad_rows(qf[rows], ROW_CHUNK)
+            content = _content_part(
+                q_rows, kf[prefix], vf[prefix], _pad_rows(pos[rows], ROW_CHUNK), pos[prefix], window
+            )
+            path = _path_part(
+                q_rows, _pad_rows(kf[idx], ROW_CHUNK), _pad_rows(vf[idx], ROW_CHUNK), _pad_rows(visible, ROW_CHUNK)
+            )
+            out[rows] = _merge(content, path)[:count]
+        first_branch += job.num_branch
     return out.view(num_tokens, num_heads, head_dim).to(q.dtype)

@@ -20,6 +20,17 @@ from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
 from spinf.errors import ModelError
 
+MIN_GEMM_ROWS = 16  # below this, CPU BLAS picks other kernels whose rows differ in the last bits
+
+
+def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` whose rows do not depend on how many rows ``x`` has (tiny inputs are padded)."""
+    rows = x.shape[0]
+    if rows >= MIN_GEMM_ROWS:
+        return x @ weight.t()
+    padded = torch.cat([x, x.new_zeros((MIN_GEMM_ROWS - rows, x.shape[1]))])
+    return (padded @ weight.t())[:rows]
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Gemma 4's RMSNorm in fp32: ``x * (mean(x^2) + eps) ** -0.5 * weight`` (the weight multiplies directly)."""
@@ -67,15 +78,15 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: AttentionPlan) -> torch.Tensor:
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
-        parts = self.wqkv(x).split(self.qkv_sizes, dim=-1)
+        parts = row_stable_mm(x, self.wqkv.weight).split(self.qkv_sizes, dim=-1)
         q = apply_rope(rms_norm(parts[0].view(n, -1, d), self.q_norm, self.eps), *rope)
         raw_k = parts[1].view(n, -1, d)
         k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
         v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
         a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
-        h = h + rms_norm(self.wo(a), self.post_attn_norm, self.eps)
-        gate, up = self.w_gate_up(rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
-        mlp = self.w_down(F.gelu(gate, approximate="tanh") * up)
+        h = h + rms_norm(row_stable_mm(a, self.wo.weight), self.post_attn_norm, self.eps)
+        gate, up = row_stable_mm(rms_norm(h, self.pre_ff_norm, self.eps), self.w_gate_up.weight).chunk(2, dim=-1)
+        mlp = row_stable_mm(F.gelu(gate, approximate="tanh") * up, self.w_down.weight)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         return h * self.layer_scalar.to(h.dtype)
 
@@ -111,7 +122,7 @@ class Gemma4Text(nn.Module):
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping."""
         x = rms_norm(hidden_rows, self.final_norm, self.cfg.rms_norm_eps)
-        logits = torch.mm(x.float(), self.embed.weight.float().t())
+        logits = row_stable_mm(x.float(), self.embed.weight.float())
         cap = self.cfg.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
