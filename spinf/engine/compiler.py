@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from spinf.engine.queries import CompiledQuery, compile_query
+from spinf.engine.queries import ENDING_CHARS, CompiledQuery, compile_query, spell_options
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import PREFIX_END, Job, add_prompt
 from spinf.errors import ApiError, bad_request
@@ -28,8 +28,13 @@ class Prompt:
 
     branch: tuple[int, ...]
     query: CompiledQuery
+    spellings: tuple[tuple[tuple[int, ...], ...], ...]  # per option: the token strings read for it
     group: str = ""
     reads: list[list[tuple[int, int, int]]] = attrs.field(factory=list)  # per spelling: (job, node, token)
+
+    @property
+    def flat_spellings(self) -> list[tuple[int, ...]]:
+        return [s for per_option in self.spellings for s in per_option]
 
 
 @attrs.define
@@ -146,9 +151,9 @@ def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
     for cq in queries:
         branches = cq.filled_tokens if cut is None else tuple(tk.tok_many([tail + f for f in cq.filled]))
         group = cq.spec.group or ""
-        prompts.append([Prompt(branch, cq, group) for branch in branches])
+        prompts.append([Prompt(branch, cq, cq.spellings, group) for branch in branches])
         on = _floor_on(req, cq)
-        input_floors.append([_floor(floors, cq, k) if on else None for k in range(len(cq.combos))])
+        input_floors.append([_floor(floors, cq, k, tk) if on else None for k in range(len(cq.combos))])
     return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
 
 
@@ -156,11 +161,20 @@ def _floor_on(req: ScoreRequest, cq: CompiledQuery) -> bool:
     return cq.spec.empty_floor if cq.spec.empty_floor is not None else req.empty_floor
 
 
-def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int) -> Prompt:
-    """The shared floor read of combination ``k``: keyed by what determines it (engine spec A.9)."""
-    key = (cq.filled[k], cq.spec.options, cq.case_insensitive, cq.spellings)
+def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int, tk: TextTokenizer) -> Prompt:
+    """The floor read of combination ``k``, shared by key (filled text, options, case rule) (engine spec A.9).
+
+    Its spellings follow the boundary rule on its own filled text alone, so a floor is a function of its key and
+    not of the other combinations of whichever query asked for it first.
+    """
+    text = cq.filled[k]
+    key = (text, cq.spec.options, cq.case_insensitive)
     if key not in floors:
-        floors[key] = Prompt(cq.filled_tokens[k], cq)
+        ending = text[-ENDING_CHARS:]
+        spellings = spell_options(
+            tk, cq.spec.options, cq.option_tokens, [(ending, tk.tok(ending))], cq.case_insensitive
+        )
+        floors[key] = Prompt(cq.filled_tokens[k], cq, spellings)
     return floors[key]
 
 
@@ -205,7 +219,7 @@ def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job]) -> No
 def _size(prefix: tuple[int, ...], prompts: list[Prompt]) -> int:
     job = Job(prefix)
     for p in prompts:
-        add_prompt(job, p.branch, p.query.flat_spellings)
+        add_prompt(job, p.branch, p.flat_spellings)
     return job.num_tokens
 
 
@@ -214,7 +228,7 @@ def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: l
     if not prompts:
         return
     job = Job(prefix)
-    reads = [add_prompt(job, p.branch, p.query.flat_spellings) for p in prompts]
+    reads = [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
     if job.num_tokens > limit and len(prompts) > 1:
         half = len(prompts) // 2
         _lay_out(prefix, prompts[:half], limit, engine_max, jobs)

@@ -20,16 +20,21 @@ from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
 from spinf.errors import ModelError
 
-MIN_GEMM_ROWS = 16  # below this, CPU BLAS picks other kernels whose rows differ in the last bits
+GEMM_ROWS = 128  # every CPU GEMM runs on blocks of exactly this many rows (the last one padded)
 
 
 def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` whose rows do not depend on how many rows ``x`` has (tiny inputs are padded)."""
+    """``x @ weight.T`` whose rows do not depend on how many rows ``x`` has or where a row sits.
+
+    CPU BLAS picks kernels and thread splits by the row count (MKL's rows differ in the last bits below 16 rows,
+    and at 17 rows with 16 threads). Fixed-size blocks give every row the same kernel and the same split.
+    """
     rows = x.shape[0]
-    if rows >= MIN_GEMM_ROWS:
-        return x @ weight.t()
-    padded = torch.cat([x, x.new_zeros((MIN_GEMM_ROWS - rows, x.shape[1]))])
-    return (padded @ weight.t())[:rows]
+    padded = -(-rows // GEMM_ROWS) * GEMM_ROWS
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros((padded - rows, x.shape[1]))])
+    out = torch.cat([block @ weight.t() for block in x.split(GEMM_ROWS)]) if padded else x @ weight.t()
+    return out[:rows]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -70,6 +70,34 @@ def filled_endings(filled: tuple[str, ...]) -> list[str]:
     return endings
 
 
+def _joins_cleanly(tk: TextTokenizer, endings, text: str, tokens: tuple[int, ...]) -> bool:
+    """The boundary rule: ``tok(E + text) == tok(E) + tok(text)`` for every kept ending ``E``."""
+    return all(tk.tok(e + text) == e_tokens + tokens for e, e_tokens in endings)
+
+
+def spell_options(
+    tk: TextTokenizer,
+    options: tuple[str, ...],
+    option_tokens: tuple[tuple[int, ...], ...],
+    endings: list[tuple[str, tuple[int, ...]]],
+    case_insensitive: bool,
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Each option's kept spellings (engine spec A.4.3): itself, then its single-token variants that pass the
+    boundary rule on ``endings``; a spelling claimed by an earlier option is not counted again."""
+    claimed: set[tuple[int, ...]] = set()
+    spellings = []
+    for option, tokens in zip(options, option_tokens, strict=True):
+        kept = [tokens] if tokens not in claimed else []
+        claimed.add(tokens)
+        for candidate in case_candidates(option) if case_insensitive else ():
+            c_tokens = tk.tok(candidate)
+            if len(c_tokens) == 1 and c_tokens not in claimed and _joins_cleanly(tk, endings, candidate, c_tokens):
+                kept.append(c_tokens)
+                claimed.add(c_tokens)
+        spellings.append(tuple(kept))
+    return tuple(spellings)
+
+
 def compile_query(q: QuerySpec, tk: TextTokenizer, limits: Limits, *, case_insensitive: bool) -> CompiledQuery:
     combos = expand_combinations(q)
     filled = tuple(q.template.fill(c) for c in combos)
@@ -92,27 +120,13 @@ def compile_query(q: QuerySpec, tk: TextTokenizer, limits: Limits, *, case_insen
                 f"option {options[j]!r} is {len(tokens)} tokens; options must be 1 to {limits.max_option_tokens}",
             )
     endings = [(e, tk.tok(e)) for e in filled_endings(filled)]
-
-    def joins_cleanly(text: str, tokens: tuple[int, ...]) -> bool:
-        return all(tk.tok(e + text) == e_tokens + tokens for e, e_tokens in endings)
-
     for j, (option, tokens) in enumerate(zip(options, option_tokens, strict=True)):
-        if not joins_cleanly(option, tokens):
+        if not _joins_cleanly(tk, endings, option, tokens):
             raise bad_request(
                 "option_boundary",
                 f"{q.path}.options.{j}",
                 f"option {option!r} merges with the end of the template when tokenized; add or remove a leading "
                 "space (templates should not end with whitespace; options usually start with a space)",
             )
-    claimed: set[tuple[int, ...]] = set()
-    spellings = []
-    for option, tokens in zip(options, option_tokens, strict=True):
-        kept = [tokens] if tokens not in claimed else []
-        claimed.add(tokens)
-        for candidate in case_candidates(option) if case_insensitive else ():
-            c_tokens = tk.tok(candidate)
-            if len(c_tokens) == 1 and c_tokens not in claimed and joins_cleanly(candidate, c_tokens):
-                kept.append(c_tokens)
-                claimed.add(c_tokens)
-        spellings.append(tuple(kept))
-    return CompiledQuery(q, combos, filled, filled_tokens, option_tokens, tuple(spellings), case_insensitive)
+    spellings = spell_options(tk, options, option_tokens, endings, case_insensitive)
+    return CompiledQuery(q, combos, filled, filled_tokens, option_tokens, spellings, case_insensitive)

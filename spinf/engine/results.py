@@ -26,7 +26,7 @@ def option_logprobs(prompt: Prompt, values: Values) -> list[float]:
     """Each option's log-probability at this prompt (engine spec A.7, A.8)."""
     spelling_lp = [math.fsum(values[read] for read in reads) for reads in prompt.reads]
     out, at = [], 0
-    for per_option in prompt.query.spellings:
+    for per_option in prompt.spellings:
         out.append(logsumexp(spelling_lp[at : at + len(per_option)]))
         at += len(per_option)
     return out

@@ -1,7 +1,7 @@
 """The built-in tiny model ``spinf/tiny-gemma4``: random weights, a real tokenizer, generated on first use.
 
 This module owns the tiny model's snapshot: its architecture (``TINY_CONFIG``, a 6-layer Gemma 4 text model
-of about 0.7M parameters), how its weights are drawn, the revision id that names them, and writing the files
+of about 0.85M parameters), how its weights are drawn, the revision id that names them, and writing the files
 into the Hugging Face hub cache layout (``models--spinf--tiny-gemma4/snapshots/<revision>/`` plus
 ``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network. Tests
 and the quickstart use it. The weights are drawn here from the config alone, without instantiating

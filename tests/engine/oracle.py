@@ -116,7 +116,9 @@ class Oracle:
             for f in filled:
                 prompt = prefix + (self.tok(f) if keep is None else self.tok(tail + f))
                 main = [self._option_lp(prompt, s) for s in spellings]
-                floor = [self._option_lp(self.bos + self.tok(f), s) for s in spellings] if floor_on else None
+                # a floor is a function of (filled text, options, case rule): its own ending alone decides
+                own = self.spellings(q["options"], [f], ci)
+                floor = [self._option_lp(self.bos + self.tok(f), s) for s in own] if floor_on else None
                 combos.append((main, floor))
             out.append(combos)
         return out

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from spinf.engine.attention import AttentionPlan, JobSpan
 from spinf.engine.config import read_text_config
-from spinf.engine.model import MIN_GEMM_ROWS, load_gemma4_text, row_stable_mm
+from spinf.engine.model import GEMM_ROWS, load_gemma4_text, row_stable_mm
 
 
 def sequence_plan(n: int) -> AttentionPlan:
@@ -47,10 +47,28 @@ def test_one_sequence_matches_transformers(models, length):
     assert (got - expected).abs().max().item() <= 1e-5
 
 
-def test_gemm_rows_do_not_depend_on_the_row_count():
-    gen = torch.Generator().manual_seed(0)
-    weight, x = torch.randn(256, 64, generator=gen), torch.randn(300, 64, generator=gen)
-    full = row_stable_mm(x, weight)
-    for rows in [1, 2, 3, 5, 7, 9, MIN_GEMM_ROWS, 17, 100]:
-        for offset in [0, 3, 128]:
-            assert torch.equal(row_stable_mm(x[offset : offset + rows], weight), full[offset : offset + rows])
+@pytest.mark.parametrize("threads", [1, 2, 16])
+def test_gemm_rows_do_not_depend_on_the_row_count_or_position(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(threads)
+        weight, x = torch.randn(256, 64, generator=gen), torch.randn(700, 64, generator=gen)
+        full = row_stable_mm(x, weight)
+        for rows in [1, 2, 3, 5, 7, 9, 16, 17, GEMM_ROWS + 1, 300]:
+            for offset in [0, 3, 128, 333]:
+                assert torch.equal(row_stable_mm(x[offset : offset + rows], weight), full[offset : offset + rows])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_both_serialisations_of_the_per_layer_overrides_give_the_same_config():
+    from spinf.engine.config import parse_text_config
+    from spinf.engine.tiny import TINY_CONFIG
+
+    newer = {k: v for k, v in TINY_CONFIG.items() if k not in ("global_head_dim", "num_global_key_value_heads")}
+    newer["per_layer_config"] = {
+        "2": {"head_dim": 64, "num_key_value_heads": 1},
+        "5": {"head_dim": 64, "num_key_value_heads": 1},
+    }
+    assert parse_text_config(newer) == parse_text_config(dict(TINY_CONFIG))
