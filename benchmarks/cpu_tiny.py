@@ -38,6 +38,8 @@ def main(repeats: int = 3) -> None:
     content = usage["content"]["tokens"] / usage["inputs"]
     median = statistics.median(times)
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "spinf"], capture_output=True, text=True).stdout.strip()
+    revision = f"{revision}-dirty" if revision and dirty else revision
     lines = [
         f"\n## CPU, tiny model, J1 shape — {datetime.date.today().isoformat()}, revision {revision or 'unknown'}\n",
         f"- command: `python benchmarks/cpu_tiny.py`; machine: {platform.processor() or platform.machine()}, "

@@ -38,9 +38,14 @@ def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Gemma 4's RMSNorm in fp32: ``x * (mean(x^2) + eps) ** -0.5 * weight`` (the weight multiplies directly)."""
+    """Gemma 4's RMSNorm in fp32: ``x / sqrt(mean(x^2) + eps) * weight`` (the weight multiplies directly).
+
+    Written with a square root and a division, which are correctly rounded in every code path, rather than a
+    ``pow(-0.5)`` whose vectorised and scalar CPU versions can differ in the last bit (which would make a row's
+    result depend on where it sits in the tensor).
+    """
     xf = x.float()
-    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    out = xf * (1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
     if weight is not None:
         out = out * weight.float()
     return out.type_as(x)

@@ -6,6 +6,7 @@ Only the read rows go through the final norm and the LM head, and only the wante
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import attrs
@@ -44,6 +45,26 @@ def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
     )
 
 
+@contextlib.contextmanager
+def one_cpu_thread(device: torch.device):
+    """On the CPU, run a pass on one intra-op thread.
+
+    torch splits an elementwise op across threads at offsets that depend on the tensor's size, and handles each
+    piece's last elements with scalar code that can differ in the last bit from the vectorised code (GELU does):
+    with several threads a row's result would depend on how many rows share the pass. One thread keeps the only
+    scalar tail at the end of each tensor, and the engine's tensor widths are multiples of the vector width.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
@@ -59,7 +80,8 @@ class Scorer:
         for members in passes:
             layout = build_pass([jobs[i] for i in members])
             started = time.perf_counter()
-            found = self.run_pass(layout)
+            with one_cpu_thread(self.device):
+                found = self.run_pass(layout)
             busy += time.perf_counter() - started
             packed += layout.num_tokens
             for (j, node, token), (row, col) in layout.read_index.items():
