@@ -12,7 +12,7 @@ import attrs
 
 from spinf.engine.queries import ENDING_CHARS, CompiledQuery, compile_query, spell_options
 from spinf.engine.tokenizer import TextTokenizer
-from spinf.engine.trie import PREFIX_END, Job, add_prompt
+from spinf.engine.trie import Job, add_prompt
 from spinf.errors import ApiError, bad_request
 from spinf.protocol.queries import choose_queries
 from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
@@ -100,42 +100,14 @@ def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
     inp = req.inputs[i]
     text = inp.text
     content = tk.tok(text)
-    limits = req.limits
-    if len(content) > limits.max_content_tokens:
+    if len(content) > req.limits.max_content_tokens:
         raise bad_request(
             "content_too_long",
             f"inputs.{i}",
-            f"the content has {len(content)} tokens; the limit is {limits.max_content_tokens}",
+            f"the content has {len(content)} tokens; the limit is {req.limits.max_content_tokens}",
         )
-    queries, prompts_seen = [], 0
-    for q in choose_queries(req, i):
-        if q.path not in cache:
-            cache[q.path] = compile_query(q, tk, limits, case_insensitive=req.case_insensitive)
-        cq = cache[q.path]
-        prompts_seen += len(cq.combos)
-        if prompts_seen > limits.max_prompts_per_input:
-            raise bad_request(
-                "too_many_prompts",
-                f"inputs.{i}",
-                f"the input has more than {limits.max_prompts_per_input} prompts (combinations of its queries)",
-            )
-        queries.append(cq)
-    for cq in queries:
-        longest = len(tk.bos) + len(content) + max(map(len, cq.filled_tokens)) + limits.max_option_tokens
-        if longest > shape.engine_max:
-            raise bad_request(
-                "content_too_long",
-                f"inputs.{i}",
-                f"content plus query {cq.spec.id!r} needs {longest} tokens; the engine maximum is {shape.engine_max}",
-            )
-    for cq in queries:
-        if not tk.bos and not all(cq.filled_tokens) and (not content or _floor_on(req, cq)):
-            raise bad_request(
-                "invalid_field",
-                f"{cq.spec.path}.template",
-                "this model has no <bos> token, so an empty template read on empty content has nothing to "
-                "condition on",
-            )
+    queries = _chosen_queries(req, i, tk, cache)
+    _check_fits(req, i, tk, shape, content, queries)
     cut, tail, merged = _join(text, content, queries, tk)
     if not merged:
         warnings.append(
@@ -150,11 +122,48 @@ def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
     prompts, input_floors = [], []
     for cq in queries:
         branches = cq.filled_tokens if cut is None else tuple(tk.tok_many([tail + f for f in cq.filled]))
-        group = cq.spec.group or ""
-        prompts.append([Prompt(branch, cq, cq.spellings, group) for branch in branches])
+        prompts.append([Prompt(branch, cq, cq.spellings, cq.spec.group or "") for branch in branches])
         on = _floor_on(req, cq)
         input_floors.append([_floor(floors, cq, k, tk) if on else None for k in range(len(cq.combos))])
     return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
+
+
+def _chosen_queries(req: ScoreRequest, i: int, tk: TextTokenizer, cache: dict) -> list[CompiledQuery]:
+    """The input's queries, each compiled once per request, with the running prompt count (api spec §4.9)."""
+    queries, prompts_seen = [], 0
+    for q in choose_queries(req, i):
+        if q.path not in cache:
+            cache[q.path] = compile_query(q, tk, req.limits, case_insensitive=req.case_insensitive)
+        cq = cache[q.path]
+        prompts_seen += len(cq.combos)
+        if prompts_seen > req.limits.max_prompts_per_input:
+            raise bad_request(
+                "too_many_prompts",
+                f"inputs.{i}",
+                f"the input has more than {req.limits.max_prompts_per_input} prompts (combinations of its queries)",
+            )
+        queries.append(cq)
+    return queries
+
+
+def _check_fits(req, i, tk, shape, content, queries) -> None:
+    """Each query's longest prompt fits the engine maximum; without BOS, every read has something before it."""
+    for cq in queries:
+        longest = len(tk.bos) + len(content) + max(map(len, cq.filled_tokens)) + req.limits.max_option_tokens
+        if longest > shape.engine_max:
+            raise bad_request(
+                "content_too_long",
+                f"inputs.{i}",
+                f"content plus query {cq.spec.id!r} needs {longest} tokens; the engine maximum is {shape.engine_max}",
+            )
+    for cq in queries:
+        if not tk.bos and not all(cq.filled_tokens) and (not content or _floor_on(req, cq)):
+            raise bad_request(
+                "invalid_field",
+                f"{cq.spec.path}.template",
+                "this model has no <bos> token, so an empty template read on empty content has nothing to "
+                "condition on",
+            )
 
 
 def _floor_on(req: ScoreRequest, cq: CompiledQuery) -> bool:
@@ -204,31 +213,39 @@ def _join(text, content, queries, tk) -> tuple[int | None, str, bool]:
 
 
 def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job]) -> None:
-    """One job per input; when too large, one per query group (ungrouped first), then halves (A.11.1)."""
-    content_len = len(ci.prefix)
-    limit = shape.max_tokens if content_len > shape.token_budget // 2 else shape.token_budget
-    ordered = [p for per_query in ci.prompts for p in per_query]
-    ordered.sort(key=lambda p: (p.group != "", p.group))
-    if _size(ci.prefix, ordered) <= limit:
-        _lay_out(ci.prefix, ordered, limit, shape.engine_max, jobs)
+    """One job per input; when too large, one per query group (ungrouped first), then halves (A.11.1).
+
+    Content longer than half the budget is not re-sent into budget-sized pieces: its job may grow up to the engine
+    maximum and runs alone.
+    """
+    limit = shape.max_tokens if len(ci.content_tokens) > shape.token_budget // 2 else shape.token_budget
+    ordered = sorted((p for per_query in ci.prompts for p in per_query), key=lambda p: (p.group != "", p.group))
+    job, reads = _build(ci.prefix, ordered)
+    if job.num_tokens <= limit:
+        _keep(job, ordered, reads, jobs)
         return
     for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
         _lay_out(ci.prefix, [p for p in ordered if p.group == group], limit, shape.engine_max, jobs)
 
 
-def _size(prefix: tuple[int, ...], prompts: list[Prompt]) -> int:
+def _build(prefix: tuple[int, ...], prompts: list[Prompt]) -> tuple[Job, list]:
     job = Job(prefix)
-    for p in prompts:
-        add_prompt(job, p.branch, p.flat_spellings)
-    return job.num_tokens
+    return job, [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
+
+
+def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
+    """Append ``job`` and point each prompt's reads at it."""
+    index = len(jobs)
+    jobs.append(job)
+    for p, per_spelling in zip(prompts, reads, strict=True):
+        p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
 
 
 def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job]) -> None:
-    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving; record each prompt's reads."""
+    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs."""
     if not prompts:
         return
-    job = Job(prefix)
-    reads = [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
+    job, reads = _build(prefix, prompts)
     if job.num_tokens > limit and len(prompts) > 1:
         half = len(prompts) // 2
         _lay_out(prefix, prompts[:half], limit, engine_max, jobs)
@@ -241,10 +258,4 @@ def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: l
             None,
             f"one prompt needs {job.num_tokens} tokens; the engine maximum is {engine_max}",
         )
-    index = len(jobs)
-    jobs.append(job)
-    for p, per_spelling in zip(prompts, reads, strict=True):
-        p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
-
-
-__all__ = ["PREFIX_END", "CompiledInput", "CompiledRequest", "EngineShape", "Prompt", "compile_request"]
+    _keep(job, prompts, reads, jobs)
