@@ -12,21 +12,24 @@ import os
 import time
 from pathlib import Path
 
+import attrs
 import torch
 
 from spinf._version import __version__
-from spinf.engine.compiler import EngineShape, compile_request
+from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import input_results, usage
-from spinf.engine.scorer import Scorer
+from spinf.engine.scorer import RunStats, Scorer
 from spinf.engine.tiny import TINY_MODEL_ID, ensure_tiny_snapshot
 from spinf.engine.tokenizer import TextTokenizer
+from spinf.engine.trie import Job
 from spinf.errors import ModelError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.settings import Features, Limits
 
 TINY_ALIASES = ("tiny",)
+Values = dict[tuple[int, int, int], float]
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 # Until the extraction and media issues land, the engine reads text and scores {?} slots only.
@@ -43,6 +46,16 @@ def resolve_snapshot(model: str, cache_dir: str | Path | None = None) -> tuple[P
     raise ModelError(
         f"unknown model {model!r}: this build serves {TINY_MODEL_ID!r} (alias 'tiny') or a local checkpoint folder"
     )
+
+
+@attrs.define
+class Prepared:
+    """A parsed and compiled request waiting for its passes."""
+
+    request_id: str
+    compiled: CompiledRequest
+    compile_s: float
+    queue_s: float = 0.0
 
 
 def round_up(n: int, multiple: int = 128) -> int:
@@ -95,17 +108,29 @@ class Engine:
         ]
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
-    def score(self, body: object, *, debug: bool = False) -> dict:
-        """The response of spec §5 for a ``/v1/score`` body, or `ApiError`."""
-        request_id = new_request_id()
+    def prepare(self, body: object, *, chat: bool = False, trusted: bool = False) -> Prepared:
+        """Parse and compile a body (CPU work, any thread): the jobs to run and what the answer needs."""
         started = time.perf_counter()
-        req = parse_score_request(body, served_names=self.served_names, limits=self.limits, features=SCORING_FEATURES)
+        req = parse_score_request(
+            body,
+            chat=chat,
+            served_names=self.served_names,
+            limits=self.limits,
+            features=SCORING_FEATURES,
+            trusted=trusted,
+        )
         compiled = compile_request(req, self.tokenizer, self.shape)
-        compiled_at = time.perf_counter()
-        values, stats = self.scorer.run(compiled.jobs)
-        scored_at = time.perf_counter()
+        return Prepared(new_request_id(), compiled, time.perf_counter() - started)
+
+    def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
+        """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
+        return self.scorer.run_many(job_lists)
+
+    def respond(self, prepared: Prepared, values: Values, stats: RunStats, *, internals: bool = False) -> dict:
+        """The response body of api spec §5.1 for a prepared request and its read log-probs."""
+        req, compiled = prepared.compiled.request, prepared.compiled
         results, mass_warnings = input_results(compiled, values)
-        response = {"id": request_id, "object": "score", "created": int(time.time())}
+        response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
         response["model"] = req.model if req.model is not None else self.model_id
         if req.endpoint is not None:
             response["endpoint"] = req.endpoint
@@ -113,13 +138,19 @@ class Engine:
         response["results"] = results
         response["warnings"] = compiled.warnings + mass_warnings
         response["usage"] = usage(compiled)
-        if debug:
-            response["usage"]["packed_tokens"] = stats.packed_tokens
+        if internals:
+            response["usage"]["packed_tokens"] = compiled.processed_tokens  # no alignment padding on this path
         response["timing"] = {
-            "wall_ms": round((scored_at - compiled_at) * 1000),
-            "queue_ms": 0,
-            "compile_ms": round((compiled_at - started) * 1000),
-            "score_ms": round((scored_at - compiled_at) * 1000),
+            "wall_ms": round(stats.wall_s * 1000),
+            "queue_ms": round(prepared.queue_s * 1000),
+            "compile_ms": round(prepared.compile_s * 1000),
+            "score_ms": round(stats.wall_s * 1000),
             "gpu_busy_ms": round(stats.busy_s * 1000),
         }
         return response
+
+    def score(self, body: object, *, debug: bool = False) -> dict:
+        """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one)."""
+        prepared = self.prepare(body)
+        (values,), stats = self.run([prepared.compiled.jobs])
+        return self.respond(prepared, values, stats, internals=debug)

@@ -23,7 +23,8 @@ from spinf.engine.trie import Job
 class RunStats:
     passes: int
     packed_tokens: int
-    busy_s: float
+    busy_s: float  # time inside the passes
+    wall_s: float  # the whole run, host work included
 
 
 def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
@@ -73,20 +74,25 @@ class Scorer:
         self.device = device
         self.token_budget = token_budget
 
-    def run(self, jobs: list[Job]) -> tuple[dict[tuple[int, int, int], float], RunStats]:
-        values: dict[tuple[int, int, int], float] = {}
+    def run_many(self, job_lists: list[list[Job]]) -> tuple[list[dict[tuple[int, int, int], float]], RunStats]:
+        """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices."""
+        started = time.perf_counter()
+        owners = [(r, j) for r, jobs in enumerate(job_lists) for j in range(len(jobs))]
+        jobs = [job for jobs in job_lists for job in jobs]
+        values: list[dict[tuple[int, int, int], float]] = [{} for _ in job_lists]
         passes = pack([job.num_tokens for job in jobs], self.token_budget)
         busy, packed = 0.0, 0
         for members in passes:
             layout = build_pass([jobs[i] for i in members])
-            started = time.perf_counter()
+            pass_started = time.perf_counter()
             with one_cpu_thread(self.device):
                 found = self.run_pass(layout)
-            busy += time.perf_counter() - started
+            busy += time.perf_counter() - pass_started
             packed += layout.num_tokens
             for (j, node, token), (row, col) in layout.read_index.items():
-                values[(members[j], node, token)] = found[row][col]
-        return values, RunStats(len(passes), packed, busy)
+                request, local = owners[members[j]]
+                values[request][(local, node, token)] = found[row][col]
+        return values, RunStats(len(passes), packed, busy, time.perf_counter() - started)
 
     @torch.inference_mode()
     def run_pass(self, layout: PassLayout) -> list[list[float]]:

@@ -101,3 +101,11 @@ def test_when_the_input_is_split_into_pieces(tiny_cache, alone):
     small = Engine("tiny", cache_dir=tiny_cache, token_budget=384, max_tokens=1024)
     response = small.score(body(other_questions(60) + TARGETS, [("a", CONTENT)]))
     assert_same(numbers(response), alone)
+
+
+def test_when_another_request_shares_the_passes(tiny_engine, alone):
+    mine = tiny_engine.prepare(body(TARGETS, [("a", CONTENT)]))
+    other = tiny_engine.prepare(body(other_questions(80), [("b", CONTENT[:200]), ("c", "Nothing to see.")]))
+    (values, other_values), stats = tiny_engine.run([mine.compiled.jobs, other.compiled.jobs])
+    assert stats.passes >= 1 and other_values
+    assert_same(numbers(tiny_engine.respond(mine, values, stats)), alone)
