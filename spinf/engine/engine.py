@@ -86,6 +86,10 @@ class Engine:
         self.revision = folder.name
         self.quant = "fp32"
         self.system_fingerprint = self._fingerprint()
+        # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
+        # passes; the GPU schemes set this from their own guarantees
+        self.batch_invariant = self.device.type == "cpu"
+        self.weights = "config"
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -93,10 +97,7 @@ class Engine:
 
     def _fingerprint(self) -> str:
         """``fp_`` + 10 hex digits of sha256 over the parts of api spec §11, in order."""
-        capability = "cpu"
-        if self.device.type == "cuda":
-            major, minor = torch.cuda.get_device_capability(self.device)
-            capability = f"{major}.{minor}"
+        capability = self.capability()
         parts = [
             self.model_id,
             self.revision,
@@ -108,7 +109,9 @@ class Engine:
         ]
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
-    def prepare(self, body: object, *, chat: bool = False, trusted: bool = False) -> Prepared:
+    def prepare(
+        self, body: object, *, chat: bool = False, trusted: bool = False, request_id: str | None = None
+    ) -> Prepared:
         """Parse and compile a body (CPU work, any thread): the jobs to run and what the answer needs."""
         started = time.perf_counter()
         req = parse_score_request(
@@ -120,7 +123,7 @@ class Engine:
             trusted=trusted,
         )
         compiled = compile_request(req, self.tokenizer, self.shape)
-        return Prepared(new_request_id(), compiled, time.perf_counter() - started)
+        return Prepared(request_id or new_request_id(), compiled, time.perf_counter() - started)
 
     def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
         """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
@@ -148,6 +151,60 @@ class Engine:
             "gpu_busy_ms": round(stats.busy_s * 1000),
         }
         return response
+
+    def capability(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu"
+        major, minor = torch.cuda.get_device_capability(self.device)
+        return f"{major}.{minor}"
+
+    def info(self) -> dict:
+        """The engine object of ``/v0/info`` (api spec §3.6)."""
+        import platform
+
+        import transformers
+
+        cuda = self.device.type == "cuda"
+        return {
+            "engine": __version__,
+            "image": os.environ.get("GIT_SHA") or "unknown",
+            "model": self.model_id,
+            "revision": self.revision,
+            "quant": self.quant,
+            "token_budget": self.shape.token_budget,
+            "max_tokens": self.shape.max_tokens,
+            "gpu": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+            "capability": self.capability(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda if cuda else None,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        }
+
+    def idle_gib(self) -> float:
+        """Device memory held while idle, in GiB (0 on the CPU)."""
+        if self.device.type != "cuda":
+            return 0.0
+        return round(torch.cuda.memory_allocated(self.device) / 2**30, 3)
+
+    def warmup_bodies(self, mode: str) -> list[dict]:
+        """Requests that exercise every shape a call can pay: ``short`` small passes, ``full`` also a large one."""
+        if mode == "none":
+            return []
+        sentence = "The parcel arrived late and the box was damaged. "
+        yes_no = {"template": "\n\nIs the customer unhappy? Answer:{?}", "options": [" yes", " no"]}
+        bodies = [
+            {
+                "messages": [{"content": sentence * n}],
+                "scoring": {"queries": [{"id": f"w{k}", **yes_no} for k in range(n)]},
+            }
+            for n in (1, 40)
+        ]
+        if mode == "full":
+            words = max(1, self.limits.max_content_tokens // 20)  # a sentence is about 11 to 15 tokens
+            queries = [{"id": f"f{k}", **yes_no, "template": f"\n\nQuestion {k}? Answer:{{?}}"} for k in range(200)]
+            bodies.append({"messages": [{"content": sentence * words}], "scoring": {"queries": queries}})
+        return bodies
 
     def score(self, body: object, *, debug: bool = False) -> dict:
         """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one)."""

@@ -1,0 +1,62 @@
+"""The GPU executor: the one OS thread that runs every torch call for the life of the process.
+
+CUDA's current device and stream and torch's CUDA-graph state are per thread, and ``trio.to_thread.run_sync`` per
+call does not promise the same thread, so one long-lived thread takes `ExecJob`s from a channel with
+``trio.from_thread.run`` and replies through each job's own channel. Jobs are engine functions that return CPU data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import attrs
+import outcome
+import trio
+
+from spinf.serving import ExecJob
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ExecutorStats:
+    jobs: int
+    busy_s: float
+
+
+@attrs.define
+class Executor:
+    """Runs `ExecJob`s one at a time in its dedicated thread.
+
+    **Inbox**: `ExecJob` (loading, warm-up, passes). **Outbox**: each job's ``reply`` (an `outcome.Outcome`).
+    **Ends**: when the inbox's send side is closed (the thread's loop sees ``EndOfChannel``).
+    **Cancellation**: the thread is never abandoned mid-kernel (``abandon_on_cancel=False``); a cancel reaches it
+    between jobs, as ``Cancelled`` from the channel receive, and the loop ends. A job in flight finishes first.
+    """
+
+    inbox: trio.MemoryReceiveChannel[ExecJob]
+    _jobs: int = 0
+    _busy_s: float = 0.0
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.to_thread.run_sync(self._loop, abandon_on_cancel=False)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = trio.from_thread.run(self.inbox.receive)
+            except (trio.EndOfChannel, trio.Cancelled, trio.RunFinishedError):
+                return
+            started = time.perf_counter()
+            result = outcome.capture(job.fn)
+            self._busy_s += time.perf_counter() - started
+            self._jobs += 1
+            try:
+                trio.from_thread.run_sync(job.reply.send_nowait, result)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.RunFinishedError):
+                log.debug("a job's caller went away before its reply")
+
+    def statistics(self) -> ExecutorStats:
+        return ExecutorStats(self._jobs, self._busy_s)

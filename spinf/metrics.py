@@ -1,0 +1,49 @@
+"""Prometheus metrics (api spec §3.5, D8): requests by route and status, queue depth, tokens, pass time, warm-up.
+
+Metrics carry no request content and no tokens. The registry is per server (not the global default), so tests can
+run several servers in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from spinf.serving import ServerState
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
+        self.queue_depth = Gauge("spinf_queue_depth", "Admitted requests waiting for the GPU", registry=r)
+        self.in_flight = Gauge("spinf_requests_in_flight", "Admitted requests, waiting or being scored", registry=r)
+        self.processed = Counter("spinf_processed_tokens", "Sum of usage.processed_tokens", registry=r)
+        self.prompt = Counter("spinf_prompt_tokens", "Sum of usage.prompt_tokens", registry=r)
+        self.completion = Counter("spinf_completion_tokens", "Sum of usage.completion_tokens", registry=r)
+        self.pass_seconds = Histogram("spinf_pass_seconds", "Duration of each forward pass", registry=r)
+        self.warm = Gauge("spinf_warm", "1 once loaded and warm", registry=r)
+        self.load_failed = Gauge("spinf_load_failed", "1 if the load or the warm-up failed", registry=r)
+        self.warmup_seconds = Gauge("spinf_warmup_seconds", "boot.warmup_s once known", registry=r)
+
+    def request(self, route: str, status: int) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
+
+    def usage(self, usage: dict) -> None:
+        self.processed.inc(usage.get("processed_tokens", 0))
+        self.prompt.inc(usage.get("prompt_tokens", 0))
+        self.completion.inc(usage.get("completion_tokens", 0))
+
+    def run(self, stats) -> None:
+        """One engine run: its passes' busy time, spread evenly over the passes it held."""
+        for _ in range(stats.passes):
+            self.pass_seconds.observe(stats.busy_s / max(1, stats.passes))
+
+    def render(self, state: ServerState, queued: int = 0) -> str:
+        self.queue_depth.set(max(0, state.in_flight - (1 if state.in_flight else 0)))
+        self.in_flight.set(state.in_flight)
+        self.warm.set(1 if state.ready else 0)
+        self.load_failed.set(1 if state.load_error else 0)
+        if "warmup_s" in state.boot:
+            self.warmup_seconds.set(state.boot["warmup_s"])
+        return generate_latest(self.registry).decode()

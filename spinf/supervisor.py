@@ -1,0 +1,127 @@
+"""The only wiring: opens the channels, starts the actors in dependency order and runs Hypercorn at the edge.
+
+Nested nurseries encode the lifetimes: the executor thread outlives every actor that sends it work; the actors
+outlive the HTTP server. Shutdown runs the other way: the drain controller lets the calls in flight finish, the
+HTTP server closes, the actors are cancelled, and the executor's thread ends after its current job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import hypercorn.trio
+import trio
+from hypercorn.config import Config
+
+from spinf.actors.drain import DrainController
+from spinf.actors.executor import Executor
+from spinf.actors.loader import Loader
+from spinf.actors.packer import Packer
+from spinf.actors.warmup import Warmup
+from spinf.metrics import Metrics
+from spinf.serving import ServerState
+from spinf.web import WebServices, create_app
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ServerOptions:
+    """The server settings the wiring needs (api spec §9.2, section ``[server]``, plus the warm-up mode)."""
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    token: str = ""
+    trusted_token: str = ""
+    queue: int = 4
+    max_body_bytes: int = 2_097_152
+    keepalive_s: float = 30.0
+    debug: bool = False
+    warmup: str = "full"
+    shutdown_deadline_s: float = 30.0
+
+
+def hypercorn_config(options: ServerOptions) -> Config:
+    config = Config()
+    config.bind = [f"{options.host}:{options.port}"]
+    config.keep_alive_timeout = options.keepalive_s
+    config.graceful_timeout = options.shutdown_deadline_s
+    config.accesslog = None  # spinf.access logs one line per request, without content
+    return config
+
+
+@attrs.frozen
+class Running:
+    """What a running set of actors offers the edge: the web services and the shutdown controls."""
+
+    services: WebServices
+    drain: DrainController
+    shutdown: trio.Event
+
+
+@contextlib.asynccontextmanager
+async def running_actors(
+    options: ServerOptions,
+    load: Callable[[], Any],
+    models_entry: Callable[[ServerState], dict],
+    *,
+    openapi: Callable[[], dict] = dict,
+    executor_class: type = Executor,
+) -> AsyncIterator[Running]:
+    """Start the executor, then the drain controller, loader, warm-up and packer; stop them in reverse on exit.
+
+    ``executor_class`` is the seam for tests: a fake that "runs" a pass in a known time under a mock clock.
+    """
+    state = ServerState(boot={"import_s": round(time.process_time(), 3)})
+    metrics = Metrics()
+    exec_send, exec_recv = trio.open_memory_channel(0)
+    loaded_send, loaded_recv = trio.open_memory_channel(1)  # the loaded engine, handed over once
+    # admission (queue + 1 slots) bounds the calls in flight, so the packer's inbox never fills
+    packer_send, packer_recv = trio.open_memory_channel(options.queue + 1)
+    shutdown = trio.Event()
+    drain = DrainController(state, shutdown, options.shutdown_deadline_s)
+    packer = Packer(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
+    services = WebServices(
+        state=state,
+        packer=packer_send,
+        admission=trio.Semaphore(options.queue + 1),
+        token=options.token,
+        trusted_token=options.trusted_token,
+        max_body_bytes=options.max_body_bytes,
+        debug=options.debug,
+        models_entry=functools.partial(models_entry, state),
+        metrics=metrics,
+        openapi=openapi,
+    )
+    async with trio.open_nursery() as outer:
+        await outer.start(executor_class(exec_recv).run)
+        async with trio.open_nursery() as actors:
+            await actors.start(drain.run)
+            await actors.start(Loader(exec_send, loaded_send, state, load).run)
+            await actors.start(Warmup(exec_send, loaded_recv, state, options.warmup).run)
+            await actors.start(packer.run)
+            yield Running(services, drain, shutdown)
+            actors.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
+
+
+async def serve(
+    options: ServerOptions,
+    load: Callable[[], Any],
+    models_entry: Callable[[ServerState], dict],
+    *,
+    openapi: Callable[[], dict] = dict,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds."""
+    async with running_actors(options, load, models_entry, openapi=openapi) as running:
+        app = create_app(running.services)
+        config = hypercorn_config(options)
+        await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
+        log.info("the HTTP server has closed")

@@ -1,0 +1,126 @@
+"""Deterministic concurrency: admission, warm-up gating, drain and shutdown, under a mock clock.
+
+The actors run for real; the executor is a fake that takes one (mock) second per job and the engine does no work,
+so every ordering below is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from spinf.supervisor import running_actors
+from spinf.web import create_app
+from tests.server.fakes import FakeEngine, FakeExecutor, body, models_entry, options
+
+
+@pytest.fixture
+def drain_file(tmp_path, monkeypatch):
+    path = tmp_path / "drain"
+    monkeypatch.setenv("SPINF_DRAIN_FILE", str(path))
+    return path
+
+
+def start(opts, engine=None):
+    engine = engine or FakeEngine()
+    return running_actors(opts, lambda: engine, models_entry, executor_class=FakeExecutor)
+
+
+async def post_all(client, bodies, record):
+    async def one(k, b):
+        response = await client.post("/v1/score", json=b)
+        record.append((k, response.status_code, response.headers.get("Retry-After"), await response.get_json()))
+
+    async with trio.open_nursery() as nursery:
+        for k, b in enumerate(bodies):
+            nursery.start_soon(one, k, b)
+
+
+async def test_queue_admits_exactly_queue_plus_one_and_refuses_the_rest(autojump_clock, drain_file):
+    async with start(options(queue=2)) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)  # loaded and warm
+        record = []
+        await post_all(client, [body(f"c{k}") for k in range(7)], record)
+        running.drain.stop()
+    statuses = sorted(status for _, status, _, _ in record)
+    assert statuses == [200, 200, 200, 429, 429, 429, 429]
+    refused = [(retry, answer["error"]["code"]) for _, status, retry, answer in record if status == 429]
+    assert refused == [("2", "concurrency_limit")] * 4
+
+
+async def test_concurrent_calls_share_runs_and_get_their_own_answers(autojump_clock, drain_file):
+    engine = FakeEngine()
+    async with start(options(queue=4), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        record = []
+        await post_all(client, [body(f"a{k}", f"b{k}") for k in range(5)], record)
+        running.drain.stop()
+    for k, status, _, answer in record:
+        assert status == 200
+        assert [r["input_id"] for r in answer["results"]] == [f"a{k}", f"b{k}"]
+    assert max(engine.runs) > 1  # the warm-up ran alone; scoring calls shared a run
+
+
+async def test_one_calls_engine_error_does_not_fail_the_others(autojump_clock, drain_file):
+    engine = FakeEngine(fail_on="bad")
+    async with start(options(queue=4), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        record = []
+        await post_all(client, [body("ok1"), body("bad"), body("ok2")], record)
+        running.drain.stop()
+    by_id = {answer.get("results", [{}])[0].get("input_id", "error"): status for _, status, _, answer in record}
+    assert sorted(status for _, status, _, _ in record) == [200, 200, 500]
+    assert by_id["ok1"] == by_id["ok2"] == 200
+
+
+async def test_scoring_answers_503_warming_up_until_warm(autojump_clock, drain_file):
+    async with start(options()) as running:
+        client = create_app(running.services).test_client()
+        early = await client.post("/v1/score", json=body("x"))
+        assert early.status_code == 503
+        assert early.headers["Retry-After"] == "10"
+        assert (await early.get_json())["error"]["code"] == "warming_up"
+        assert (await client.get("/readyz")).status_code == 503
+        assert (await (await client.get("/v1/models")).get_json())["models"][0]["status"] == "loading"
+        await trio.sleep(10)
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.post("/v1/score", json=body("x"))).status_code == 200
+        running.drain.stop()
+
+
+async def test_drain_takes_the_server_out_of_rotation_but_keeps_serving(autojump_clock, drain_file):
+    async with start(options(token="secret")) as running:
+        client = create_app(running.services).test_client()
+        auth = {"Authorization": "Bearer secret"}
+        await trio.sleep(10)
+        drained = await client.post("/v0/drain", headers=auth)
+        assert (await drained.get_json()) == {"draining": True} and drain_file.exists()
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and (await ready.get_json()) == {"ready": False, "draining": True}
+        assert (await client.get("/livez")).status_code == 200
+        assert (await client.post("/v1/score", json=body("x"), headers=auth)).status_code == 200
+        restored = await client.delete("/v0/drain", headers=auth)
+        assert (await restored.get_json()) == {"draining": False} and not drain_file.exists()
+        assert (await client.get("/readyz")).status_code == 200
+        running.drain.stop()
+
+
+async def test_shutdown_answers_every_admitted_call_and_refuses_later_ones(autojump_clock, drain_file):
+    async with start(options(queue=4)) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        record = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_all, client, [body(f"c{k}") for k in range(3)], record)
+            await trio.testing.wait_all_tasks_blocked()
+            stopped_at = trio.current_time()
+            running.drain.stop()
+            late = await client.post("/v1/score", json=body("late"))
+        await running.shutdown.wait()
+        assert trio.current_time() - stopped_at < 30
+    assert late.status_code == 503 and (await late.get_json())["error"]["code"] == "model_unavailable"
+    assert sorted(status for _, status, _, _ in record) == [200, 200, 200]
