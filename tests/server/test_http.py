@@ -140,3 +140,32 @@ async def test_a_failed_load_answers_503_with_the_reason(tmp_path, monkeypatch):
         assert scored.status_code == 503 and scored.headers["Retry-After"] == "60"
         assert (await scored.get_json())["error"]["code"] == "model_unavailable"
         running.drain.stop()
+
+
+def variant(k: int) -> dict:
+    text = f"Order {k} arrived {'late' if k % 2 else 'early'} and the box was {'damaged' if k % 3 else 'fine'}."
+    queries = [{"id": "late", "template": "\n\nWas it late? Answer:{?}", "options": [" yes", " no"]}]
+    queries.append({"id": f"n{k % 4}", "template": "\n\nDamaged? Answer:{?}", "options": [" yes", " no", " maybe"]})
+    return {"messages": [{"content": text}], "scoring": {"queries": queries}}
+
+
+async def test_200_concurrent_calls_get_200_or_429_and_every_200_equals_the_call_alone(server):
+    answers = []
+
+    async def call(k):
+        response = await server.post("/v1/score", json=variant(k % 10))
+        answers.append((k % 10, response.status_code, response.json(), response.headers.get("retry-after")))
+
+    async with trio.open_nursery() as nursery:
+        for k in range(200):
+            nursery.start_soon(call, k)
+    assert len(answers) == 200
+    assert {status for _, status, _, _ in answers} <= {200, 429}
+    assert any(status == 200 for _, status, _, _ in answers)
+    assert all(retry == "2" for _, status, _, retry in answers if status == 429)
+    alone = {}
+    for k in range(10):
+        alone[k] = (await server.post("/v1/score", json=variant(k))).json()["results"]
+    for k, status, body, _ in answers:
+        if status == 200:
+            assert body["results"] == alone[k]
