@@ -1,45 +1,137 @@
-"""The ``spinf-serve`` command: argument parsing and dispatch; no logic of its own.
+"""The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
-Subcommands so far: ``download MODEL`` (prints the local snapshot folder; for the built-in tiny model it generates
-it) and ``serve`` (the HTTP server arrives with its own issue). ``--version`` prints the version.
+Commands: ``serve [MODEL]`` (checks the settings; the HTTP server arrives with its own issue), ``score REQUEST
+[MODEL]`` (``spinf.bulk``), ``config`` (the effective settings with their origins, or ``--toml`` for a config file
+that reproduces them), ``download MODEL`` and ``models`` (``spinf.catalog``), and ``--version``. ``serve``,
+``score`` and ``config`` take every setting's flag (``spinf.settings_cli``). Every ``SpinfError``, and every usage
+error, is one line on stderr and exit status 2, never a traceback. The catalog and the bulk scorer are imported
+only by the commands that use them, so ``config`` and ``--help`` stay quick.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 
 from spinf._version import __version__
 from spinf.errors import SpinfError
+from spinf.settings import Settings, load_settings
+from spinf.settings_cli import add_flags, describe, flags_from_args, to_toml
+
+PROG = "spinf-serve"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the whole usage first), still with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spinf-serve", description="Scoring server for decision models.")
-    parser.add_argument("--version", action="version", version=f"spinf-serve {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    download = sub.add_parser("download", help="fetch (or, for the tiny model, generate) a model's checkpoint")
-    download.add_argument("model")
+    parser = _Parser(prog=PROG, description="Scoring server for decision models.", allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, allow_abbrev=False)
+
+    add_flags(command("serve", "run the HTTP server"))
+    score = command("score", "score one request body, or a JSON Lines file of inputs, without a server")
+    score.add_argument("request", metavar="REQUEST", help="the request body (JSON), or its shared part with --inputs")
+    add_flags(score)
+    bulk = score.add_argument_group("bulk scoring")
+    bulk.add_argument("--inputs", metavar="FILE.jsonl", help="one input per line, scored with REQUEST's queries")
+    bulk.add_argument("--output", metavar="FILE.jsonl", help="where the results go, one line per input")
+    bulk.add_argument("--url", action="append", metavar="URL", help="score on this running server (repeatable)")
+    bulk.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="inputs per request (64)")
+    bulk.add_argument("--concurrency", type=_positive, default=4, metavar="N", help="requests at once with --url (4)")
+    bulk.add_argument("--resume", action="store_true", help="skip the inputs already in --output")
+    bulk.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    config = command("config", "show the effective settings and where each came from")
+    add_flags(config)
+    config.add_argument("--toml", action="store_true", help="print a commented config file that reproduces them")
+    download = command("download", "fetch (or, for the tiny model, generate) a model's checkpoint; print its folder")
+    download.add_argument("model", metavar="MODEL")
     download.add_argument("--dir", default=None, help="the hub cache folder to use")
-    serve = sub.add_parser("serve", help="run the HTTP server (not available yet)")
-    serve.add_argument("model", nargs="?", default=None)
+    command("models", "list the catalog's models and whether each is present locally")
     return parser
+
+
+def _manifest_defaults(model: str) -> Mapping[str, object]:
+    from spinf.catalog import resolve_model
+
+    return resolve_model(model).engine_defaults()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(flags_from_args(args), os.environ, manifest_defaults=_manifest_defaults)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    from spinf.supervisor import run
+
+    return run(settings)
+
+
+def _score(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    from spinf.bulk import main as bulk_main
+
+    return bulk_main(args, settings)
+
+
+def _config(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    print(to_toml(settings) if args.toml else describe(settings), end="" if args.toml else "\n")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from spinf.catalog import download_model
+
+    print(download_model(args.model, args.dir))
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from spinf.catalog import describe_catalog
+
+    rows = [("ID", "NAME", "FAMILY", "STATUS", "LOCAL", "ALIASES")]
+    for row in describe_catalog():
+        local = (row.get("path") or "yes") if row.get("present") else "-"
+        rows.append((row["id"], row["name"], row["family"], row["status"], local, ", ".join(row["aliases"]) or "-"))
+    widths = [max(len(str(cell)) for cell in column) for column in zip(*rows, strict=True)]
+    for row in rows:
+        print("  ".join(f"{cell!s:<{width}}" for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+_COMMANDS = {"serve": _serve, "score": _score, "config": _config, "download": _download, "models": _models}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "download":
-            from spinf.engine.engine import resolve_snapshot
-
-            folder, _, _ = resolve_snapshot(args.model, args.dir)
-            print(folder)
-            return 0
-        print(
-            "spinf-serve serve: not yet: the HTTP server is still being built; use the engine in-process "
-            "(`from spinf import Engine`, see README.md)",
-            file=sys.stderr,
-        )
-        return 2
+        return _COMMANDS[args.command](args)
     except SpinfError as exc:
-        print(f"spinf-serve: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`spinf-serve config | head`): stop quietly, and stop Python's flush at exit from
+        # failing again on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -73,10 +73,12 @@ async def running_actors(
     *,
     openapi: Callable[[], dict] = dict,
     executor_class: type = Executor,
+    packer_class: type = Packer,
 ) -> AsyncIterator[Running]:
     """Start the executor, then the drain controller, loader, warm-up and packer; stop them in reverse on exit.
 
-    ``executor_class`` is the seam for tests: a fake that "runs" a pass in a known time under a mock clock.
+    ``executor_class`` and ``packer_class`` are the seams for tests: a fake executor that "runs" a pass in a known
+    time under a mock clock, and a packer that compiles inline (worker threads run on the real clock).
     """
     state = ServerState(boot={"import_s": round(time.process_time(), 3)})
     metrics = Metrics()
@@ -86,7 +88,7 @@ async def running_actors(
     packer_send, packer_recv = trio.open_memory_channel(options.queue + 1)
     shutdown = trio.Event()
     drain = DrainController(state, shutdown, options.shutdown_deadline_s)
-    packer = Packer(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
+    packer = packer_class(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
     services = WebServices(
         state=state,
         packer=packer_send,
@@ -125,3 +127,55 @@ async def serve(
         config = hypercorn_config(options)
         await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
         log.info("the HTTP server has closed")
+
+
+def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
+    """The one ``/v1/models`` entry (api spec §7): the model's own fields, its status, limits and features.
+
+    Extraction, generation and media are not available in this build yet, so they are reported as off.
+    """
+
+    def entry(state: ServerState) -> dict:
+        body = resolved.listing()
+        status = "error" if state.load_error else "available" if state.ready else "loading"
+        body.update(status=status, capabilities=["score"], media=[])
+        body["limits"] = settings.limits.as_dict()
+        body["features"] = {"media": [], "extraction": False, "generation": False}
+        return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
+
+    return entry
+
+
+_MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capabilities", "media", "limits"]
+_MODEL_KEYS += ["features", "image"]
+
+
+def run(settings) -> int:
+    """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT."""
+    from spinf import __version__
+    from spinf.catalog import resolve_model
+    from spinf.openapi import openapi_document
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resolved = resolve_model(settings.engine.model)
+    server = settings.server
+    options = ServerOptions(
+        host=server.host,
+        port=server.port,
+        token=server.token,
+        trusted_token=server.trusted_token,
+        queue=server.queue,
+        max_body_bytes=server.max_body_bytes,
+        keepalive_s=server.keepalive_s,
+        debug=server.debug,
+        warmup=settings.engine.warmup,
+    )
+
+    def load():
+        from spinf.engine.engine import Engine  # torch is imported here, in the executor thread
+
+        return Engine.from_settings(settings)
+
+    document = openapi_document(__version__)
+    trio.run(functools.partial(serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document))
+    return 0

@@ -82,7 +82,7 @@ def caller(services: WebServices, header: str | None) -> tuple[bool, bool]:
 
 
 def create_app(services: WebServices) -> QuartTrio:
-    app = QuartTrio(__name__)
+    app = QuartTrio(__name__, static_folder=None)  # no default /static route: unknown paths are 404s
     app.config["MAX_CONTENT_LENGTH"] = services.max_body_bytes
     app.url_map.strict_slashes = False
 
@@ -100,6 +100,10 @@ def create_app(services: WebServices) -> QuartTrio:
     @app.after_request
     async def _finish(response: Response) -> Response:
         response.headers["X-Request-Id"] = g.request_id
+        if request.content_length and not getattr(g, "body_read", False):
+            # answered before the body was read (413, 401, 404, 405): close the connection, or the unread body
+            # would be taken for the next request on it
+            response.headers["Connection"] = "close"
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         if services.metrics is not None:
             services.metrics.request(route, response.status_code)
@@ -256,6 +260,7 @@ async def _score(services: WebServices, *, chat: bool) -> Response:
         raw = await request.get_data(cache=False)
     except RequestEntityTooLarge as exc:
         raise _body_too_large(services.max_body_bytes) from exc
+    g.body_read = True
     body = decode_json_body(raw)
     _authorise(services)
     _check_ready(state)

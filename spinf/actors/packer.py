@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import outcome
@@ -49,6 +49,8 @@ class Packer:
     executor: trio.MemorySendChannel[ExecJob]
     state: ServerState
     max_waiting: int
+    # compiling is CPU work kept off the event loop; tests swap in an inline version for exact orderings
+    offload: ClassVar[Callable] = staticmethod(trio.to_thread.run_sync)
     _compiling: int = 0
     _runs: int = 0
     _passes: int = 0
@@ -72,7 +74,7 @@ class Packer:
         engine = self.state.engine
         self._compiling += 1
         try:
-            prepared = await trio.to_thread.run_sync(
+            prepared = await self.offload(
                 lambda: engine.prepare(work.body, chat=work.chat, trusted=work.trusted, request_id=work.request_id)
             )
         except ApiError as exc:

@@ -1,1 +1,35 @@
-"""Model catalog: manifests and built-in model assets."""
+"""The model catalog: manifests (api spec §9.5), model resolution (§9.6) and checkpoint lookup (§9.7).
+
+``manifests/*.toml`` describe the models shipped with spinf-serve; `manifest` parses and checks them and builds the
+`Catalog`; `resolve` turns the start-up model name into a `ResolvedModel`; `checkpoint` finds, downloads or
+generates its weights. Nothing here imports torch (the tiny model's generator is imported only when it runs), so
+the command line and the web layer can use the catalog freely. ``tiny_gemma4/tokenizer.json`` is the built-in tiny
+model's tokenizer, read by `spinf.engine.tiny`.
+"""
+
+from spinf.catalog.checkpoint import (
+    Checkpoint,
+    describe_catalog,
+    download_model,
+    find_checkpoint,
+    snapshot_problem,
+)
+from spinf.catalog.manifest import Catalog, ImageSpec, Manifest, Source, load_catalog
+from spinf.catalog.resolve import DEFAULT_MODEL, ResolvedModel, detect_family, resolve_model
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Catalog",
+    "Checkpoint",
+    "ImageSpec",
+    "Manifest",
+    "ResolvedModel",
+    "Source",
+    "describe_catalog",
+    "detect_family",
+    "download_model",
+    "find_checkpoint",
+    "load_catalog",
+    "resolve_model",
+    "snapshot_problem",
+]

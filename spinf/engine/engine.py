@@ -16,11 +16,13 @@ import attrs
 import torch
 
 from spinf._version import __version__
+from spinf.catalog import Checkpoint, ResolvedModel, find_checkpoint, resolve_model
 from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
+from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import input_results, usage
 from spinf.engine.scorer import RunStats, Scorer
-from spinf.engine.tiny import TINY_MODEL_ID, ensure_tiny_snapshot
+from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job
 from spinf.errors import ModelError
@@ -28,24 +30,40 @@ from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.settings import Features, Limits
 
-TINY_ALIASES = ("tiny",)
 Values = dict[tuple[int, int, int], float]
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 # Until the extraction and media issues land, the engine reads text and scores {?} slots only.
 SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=False)
+# The schemes this build runs; the fp8 and int4 schemes come with the GPU work.
+RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def resolve_snapshot(model: str, cache_dir: str | Path | None = None) -> tuple[Path, str, tuple[str, ...]]:
-    """The checkpoint folder, served id and aliases for ``model`` (the tiny model or a local folder)."""
-    if model.lower() in (TINY_MODEL_ID, *TINY_ALIASES):
-        return ensure_tiny_snapshot(cache_dir), TINY_MODEL_ID, TINY_ALIASES
-    folder = Path(model).expanduser()
-    if (folder / "config.json").is_file():
-        return folder, model, ()
-    raise ModelError(
-        f"unknown model {model!r}: this build serves {TINY_MODEL_ID!r} (alias 'tiny') or a local checkpoint folder"
+def open_checkpoint(
+    model: str | None, *, device: str, quant: str = "", model_dir: str = "", cache_dirs: list[str] | None = None
+) -> tuple[ResolvedModel, Checkpoint, str]:
+    """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8)."""
+    resolved = resolve_model(model)
+    checkpoint = find_checkpoint(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
+    facts = device_facts(device)
+    size = checkpoint.num_bytes()
+    scheme = choose_quant(
+        resolved,
+        quant,
+        facts.capability,
+        weight_format=checkpoint.weight_format,
+        checkpoint_bytes=size,
+        free_bytes=facts.free_bytes,
     )
+    check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
+    if checkpoint.family != "gemma4":
+        raise ModelError(f"{resolved.served_name}: the {checkpoint.family} stack is not available in this build yet")
+    if scheme not in RUNNABLE_SCHEMES:
+        raise ModelError(
+            f"{resolved.served_name}: the {scheme} scheme is not available in this build yet; "
+            f"choose one of {', '.join(RUNNABLE_SCHEMES)} with --quant"
+        )
+    return resolved, checkpoint, scheme
 
 
 @attrs.define
@@ -67,33 +85,60 @@ class Engine:
 
     def __init__(
         self,
-        model: str = TINY_MODEL_ID,
+        model: str | None = TINY_MODEL_ID,
         *,
         device: str = "cpu",
         limits: Limits | None = None,
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        token_budget: int | None = None,
+        max_tokens: int | None = None,
+        quant: str = "",
+        model_dir: str = "",
         cache_dir: str | Path | None = None,
     ):
-        folder, self.model_id, self.aliases = resolve_snapshot(model, cache_dir)
-        self.folder = folder
+        cache_dirs = [str(cache_dir)] if cache_dir is not None else None
+        resolved, checkpoint, self.quant = open_checkpoint(
+            model, device=device, quant=quant, model_dir=model_dir, cache_dirs=cache_dirs
+        )
+        manifest = resolved.manifest
+        self.resolved = resolved
+        self.folder = checkpoint.folder
+        self.model_id = resolved.model_id
+        self.served_name = resolved.served_name
+        self.aliases = tuple(resolved.aliases)
+        self.revision = checkpoint.revision
+        self.weights = checkpoint.weights
         self.device = torch.device(device)
         self.limits = limits or Limits()
-        self.shape = EngineShape(round_up(token_budget), round_up(max_tokens))
-        self.tokenizer = TextTokenizer.from_folder(folder)
-        self.model = load_gemma4_text(folder, device=device, dtype=torch.float32)
+        budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
+        longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
+        self.shape = EngineShape(round_up(budget), round_up(longest))
+        self.tokenizer = TextTokenizer.from_folder(self.folder)
+        self.model = load_gemma4_text(self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant])
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
-        self.revision = folder.name
-        self.quant = "fp32"
         self.system_fingerprint = self._fingerprint()
         # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
-        # passes; the GPU schemes set this from their own guarantees
-        self.batch_invariant = self.device.type == "cpu"
-        self.weights = "config"
+        # passes; the GPU schemes will set this from their own guarantees
+        self.batch_invariant = self.device.type == "cpu" and self.quant == "fp32"
+
+    @classmethod
+    def from_settings(cls, settings) -> Engine:
+        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9)."""
+        engine = settings.engine
+        return cls(
+            engine.model,
+            device=engine.device,
+            limits=settings.limits,
+            token_budget=engine.token_budget,
+            max_tokens=engine.max_tokens,
+            quant=engine.quant,
+            model_dir=engine.model_dir,
+            cache_dir=None,
+        )
 
     @property
     def served_names(self) -> tuple[str, ...]:
-        return (self.model_id, *self.aliases)
+        manifest_id = (self.resolved.manifest.id,) if self.resolved.manifest else ()
+        return (self.served_name, *manifest_id, *self.aliases)
 
     def _fingerprint(self) -> str:
         """``fp_`` + 10 hex digits of sha256 over the parts of api spec §11, in order."""
@@ -134,7 +179,7 @@ class Engine:
         req, compiled = prepared.compiled.request, prepared.compiled
         results, mass_warnings = input_results(compiled, values)
         response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
-        response["model"] = req.model if req.model is not None else self.model_id
+        response["model"] = req.model if req.model is not None else self.served_name
         if req.endpoint is not None:
             response["endpoint"] = req.endpoint
         response["system_fingerprint"] = self.system_fingerprint

@@ -6,6 +6,7 @@ import attrs
 import outcome
 import trio
 
+from spinf.actors.packer import Packer
 from spinf.errors import ApiError
 from spinf.supervisor import ServerOptions
 
@@ -77,6 +78,16 @@ class FakeExecutor:
         async for job in self.inbox:
             await trio.sleep(self.cost)
             job.reply.send_nowait(outcome.capture(job.fn))
+
+
+async def _inline(fn):
+    return fn()
+
+
+class InlinePacker(Packer):
+    """Compiles on the event loop: with no worker threads, the mock clock orders everything exactly."""
+
+    offload = staticmethod(_inline)
 
 
 def models_entry(state):

@@ -12,7 +12,7 @@ import trio.testing
 
 from spinf.supervisor import running_actors
 from spinf.web import create_app
-from tests.server.fakes import FakeEngine, FakeExecutor, body, models_entry, options
+from tests.server.fakes import FakeEngine, FakeExecutor, InlinePacker, body, models_entry, options
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def drain_file(tmp_path, monkeypatch):
 
 def start(opts, engine=None):
     engine = engine or FakeEngine()
-    return running_actors(opts, lambda: engine, models_entry, executor_class=FakeExecutor)
+    return running_actors(opts, lambda: engine, models_entry, executor_class=FakeExecutor, packer_class=InlinePacker)
 
 
 async def post_all(client, bodies, record):

@@ -1,0 +1,128 @@
+"""``spinf-serve score``: one body (api spec §10), or a whole inputs file with ``--inputs`` and ``--output``.
+
+``score REQUEST.json [MODEL]`` scores the body and prints the public response JSON to stdout. With ``--inputs
+FILE.jsonl --output FILE.jsonl`` REQUEST.json holds only the shared part of the body (``scoring``, optionally
+``model`` and ``endpoint``) and every line of the inputs file is one input; see `spinf.bulk.run`. The engine runs
+in-process (one batch at a time) unless ``--url`` names servers, which get ``--concurrency`` batches at once
+between them; the key for those servers comes from ``SPINF_API_KEY``, as for spinf-client (none is sent when it
+is unset or empty).
+
+Exit status: 0 done; 1 an API error (its envelope, without ``rejected``, on stderr; in bulk mode its ``param``
+counts inputs over the whole inputs file), or a run that could not go on (retries spent); 2 a bad argument, request
+file, inputs file or output file (one line on stderr naming the file and line).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from spinf.bulk.errors import BatchFailed, BulkError, BulkInputError, request_id_of
+from spinf.bulk.inputs import check_shared, read_json_object
+from spinf.bulk.output import dumps
+from spinf.bulk.progress import ProgressBar
+from spinf.bulk.remote import http_scorers
+from spinf.bulk.run import run_bulk
+from spinf.errors import ApiError, SpinfError
+
+_PREFIX = "spinf-serve score"
+
+
+def _default_engine(args, settings):
+    from spinf import Engine
+
+    engine = getattr(settings, "engine", None)
+    model = args.model or getattr(engine, "model", None)
+    if not model:
+        raise BulkInputError("no model: give MODEL after REQUEST.json, or set engine.model")
+    return Engine(model, device=getattr(engine, "device", None) or "cpu", limits=getattr(settings, "limits", None))
+
+
+class _EngineScorer:
+    """The in-process scorer. The engine loads on the first call: in bulk mode, after every input line was checked
+    (a typo should not cost a model load), and never when a resumed run finds nothing left to score."""
+
+    def __init__(self, build: Callable[[], object], *, debug: bool):
+        self._build = build
+        self._debug = debug
+        self._engine = None
+
+    def __call__(self, body: dict) -> dict:
+        if self._engine is None:
+            self._engine = self._build()
+        return self._engine.score(body, debug=self._debug)
+
+
+def _scorers(args, settings, make_engine: Callable[[], object] | None) -> tuple[list, bool]:
+    """The scorers and whether they are remote (and so may run concurrently)."""
+    urls = getattr(args, "url", None)
+    if urls:
+        return http_scorers(urls, token=os.environ.get("SPINF_API_KEY") or None), True
+    build = make_engine or functools.partial(_default_engine, args, settings)
+    return [_EngineScorer(build, debug=bool(getattr(args, "debug", False)))], False
+
+
+def _check_mode(args) -> None:
+    if args.inputs is None:
+        extra = [flag for flag, given in (("--output", args.output), ("--resume", args.resume)) if given]
+        if extra:
+            raise BulkInputError(f"{' and '.join(extra)} {'needs' if len(extra) == 1 else 'need'} --inputs FILE.jsonl")
+    elif args.output is None:
+        raise BulkInputError("--inputs needs --output FILE.jsonl")
+
+
+def _run_file(args, request: dict, scorers: list, remote: bool) -> None:
+    check_shared(request, f"the request file {str(args.request)!r}")
+    show = not args.no_progress and sys.stderr.isatty()
+    bar = ProgressBar(sys.stderr) if show else None
+    try:
+        stats = run_bulk(
+            request,
+            args.inputs,
+            args.output,
+            scorer=scorers,
+            batch_size=args.batch_size,
+            concurrency=args.concurrency if remote else 1,
+            resume=args.resume,
+            progress=bar,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    print(
+        f"{_PREFIX}: wrote {stats.scored:,} results to {args.output} in {stats.elapsed_s:.1f} s"
+        + (f" ({stats.skipped:,} were there already)" if stats.skipped else ""),
+        file=sys.stderr,
+    )
+
+
+def main(args, settings, *, make_engine: Callable[[], object] | None = None) -> int:
+    """Runs ``score`` for parsed ``args``; ``make_engine`` replaces building the engine from ``settings``."""
+    try:
+        _check_mode(args)
+        request = read_json_object(args.request, "request file")
+        scorers, remote = _scorers(args, settings, make_engine)
+        if args.inputs is None:
+            print(dumps(scorers[0](request)))
+        else:
+            _run_file(args, request, scorers, remote)
+        return 0
+    except BatchFailed as exc:
+        print(f"{_PREFIX}: {exc.where} was refused:", file=sys.stderr)
+        print(json.dumps(exc.envelope()), file=sys.stderr)
+        return 1
+    except ApiError as exc:
+        print(json.dumps(exc.envelope(request_id_of(exc))), file=sys.stderr)
+        return 1
+    except BulkInputError as exc:
+        print(f"{_PREFIX}: {exc}", file=sys.stderr)
+        return 2
+    except BulkError as exc:
+        print(f"{_PREFIX}: {exc}", file=sys.stderr)
+        return 1
+    except SpinfError as exc:  # a model that cannot load, a bad setting
+        print(f"{_PREFIX}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,124 @@
+"""`run_bulk`: score an inputs file batch by batch and append the results to the output file, in input order.
+
+Straight-line: check the shared request part and every input line, read back what a previous run wrote
+(``resume``), then cut the remaining inputs into batches and hand them to a pool of ``concurrency`` worker threads,
+batch k going to ``scorers[k % len(scorers)]``. The main thread writes finished batches in submission order, so a
+finished batch waits for the ones before it; at most ``2 * concurrency`` batches are submitted but not yet
+written, which bounds memory whatever the file's size. Because the output is always written in order, the inputs
+not yet written after a crash are a suffix of the remaining ones, and ``resume`` skips exactly the written ids.
+
+An in-process engine is not thread-safe: give it ``concurrency=1``.
+
+**Cancellation:** an exception (a refused batch, spent retries, Ctrl-C) stops submitting, cancels the batches not
+yet started and waits for those in a worker to end; their results are dropped. The output then holds whole lines
+of a prefix, and ``resume`` picks up from there, scoring the dropped batches again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+
+from spinf.bulk.errors import BatchFailed, BulkError, BulkInputError
+from spinf.bulk.inputs import MAX_BATCH_BYTES, Item, batch_budget, batches, check_shared, read_items, scan_inputs
+from spinf.bulk.output import OutputWriter, check_fresh, read_done, result_lines
+from spinf.errors import ApiError
+
+Scorer = Callable[[dict], dict]
+
+
+@attrs.frozen
+class BulkStats:
+    """What a run did."""
+
+    total: int  # inputs in the inputs file
+    skipped: int  # already in the output when the run started (resume)
+    scored: int  # scored and written by this run
+    batches: int  # batches this run sent
+    elapsed_s: float
+
+
+def _score_batch(scorer: Scorer, request: dict, batch: list[Item]) -> list[bytes]:
+    body = {**request, "inputs": [item.body for item in batch]}
+    try:
+        response = scorer(body)
+    except ApiError as exc:
+        raise BatchFailed(exc, batch) from exc
+    except BulkError as exc:
+        raise BulkError(f"{exc} (the batch starting at input {batch[0].id!r}, line {batch[0].line})") from exc
+    return result_lines(batch, response)
+
+
+def _in_order(
+    pool: ThreadPoolExecutor, scorers: list[Scorer], request: dict, todo: Iterable[list[Item]], max_pending: int
+) -> Iterator[tuple[int, list[bytes]]]:
+    """``(batch size, output lines)`` per batch in submission order, with at most ``max_pending`` not yet yielded."""
+    pending: deque[tuple[int, Future]] = deque()
+    for k, batch in enumerate(todo):
+        if len(pending) >= max_pending:
+            size, future = pending.popleft()
+            yield size, future.result()
+        pending.append((len(batch), pool.submit(_score_batch, scorers[k % len(scorers)], request, batch)))
+    while pending:
+        size, future = pending.popleft()
+        yield size, future.result()
+
+
+def _check_arguments(scorer, batch_size: int, concurrency: int) -> list[Scorer]:
+    scorers = [scorer] if callable(scorer) else list(scorer)
+    if not scorers:
+        raise BulkInputError("no scorer given")
+    for name, value in (("batch size", batch_size), ("concurrency", concurrency)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BulkInputError(f"the {name} must be a whole number of at least 1, got {value!r}")
+    return scorers
+
+
+def run_bulk(
+    request: dict,
+    inputs_path: str | Path,
+    output_path: str | Path,
+    *,
+    scorer: Scorer | Sequence[Scorer],
+    batch_size: int = 64,
+    concurrency: int = 1,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
+) -> BulkStats:
+    """Scores every input of ``inputs_path`` not yet in ``output_path``; see the module docstring.
+
+    ``request`` is the shared body part (``scoring``, ``model``, ``endpoint``…). ``scorer`` is one callable or a
+    list of them, each taking a ``/v1/score`` body and returning its response or raising `ApiError`. ``progress``
+    is called with ``(done, total)`` at the start and after each written batch.
+    """
+    scorers = _check_arguments(scorer, batch_size, concurrency)
+    check_shared(request)
+    budget = batch_budget(request, max_batch_bytes)
+    index = scan_inputs(inputs_path)
+    if resume:
+        done = read_done(output_path, index)
+    else:
+        check_fresh(output_path)
+        done = set()
+    report = progress or (lambda done, total: None)
+    report(len(done), index.total)
+    todo = batches((item for item in read_items(inputs_path) if item.id not in done), batch_size, budget)
+    started = time.monotonic()
+    written = num_batches = 0
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="spinf-bulk")
+    try:
+        with OutputWriter(output_path) as out:
+            for size, lines in _in_order(pool, scorers, request, todo, 2 * concurrency):
+                out.write(lines)
+                written += size
+                num_batches += 1
+                report(len(done) + written, index.total)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return BulkStats(index.total, len(done), written, num_batches, time.monotonic() - started)

@@ -1,0 +1,361 @@
+"""Checkpoint lookup (api spec §9.7): where the weights of a resolved model are on disk, fetching them if need be.
+
+`find_checkpoint` uses a given folder as it is; otherwise it searches the cache roots in order
+(``SPINF_CACHE_DIRS``, then ``$HF_HOME/hub``), then downloads from the Hub, and for the built-in tiny model
+generates the snapshot in the first writable root. In a root it recognises:
+
+- the Hub cache layout, ``<root>/models--<org>--<name>/snapshots/<revision>/`` (the revision is the folder name;
+  unpinned, ``refs/main`` is preferred, else the newest complete snapshot);
+- a ``hf download --local-dir`` folder at ``<root>/<org>--<name>/`` or ``<root>/<org>/<name>/``, and, for a pinned
+  revision only (nothing in it names the repo), the root itself. Its revision is the commit its
+  ``.cache/huggingface/download/*.metadata`` files record, when they all agree.
+
+A snapshot counts only when complete (`snapshot_problem`) and, with a pinned revision, when its revision matches.
+Nothing here imports torch; the tiny model's generator is imported only when it has to run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import attrs
+
+from spinf.catalog.manifest import Catalog, load_catalog
+from spinf.catalog.resolve import ResolvedModel, detect_family, detect_format, read_config, resolve_model
+from spinf.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIRS_ENV = "SPINF_CACHE_DIRS"
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer*"]
+INDEX_FILE = "model.safetensors.index.json"
+_METADATA_DIR = Path(".cache") / "huggingface" / "download"
+_TRUE_VALUES = {"1", "on", "yes", "true"}  # huggingface_hub's reading of HF_HUB_OFFLINE
+
+
+@attrs.frozen
+class Checkpoint:
+    """A complete checkpoint on disk.
+
+    ``revision`` is the snapshot's commit (folder name or local-dir metadata), or the folder's base name for a
+    given folder without Hub metadata. ``weights`` is ``boot.weights``: the cache root it was found in,
+    ``"downloaded"``, ``"generated"`` (the tiny model, just written) or ``"config"`` (a folder given as is).
+    """
+
+    folder: Path
+    revision: str
+    weights: str
+    family: str
+    weight_format: str
+
+    def num_bytes(self) -> int:
+        """The size of the checkpoint's ``*.safetensors`` files."""
+        return sum(path.stat().st_size for path in self.folder.glob("*.safetensors"))
+
+
+def cache_dirs_from_env() -> list[str]:
+    """The roots of ``SPINF_CACHE_DIRS``, in order (empty entries skipped)."""
+    return [part for part in os.environ.get(CACHE_DIRS_ENV, "").split(":") if part]
+
+
+def default_hf_home() -> Path:
+    """``HF_HOME``, resolved as huggingface_hub does (default ``$XDG_CACHE_HOME/huggingface``), read now."""
+    default = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache")), "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(os.environ.get("HF_HOME") or default)))
+
+
+def offline_from_env() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.lower() in _TRUE_VALUES
+
+
+def find_checkpoint(
+    resolved: ResolvedModel,
+    *,
+    model_dir: str = "",
+    cache_dirs: list[str] | None = None,
+    hf_home: str | None = None,
+    offline: bool | None = None,
+    download: bool = True,
+) -> Checkpoint:
+    """The checkpoint to load for ``resolved`` (§9.7), or `ModelError` saying what is missing and how to provide it.
+
+    ``cache_dirs`` defaults to ``SPINF_CACHE_DIRS``, ``hf_home`` to `default_hf_home()`, ``offline`` to
+    ``HF_HUB_OFFLINE``. With ``download=False`` (or offline) nothing is fetched.
+    """
+    given = Path(model_dir).expanduser() if model_dir else resolved.local_folder
+    if given is not None:
+        return _given_folder(resolved, given)
+    hub = Path(hf_home).expanduser() / "hub" if hf_home else default_hf_home() / "hub"
+    roots = [Path(root).expanduser() for root in (cache_dirs_from_env() if cache_dirs is None else cache_dirs)]
+    offline = offline_from_env() if offline is None else offline
+    return _locate(resolved, [*roots, hub], download_root=hub, can_download=download and not offline)
+
+
+def download_model(name: str, dir: str | None = None) -> Path:
+    """The snapshot folder of ``name`` for ``spinf-serve download``: found, downloaded or generated.
+
+    With ``dir`` (a hub-cache root) only that root is searched and written; otherwise the roots of
+    `find_checkpoint`, downloading into ``$HF_HOME/hub``. A local folder is checked and returned as it is.
+    """
+    resolved = resolve_model(name)
+    if resolved.local_folder is not None:
+        return _given_folder(resolved, resolved.local_folder).folder
+    if dir is None:
+        return find_checkpoint(resolved).folder
+    root = Path(dir).expanduser()
+    return _locate(resolved, [root], download_root=root, can_download=not offline_from_env()).folder
+
+
+def describe_catalog(
+    cache_dirs: list[str] | None = None, hf_home: str | None = None, *, catalog: Catalog | None = None
+) -> list[dict]:
+    """For ``spinf-serve models``: each manifest's names and status, and where a complete snapshot of its pinned
+    revision lies locally (``present``, ``path``). Nothing is downloaded or generated."""
+    catalog = load_catalog() if catalog is None else catalog
+    hub = Path(hf_home).expanduser() / "hub" if hf_home else default_hf_home() / "hub"
+    roots = [Path(root).expanduser() for root in (cache_dirs_from_env() if cache_dirs is None else cache_dirs)]
+    rows = []
+    for manifest in catalog.manifests:
+        found = None
+        if manifest.source.revision is not None:
+            found = _search([*roots, hub], manifest.source.repo, manifest.source.revision, skipped=[])
+        rows.append(
+            {
+                "id": manifest.id,
+                "name": manifest.name,
+                "aliases": list(manifest.aliases),
+                "family": manifest.family,
+                "status": manifest.status,
+                "present": found is not None,
+                "path": str(found[0]) if found else None,
+            }
+        )
+    return rows
+
+
+def _given_folder(resolved: ResolvedModel, folder: Path) -> Checkpoint:
+    if not folder.is_dir():
+        raise ModelError(f"checkpoint folder {folder} does not exist")
+    problem = snapshot_problem(folder)
+    if problem is not None:
+        raise ModelError(f"checkpoint folder {folder} is incomplete: {problem}")
+    return _checkpoint(resolved, folder, local_dir_revision(folder) or folder.name, "config")
+
+
+def _checkpoint(resolved: ResolvedModel, folder: Path, revision: str, weights: str) -> Checkpoint:
+    """A `Checkpoint` with the architecture: the manifest's, else read from ``config.json``."""
+    if resolved.manifest is not None:
+        family, weight_format = resolved.manifest.family, resolved.manifest.source.format
+    else:
+        config = read_config(folder)
+        family, weight_format = detect_family(config, folder / "config.json"), detect_format(config)
+    return Checkpoint(folder=folder, revision=revision, weights=weights, family=family, weight_format=weight_format)
+
+
+def _locate(resolved: ResolvedModel, roots: list[Path], *, download_root: Path, can_download: bool) -> Checkpoint:
+    repo, revision = resolved.repo_id, resolved.revision
+    if repo is None:
+        raise ModelError(f"{resolved.served_name}: no checkpoint repo to look up")
+    skipped: list[str] = []
+    found = _search(roots, repo, revision, skipped)
+    if found is not None:
+        folder, found_revision, root = found
+        logger.info("found %s@%s in %s", repo, found_revision, folder)
+        return _checkpoint(resolved, folder, found_revision, str(root))
+    if resolved.is_builtin:
+        return _generate(resolved, roots, skipped)
+    if not can_download:
+        raise ModelError(_missing_message(resolved, roots, skipped, "downloads are off (offline)"))
+    folder = _download(resolved, download_root, roots, skipped)
+    problem = snapshot_problem(folder)
+    if problem is not None:
+        raise ModelError(f"the download of {repo} at {folder} is incomplete: {problem}")
+    if revision is not None and folder.name != revision:
+        raise ModelError(f"the download of {repo} is revision {folder.name}, not the pinned {revision}")
+    if revision is None:
+        logger.warning("downloaded %s unpinned: revision %s", repo, folder.name)
+    return _checkpoint(resolved, folder, folder.name, "downloaded")
+
+
+def _generate(resolved: ResolvedModel, roots: list[Path], skipped: list[str]) -> Checkpoint:
+    from spinf.engine.tiny import ensure_tiny_snapshot
+
+    root = next((root for root in roots if _writable(root)), None)
+    if root is None:
+        raise ModelError(_missing_message(resolved, roots, skipped, "no cache root is writable to generate it in"))
+    folder = ensure_tiny_snapshot(root)
+    if folder.name != resolved.revision:
+        raise ModelError(
+            f"the tiny model's generator writes revision {folder.name}, but its manifest pins {resolved.revision}"
+        )
+    return _checkpoint(resolved, folder, folder.name, "generated")
+
+
+def _writable(root: Path) -> bool:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(root, os.W_OK | os.X_OK)
+
+
+def _download(resolved: ResolvedModel, cache_dir: Path, roots: list[Path], skipped: list[str]) -> Path:
+    import httpx
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    logger.info("downloading %s@%s into %s", resolved.repo_id, resolved.revision or "main", cache_dir)
+    try:
+        folder = snapshot_download(
+            resolved.repo_id,
+            revision=resolved.revision,
+            cache_dir=cache_dir,
+            allow_patterns=DOWNLOAD_PATTERNS,
+            token=os.environ.get("HF_TOKEN") or None,
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, httpx.HTTPError, OSError) as error:
+        reason = f"the download failed ({type(error).__name__}: {error})"
+        raise ModelError(_missing_message(resolved, roots, skipped, reason)) from error
+    return Path(folder)
+
+
+def _missing_message(resolved: ResolvedModel, roots: list[Path], skipped: list[str], reason: str) -> str:
+    revision = resolved.revision or "(unpinned: any revision)"
+    lines = [
+        f"the checkpoint {resolved.repo_id} at revision {revision} is not in any cache root "
+        f"({', '.join(str(root) for root in roots)}) and {reason}.",
+        "Provide it in one of three ways:",
+        "  --model-dir FOLDER, a folder holding the checkpoint;",
+        f"  a cache root that holds it, added to {CACHE_DIRS_ENV} (colon-separated);",
+        f"  `spinf-serve download {resolved.served_name}` on a machine with network (or go online: unset "
+        "HF_HUB_OFFLINE), then copy the cache over.",
+    ]
+    lines += [f"Skipped: {line}" for line in skipped]
+    return "\n".join(lines)
+
+
+def _search(roots: list[Path], repo: str, revision: str | None, skipped: list[str]) -> tuple[Path, str, Path] | None:
+    """The first complete snapshot of ``repo`` (at ``revision`` when pinned) as (folder, revision, root)."""
+    org, name = repo.split("/", 1)
+    for root in roots:
+        repo_dir = root / f"models--{org}--{name}"
+        candidates = _hub_snapshots(repo_dir, revision)
+        if revision is not None and (repo_dir / "snapshots").is_dir():
+            others = sorted(path.name for path in (repo_dir / "snapshots").iterdir() if path.name != revision)
+            skipped += [f"{repo_dir / 'snapshots' / other}: revision {other}, not the pinned one" for other in others]
+        candidates += [root / f"{org}--{name}", root / org / name]
+        if revision is not None:
+            candidates.append(root)
+        for folder in candidates:
+            folder_revision = _revision_of(folder, root)
+            if folder_revision is None or (revision is not None and folder_revision != revision):
+                continue
+            problem = snapshot_problem(folder)
+            if problem is not None:
+                logger.info("skipping incomplete snapshot %s: %s", folder, problem)
+                skipped.append(f"{folder}: {problem}")
+                continue
+            return folder, folder_revision, root
+    return None
+
+
+def _hub_snapshots(repo_dir: Path, revision: str | None) -> list[Path]:
+    """Snapshot folders of a Hub-cache repo to try: the pinned one, or all, ``refs/main`` first, newest next."""
+    snapshots = repo_dir / "snapshots"
+    if revision is not None:
+        return [snapshots / revision]
+    if not snapshots.is_dir():
+        return []
+    folders = sorted((path for path in snapshots.iterdir() if path.is_dir()), key=_mtime, reverse=True)
+    ref = repo_dir / "refs" / "main"
+    main = ref.read_text(encoding="utf-8").strip() if ref.is_file() else None
+    return sorted(folders, key=lambda path: path.name != main)
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime
+
+
+def _revision_of(folder: Path, root: Path) -> str | None:
+    """A candidate folder's revision: a Hub snapshot's folder name, else its local-dir metadata commit."""
+    if not folder.is_dir():
+        return None
+    if folder.parent.name == "snapshots" and folder.parent.parent.parent == root:
+        return folder.name
+    return local_dir_revision(folder)
+
+
+def local_dir_revision(folder: Path) -> str | None:
+    """The commit recorded by ``hf download --local-dir`` in ``folder``, when all its metadata files agree."""
+    metadata_dir = folder / _METADATA_DIR
+    if not metadata_dir.is_dir():
+        return None
+    commits = set()
+    for path in metadata_dir.rglob("*.metadata"):
+        try:
+            with path.open(encoding="utf-8") as file:
+                commits.add(file.readline().strip())
+        except (OSError, UnicodeDecodeError):
+            return None
+    return commits.pop() if len(commits) == 1 else None
+
+
+def snapshot_problem(folder: Path) -> str | None:
+    """Why ``folder`` is no complete checkpoint, or None.
+
+    Complete means: a ``config.json``; with an index, every shard it lists present and not truncated; without one,
+    at least one ``*.safetensors`` file and none truncated.
+    """
+    if not (folder / "config.json").is_file():
+        return "no config.json"
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+            return f"{INDEX_FILE} cannot be read ({error})"
+    else:
+        shards = sorted(path.name for path in folder.glob("*.safetensors"))
+        if not shards:
+            return "no *.safetensors file"
+    for shard in shards:
+        problem = safetensors_problem(folder / shard)
+        if problem is not None:
+            return f"{shard}: {problem}"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file at ``path`` is missing or truncated, or None.
+
+    The file starts with an 8-byte little-endian header length and the JSON header, whose tensors'
+    ``data_offsets`` count from the end of the header; the file must reach the largest end.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            head = file.read(8)
+            header_len = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if header_len < 0 or 8 + header_len > size:
+                return f"truncated (header of {header_len} bytes in a {size}-byte file)"
+            header = json.loads(file.read(header_len))
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"unreadable ({error})"
+    if not isinstance(header, dict):
+        return "the header is not a JSON object"
+    ends = [
+        entry["data_offsets"][1]
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2
+    ]
+    needed = 8 + header_len + max(ends, default=0)
+    if size < needed:
+        return f"truncated ({size} bytes, the header says {needed})"
+    return None

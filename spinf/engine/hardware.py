@@ -1,0 +1,197 @@
+"""Hardware checks before loading, and the automatic quant choice (api spec §9.8, engine spec B.8).
+
+`check_hardware` answers, before a byte of weights is read, whether the resolved model can run on the chosen
+device with the chosen scheme: the device exists, the scheme is one the checkpoint accepts and the GPU can run, and
+the weights fit in the free memory with a margin. `choose_quant` makes the automatic choice of §9.8. The device
+facts come from `device_facts` (torch); tests pass `DeviceFacts` in instead.
+
+Schemes by name: the Gemma schemes of B.8 (``fp8s fp8 fp8row w8a16 w8a8 bf16``), the int4 modes of B.14.3
+(``i8 f16 fp8 bf16``, reported as ``int4-<mode>``), and ``fp32``: the weights as they are, the only scheme on CPU
+and the built-in tiny model's only scheme.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import torch
+
+from spinf.catalog.manifest import FORMAT_SCHEMES, FP8_SCHEMES, GEMMA_SCHEMES
+from spinf.catalog.resolve import ResolvedModel
+from spinf.errors import ConfigError, ModelError
+
+GIB = 1 << 30
+# Room for the weights: a loaded model holds a little more than its tensors (engine spec B.8: "1.1 × the
+# checkpoint + 6 GiB" for bf16), plus work buffers on top: LM-head temporaries alone are about 3 GiB (B.17).
+WEIGHTS_MARGIN = 1.1
+GPU_WORK_BYTES = 6 * GIB
+CPU_WORK_BYTES = 1 * GIB
+FP8_MIN_CAPABILITY = (8, 9)
+INT4_FORMAT = "gptq-int4-g32"
+DEFAULT_FORMAT = "safetensors-bf16"
+TINY_HINT = "spinf-serve serve spinf/tiny-gemma4 --device cpu"
+
+# Bytes per weight in each checkpoint format and as each scheme holds it on the device; int4 checkpoints stay
+# packed whatever the mode (B.14.3), so their size on the device is their size on disk.
+FORMAT_BYTES = {"safetensors-bf16": 2.0, "fp8-static": 1.0, "safetensors-f32": 4.0}
+SCHEME_BYTES = {"fp8s": 1.0, "fp8": 1.0, "fp8row": 1.0, "w8a16": 1.0, "w8a8": 1.0, "bf16": 2.0, "fp32": 4.0}
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+@attrs.frozen
+class DeviceFacts:
+    """What the checks need to know about a device. ``capability`` is None on CPU; ``free_bytes`` None if unknown."""
+
+    device: str
+    name: str
+    capability: tuple[int, int] | None
+    free_bytes: int | None
+
+
+def parse_device(device: str) -> tuple[str, int | None]:
+    """``("cpu", None)`` or ``("cuda", index)`` (``cuda`` alone is ``cuda:0``); `ConfigError` for anything else."""
+    match = _DEVICE_PATTERN.match(device)
+    if match is None or (match[1] == "cpu" and match[2] is not None):
+        raise ConfigError(f"device {device!r} is not cpu, cuda or cuda:N")
+    if match[1] == "cpu":
+        return "cpu", None
+    return "cuda", int(match[2] or 0)
+
+
+def device_facts(device: str) -> DeviceFacts:
+    """The facts of ``device`` from torch; `ModelError` with no GPU, `ConfigError` for a GPU index that is absent."""
+    kind, index = parse_device(device)
+    if kind == "cpu":
+        return DeviceFacts(device="cpu", name="cpu", capability=None, free_bytes=_host_available_bytes())
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ModelError(f"device {device}: no CUDA GPU is visible. To try the API without a GPU: {TINY_HINT}")
+    if index >= count:
+        raise ConfigError(
+            f"device {device} does not exist: {count} CUDA device(s) visible, cuda:0 to cuda:{count - 1}"
+        )
+    free_bytes, _ = torch.cuda.mem_get_info(index)
+    return DeviceFacts(
+        device=f"cuda:{index}",
+        name=torch.cuda.get_device_name(index),
+        capability=tuple(torch.cuda.get_device_capability(index)),
+        free_bytes=free_bytes,
+    )
+
+
+def _host_available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def check_hardware(
+    resolved: ResolvedModel,
+    quant: str,
+    device: str,
+    weights_bytes: int,
+    *,
+    weight_format: str | None = None,
+    facts: DeviceFacts | None = None,
+) -> DeviceFacts:
+    """Refuses a start that cannot work on ``device``; returns the device facts it checked against.
+
+    ``quant`` is the scheme to run (as `choose_quant` gives it; an int4 mode with or without ``int4-``),
+    ``weights_bytes`` the size of the checkpoint's safetensors files, ``weight_format`` the checkpoint format when
+    the resolution did not know it (a Hub repo), ``facts`` the device facts (default: `device_facts`). Raises
+    `ModelError` when the model cannot run on this machine (a GPU model without a GPU, too little memory) and
+    `ConfigError` when a setting is wrong for it (the device, the scheme).
+    """
+    kind, _ = parse_device(device)
+    if kind == "cpu" and resolved.manifest is not None and not resolved.is_builtin:
+        raise ModelError(f"{resolved.served_name} needs a CUDA GPU. To try the API without a GPU: {TINY_HINT}")
+    facts = device_facts(device) if facts is None else facts
+    weight_format = weight_format or resolved.weight_format or DEFAULT_FORMAT
+    scheme = quant.removeprefix("int4-") if weight_format == INT4_FORMAT else quant
+    allowed = allowed_schemes(resolved, weight_format, on_cpu=kind == "cpu")
+    if scheme not in allowed:
+        raise ConfigError(
+            f"quant {quant!r} cannot run {resolved.served_name} on {facts.device}: allowed are {', '.join(allowed)}"
+        )
+    if scheme in FP8_SCHEMES and (facts.capability is None or facts.capability < FP8_MIN_CAPABILITY):
+        capability = ".".join(map(str, facts.capability)) if facts.capability else "none"
+        raise ConfigError(
+            f"quant {quant!r} needs compute capability 8.9 or later; {facts.device} ({facts.name}) has {capability}. "
+            f"Choose another scheme with --quant ({', '.join(s for s in allowed if s not in FP8_SCHEMES)})"
+        )
+    resident = resident_bytes(weights_bytes, weight_format, scheme)
+    work = CPU_WORK_BYTES if kind == "cpu" else GPU_WORK_BYTES
+    needed = fit_bytes(resident, work)
+    if facts.free_bytes is not None and needed > facts.free_bytes:
+        raise ModelError(
+            f"{resolved.served_name} in {quant} does not fit on {facts.device} ({facts.name}): it needs about "
+            f"{needed / GIB:.1f} GiB ({WEIGHTS_MARGIN} × {resident / GIB:.1f} GiB of weights + {work / GIB:.0f} GiB "
+            f"of work buffers), and {facts.free_bytes / GIB:.1f} GiB are free"
+        )
+    return facts
+
+
+def allowed_schemes(resolved: ResolvedModel, weight_format: str, *, on_cpu: bool) -> tuple[str, ...]:
+    """The schemes that may run ``resolved``: ``fp32`` on CPU, else the manifest's, else its format's."""
+    if on_cpu:
+        return ("fp32",)
+    if resolved.manifest is not None:
+        return resolved.manifest.quant_allowed
+    return FORMAT_SCHEMES.get(weight_format, GEMMA_SCHEMES)
+
+
+def resident_bytes(checkpoint_bytes: int, weight_format: str, scheme: str) -> int:
+    """About how many bytes the weights take on the device under ``scheme``, from the checkpoint's size."""
+    if weight_format == INT4_FORMAT:
+        return checkpoint_bytes
+    return int(checkpoint_bytes * SCHEME_BYTES[scheme] / FORMAT_BYTES[weight_format])
+
+
+def fit_bytes(resident: int, work: int) -> int:
+    """The free memory needed to load ``resident`` bytes of weights and run: the margin plus work buffers."""
+    return int(WEIGHTS_MARGIN * resident) + work
+
+
+def choose_quant(
+    resolved: ResolvedModel,
+    requested: str,
+    capability: tuple[int, int] | None,
+    *,
+    weight_format: str | None = None,
+    has_scale_table: bool = False,
+    checkpoint_bytes: int = 0,
+    free_bytes: int | None = None,
+) -> str:
+    """The scheme to run (§9.8): ``requested`` when given (else the manifest's non-auto default), else automatic.
+
+    ``capability`` is the GPU's compute capability (None on CPU), ``has_scale_table`` whether an fp8s scale table
+    exists for this checkpoint revision, ``checkpoint_bytes`` and ``free_bytes`` decide whether bf16 fits (unknown
+    free memory counts as fitting). Automatic: ``fp32`` on CPU and for the built-in tiny model; ``int4-i8`` for an
+    int4 checkpoint; ``fp8`` from capability 8.9, upgraded to ``fp8s`` for a catalog checkpoint that is fp8-static
+    or has a scale table (never outside the catalog); otherwise ``bf16`` if it fits, else ``w8a16``. Int4 modes
+    come back as ``int4-<mode>``.
+    """
+    weight_format = weight_format or resolved.weight_format or DEFAULT_FORMAT
+    manifest = resolved.manifest
+    if not requested and manifest is not None and manifest.quant_default != "auto":
+        requested = manifest.quant_default
+    if requested:
+        return f"int4-{requested.removeprefix('int4-')}" if weight_format == INT4_FORMAT else requested
+    if capability is None or resolved.is_builtin:
+        return "fp32"
+    if weight_format == INT4_FORMAT:
+        return "int4-i8"
+    if capability >= FP8_MIN_CAPABILITY:
+        return "fp8s" if manifest is not None and (weight_format == "fp8-static" or has_scale_table) else "fp8"
+    bf16_bytes = resident_bytes(checkpoint_bytes, weight_format, "bf16")
+    if free_bytes is None or fit_bytes(bf16_bytes, GPU_WORK_BYTES) <= free_bytes:
+        return "bf16"
+    return "w8a16"

@@ -1,0 +1,494 @@
+"""The OpenAPI 3.1 document of ``GET /openapi.json`` (api spec §1, D7): every route, its real request and responses.
+
+It owns the machine-readable copy of the HTTP contract: the routes of §1 with their auth, parameters and bodies,
+the score request of §4, the score response of §5 (chat adds ``choices``, §6), the model entry of §7, the pack
+listings of §8, the probes, drain and info of §3, and the error envelope of §2.5 with its code table
+(``ERROR_CODES``), narrowed per status. Schemas are plain dicts built by small helpers: in an object's field map a
+key ending in ``?`` is optional. Request objects stay open (the server ignores unknown keys, §4.1), pack references
+excepted; response objects are closed, so an answer with a key the spec does not list fails validation. It imports
+nothing from the server; ``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
+"""
+
+from __future__ import annotations
+
+# §2.5: every code, by status. The 404 pack codes belong to GET /v1/packs/{id}; in a score body they are 400s.
+ERROR_CODES: dict[int, tuple[str, ...]] = {
+    400: tuple(
+        """invalid_json invalid_field scoring_required model_not_served media_not_supported media_disabled
+        extraction_disabled generation_disabled invalid_template missing_value unknown_placeholder
+        too_many_combinations too_many_options duplicate_option option_too_long option_boundary template_too_long
+        duplicate_id unknown_query_id empty_queries too_many_extractions too_many_prompts content_too_long
+        unsupported_content invalid_media audio_too_long image_too_large unknown_pack unknown_pack_version
+        pack_not_available pack_conflict reserved_group unknown_category pack_media_not_supported""".split()
+    ),
+    401: ("invalid_token",),
+    404: ("not_found", "unknown_pack", "unknown_pack_version"),
+    405: ("method_not_allowed",),
+    413: ("body_too_large", "request_too_large"),
+    429: ("concurrency_limit",),
+    500: ("engine_error",),
+    503: ("warming_up", "model_unavailable"),
+}
+ERROR_TYPES = ("invalid_request", "authentication_error", "not_found", "rate_limited", "unavailable", "api_error")
+LIMIT_KEYS = """max_content_tokens max_query_tokens max_prompts_per_input max_processed_tokens
+    max_extractions_per_input max_options max_option_tokens max_frames max_audio_seconds max_image_pixels""".split()
+MEDIA = ("image", "audio", "video")
+DETAILS = ("low", "auto", "high")
+MODES = ("max", "per_category", "micro_layer")
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_ID = r"^scr_[0-9A-HJKMNP-TV-Z]{26}$"
+RETRY_AFTER = {429: "2", 503: "10 (warming_up, or shutting down) or 60 (model_unavailable)"}
+
+# Small schema builders.
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def bounded(kind: str, lo=None, hi=None, **extra) -> dict:
+    """A string (length), integer or number (value), or array (items) with optional inclusive bounds."""
+    names = {"string": "Length", "array": "Items"}
+    suffix = names.get(kind)
+    schema = {"type": kind}
+    if lo is not None:
+        schema[f"min{suffix}" if suffix else "minimum"] = lo
+    if hi is not None:
+        schema[f"max{suffix}" if suffix else "maximum"] = hi
+    return {**schema, **extra}
+
+
+def string(lo=None, hi=None, **extra) -> dict:
+    return bounded("string", lo, hi, **extra)
+
+
+def integer(lo=0, hi=None, **extra) -> dict:
+    return bounded("integer", lo, hi, **extra)
+
+
+def number(lo=None, hi=None, **extra) -> dict:
+    return bounded("number", lo, hi, **extra)
+
+
+def array(items: dict, lo=None, hi=None, **extra) -> dict:
+    return bounded("array", lo, hi, items=items, **extra)
+
+
+def enum(*values) -> dict:
+    return {"enum": list(values)}
+
+
+def nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, NULL]}
+
+
+def mapping(values: dict, **extra) -> dict:
+    return {"type": "object", "additionalProperties": values, **extra}
+
+
+def same(schema: dict, keys: str) -> dict:
+    """The same schema for each of the space-separated ``keys`` (a trailing ``?`` marks one optional)."""
+    return {key: schema for key in keys.split()}
+
+
+def obj(fields: dict, *, closed: bool = True, **extra) -> dict:
+    """An object; a key ending in ``?`` is optional, the others required; a closed object allows no other key."""
+    schema = {"type": "object", "properties": {key.rstrip("?"): value for key, value in fields.items()}, **extra}
+    required = [key for key in fields if not key.endswith("?")]
+    if required:
+        schema["required"] = required
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def loose(fields: dict, **extra) -> dict:
+    """A request object: unknown keys are ignored (api spec §4.1)."""
+    return obj(fields, closed=False, **extra)
+
+
+def described(schema: dict, text: str) -> dict:
+    return {**schema, "description": text}
+
+
+STR, BOOL, NULL, ANY = {"type": "string"}, {"type": "boolean"}, {"type": "null"}, {}
+INT, NUM, P = integer(), number(), number(0, 1)
+
+# §4: the request body.
+
+
+def _request_schemas() -> dict:
+    image = loose(
+        {
+            "url": string(pattern=r"^data:image/(png|jpeg|jpg|webp|gif);base64,"),
+            "detail?": enum(*DETAILS) | {"default": "auto"},
+        }
+    )
+    frame = loose({"t": number(0, description="seconds, not decreasing"), "image_url": ref("ImageUrl")})
+    audio = loose(
+        {"data": string(contentEncoding="base64"), "format": enum("wav", "mp3", "flac", "ogg", "m4a", "webm")}
+    )
+    video = loose(
+        {"frames": array(frame, 1, description="1 to max_frames"), "detail?": enum(*DETAILS) | {"default": "low"}}
+    )
+    payloads = {"text": STR, "image_url": ref("ImageUrl"), "input_audio": audio, "video": video}
+    parts = {f"{kind.title().replace('_', '')}Part": (kind, p) for kind, p in payloads.items()}
+    generate = loose(
+        {
+            "temperature?": number(0, 2, default=0),
+            "top_p?": number(None, 1, exclusiveMinimum=0, default=1),
+            "top_k?": integer(1, 100, description="default 40 when temperature > 0, else 1"),
+            "seed?": integer(0, 2**31 - 1, default=0),
+            "n?": integer(1, 6, default=1),
+        }
+    )
+    value = string(hi=256)
+    query = loose(
+        {
+            "id": string(hi=128),
+            "template": described(STR, "§4.6: literal text, up to 5 {name} placeholders and one slot"),
+            "options?": array(string(1), 1, description="required on {?} queries; forbidden on extraction slots"),
+            "combinations?": {"anyOf": [array(mapping(value), 1), {"const": "all"}, NULL]},
+            "values?": nullable(mapping(array(value, 1), description='only with combinations "all"')),
+            "empty_floor?": nullable(described(BOOL, "null: scoring.empty_floor")),
+            "group?": nullable(string(hi=128)),
+            "max_tokens?": integer(1, 100, default=16, description="extraction only; above 64 only with generate"),
+            "top_k?": integer(1, 20, default=5, description="searched extraction only"),
+            "calibration?": loose({"a?": number(default=1), "b?": number(default=0)}),
+            "generate?": {"anyOf": [BOOL, ref("Generate"), NULL], "description": "{*} slots only"},
+        }
+    )
+    decision = obj(
+        {
+            "mode?": enum(*MODES),
+            "threshold?": nullable(NUM),
+            "thresholds?": mapping(nullable(P)),
+            "critical?": nullable(array(STR)),
+        }
+    )
+    pack_ref = obj(
+        {"id": string(1), **same(STR, "version? context?"), "decision?": decision, "include_queries?": BOOL}
+    )
+    scoring = loose(
+        {
+            "queries?": array(ref("Query")),
+            **same(BOOL | {"default": True}, "empty_floor? case_insensitive?"),
+            "packs?": array(ref("Pack")),
+        }
+    )
+    message = loose({"role?": STR, "content": {"anyOf": [STR, array(ref("ContentPart"))]}})
+    scalar = {"anyOf": [STR, NUM, BOOL]}
+    input_ = loose(
+        {
+            "id": string(hi=128),
+            "messages": array(ref("Message")),
+            "query_ids?": nullable(array(STR, description="null: all shared queries")),
+            "queries?": array(ref("Query")),
+            "parameters?": mapping(scalar, description="pack context parameters"),
+        }
+    )
+    trusted = "trusted callers only (§4.11); ignored for others"
+    limits = obj({f"{key}?": integer(0 if "extractions" in key else 1) for key in LIMIT_KEYS}, description=trusted)
+    features = loose({"media?": array(STR), **same(BOOL, "extraction? generation?")}, description=trusted)
+    score_request = loose(
+        {
+            "messages?": array(ref("Message"), description="the same as inputs: [{id: '0', messages}]"),
+            "inputs?": array(ref("Input"), 1),
+            "model?": string(1, description="a name of the served model, matched case-insensitively"),
+            "scoring?": ref("Scoring"),
+            "endpoint?": string(1, 128),
+            "limits?": limits,
+            "features?": features,
+        },
+        oneOf=[{"required": ["messages"]}, {"required": ["inputs"]}],
+        description="exactly one of messages and inputs; other top-level keys are ignored",
+    )
+    return {
+        "ImageUrl": image,
+        **{name: loose({"type": {"const": kind}, kind: p}) for name, (kind, p) in parts.items()},
+        "ContentPart": {
+            "oneOf": [ref(name) for name in parts],
+            "discriminator": {
+                "propertyName": "type",
+                "mapping": {kind: f"#/components/schemas/{name}" for name, (kind, _) in parts.items()},
+            },
+        },
+        "Message": message,
+        "Input": input_,
+        "Generate": generate,
+        "Query": query,
+        "Pack": pack_ref,
+        "Scoring": scoring,
+        "ScoreRequest": score_request,
+        "ChatRequest": {"allOf": [ref("ScoreRequest")], "required": ["scoring"], "description": "§6"},
+    }
+
+
+# §5: the response body.
+
+
+def _response_schemas() -> dict:
+    values = mapping(STR)
+    option = obj({"text": STR, "logprob": number(None, 0), "p": P, "floor_p": nullable(P)})
+    combination = obj({"values": values, "options": array(option), "residual": P, "floor_residual": nullable(P)})
+    answer = obj({"text": STR, "p": P, "value?": NUM, "currency?": nullable(enum("$", "€", "£", "¥"))})
+    searched = obj(
+        {"values": values, "answers": array(answer), "mass": number(0), "p_negative?": nullable(P), "p_calibrated?": P}
+    )
+    sequence = obj({"text": STR, "finish": enum("stop", "length")})
+    generated = obj({"values": values, "answers": array(sequence, 1, 6)})
+    decision = obj(
+        {
+            "unsafe": BOOL,
+            "mode": enum(*MODES),
+            **same(NUM, "score? threshold?"),
+            "category?": nullable(STR),
+            "categories?": array(STR),
+            "critical?": array(STR, 1),
+            "by?": {"const": "critical"},
+            "warning?": STR,
+        }
+    )
+    category = obj({"score": P, "percentile": nullable(NUM), "flagged": nullable(BOOL)})
+    return {
+        "ScoredQuery": obj({"id": STR, "combinations": array(combination)}),
+        "SearchedQuery": obj({"id": STR, "kind": enum("text", "number", "currency"), "combinations": array(searched)}),
+        "GeneratedQuery": obj(
+            {"id": STR, "kind": {"const": "text"}, "generate": {"const": True}, "combinations": array(generated)}
+        ),
+        "QueryResult": {"oneOf": [ref("ScoredQuery"), ref("SearchedQuery"), ref("GeneratedQuery")]},
+        "PackResult": obj({**same(STR, "id version context"), "categories": mapping(category), "decision": decision}),
+        "Result": obj({"input_id": STR, "queries": array(ref("QueryResult")), "packs?": array(ref("PackResult"))}),
+        "Warning": {
+            "oneOf": [
+                obj({"code": {"const": "low_option_mass"}, **same(STR, "input_id query_id message")}),
+                obj({"code": {"const": "join_not_merged"}, **same(STR, "message param")}),
+            ]
+        },
+        "Usage": _usage(),
+        "Timing": obj(same(INT, "wall_ms queue_ms compile_ms score_ms gpu_busy_ms decode_ms?")),
+        "EngineInfo": obj(
+            {
+                **same(STR, "engine image model revision quant gpu capability torch transformers python"),
+                **same(integer(1), "token_budget max_tokens"),
+                "cuda": nullable(STR),
+                "scale_table?": described(ANY, "only when there is one"),
+            }
+        ),
+        "ScoreResponse": _score_response(chat=False),
+        "ChatResponse": _score_response(chat=True),
+    }
+
+
+def _usage() -> dict:
+    content = same(INT, "tokens text_tokens images image_tokens video_frames video_tokens audio_tokens")
+    internals = """packed_tokens content_tokens text_tokens query_tokens floor_tokens generated_tokens images
+        image_tokens video_frames video_tokens audio_ms audio_tokens"""
+    return obj(
+        {
+            **same(INT, "prompt_tokens completion_tokens total_tokens"),
+            "prompt_tokens_details": obj(same(INT, "content_tokens text_tokens query_tokens floor_tokens")),
+            "inputs": integer(1),
+            "content": obj({**content, "audio_seconds": number(0)}),
+            "scoring": obj(same(INT, "queries combinations options prompts floor_prompts query_tokens floor_tokens")),
+            "extraction?": obj(same(INT, "slots text number currency answers decode_tokens")),
+            "generation?": obj(same(INT, "slots sequences max_tokens generated_tokens")),
+            "packs?": obj(same(INT, "count query_tokens")),
+            "processed_tokens": INT,
+            **{f"{key}?": described(INT, "trusted or --debug only") for key in internals.split()},
+        }
+    )
+
+
+def _score_response(*, chat: bool) -> dict:
+    fields = {
+        "id": string(pattern=REQUEST_ID, description="equals the X-Request-Id header"),
+        "object": {"const": "score"},
+        "created": described(INT, "Unix seconds"),
+        "model": described(STR, "the name as sent; the served id when omitted"),
+        "endpoint?": string(1, 128, description="only when the request had one"),
+        "system_fingerprint": string(pattern=r"^fp_[0-9a-f]{10}$"),
+        "results": array(ref("Result"), 1, description="one per input, in request order"),
+        "warnings": array(ref("Warning")),
+        "usage": ref("Usage"),
+        "timing": ref("Timing"),
+        "engine?": described(ref("EngineInfo"), "trusted caller or --debug only"),
+    }
+    return obj({**fields, "choices": array(ANY, hi=0)} if chat else fields)
+
+
+# §3, §7, §8 and §2.5: probes, models, packs, errors.
+
+
+def _other_schemas() -> dict:
+    model = obj(
+        {
+            **same(STR, "id name base_model"),
+            "status": enum("loading", "available", "error"),
+            "aliases": array(STR),
+            "family": nullable(STR),
+            "capabilities": array(enum("score", "extract", "generate"), uniqueItems=True),
+            "media": array(enum(*MEDIA), uniqueItems=True),
+            "limits": obj(same(INT, " ".join(LIMIT_KEYS))),
+            "features": obj({"media": array(enum(*MEDIA)), **same(BOOL, "extraction generation")}),
+            "image?": obj({"detail_tokens": obj(same(integer(1), " ".join(DETAILS)))}),
+        }
+    )
+    common = {**same(STR, "id name description"), "tags": array(STR), "media": array(enum("text", *MEDIA))}
+    pack_decision = obj(
+        {
+            **same(enum(*MODES), "mode fallback"),
+            "modes": array(enum(*MODES)),
+            "max_threshold": nullable(NUM),
+            "critical": array(STR),
+        }
+    )
+    pack = obj(
+        {
+            **common,
+            **same(STR, "status version model source"),
+            "versions": array(STR, 1),
+            "parameters": array(
+                obj({"id": STR, **same(STR, "label? description?"), "required?": BOOL, "default?": ANY})
+            ),
+            "contexts": array(obj(same(STR, "id template"))),
+            "categories": array(obj({**same(STR, "id label"), "threshold": nullable(NUM)})),
+            "decision": pack_decision,
+            **same(INT, "queries prompts"),
+        }
+    )
+    coming_soon = {"status": {"const": "coming_soon"}, "version": NULL, "versions": array(STR, hi=0)}
+    error_detail = {"code": enum(*sorted({c for codes in ERROR_CODES.values() for c in codes})), "message": STR}
+    error_detail["param"] = nullable(described(STR, "a param path"))
+    return {
+        "Boot": obj(
+            {
+                **same(number(0), "import_s load_s idle_gib warmup_s? warmup_extract_s?"),
+                "weights": STR,
+                "warm": {"const": True},
+            }
+        ),
+        "Healthz": obj({"ok": {"const": True}}),
+        "Ready": obj({"ready": {"const": True}, "boot": ref("Boot")}),
+        "NotReady": obj({"ready": {"const": False}, **same(STR, "error? degraded?"), "draining?": {"const": True}}),
+        "Live": obj({"live": BOOL, "degraded?": STR}),
+        "Drain": obj({"draining": BOOL}),
+        "Info": obj({"engine": ref("EngineInfo"), "boot": ref("Boot")}),
+        "Model": model,
+        "Models": obj({"models": array(ref("Model"), 1, 1)}),
+        "PackEntry": pack,
+        "ComingSoonPack": obj({**common, **coming_soon, "model": {"anyOf": [STR, array(STR)]}}),
+        "Packs": obj({"packs": array({"oneOf": [ref("PackEntry"), ref("ComingSoonPack")]}), "sources": array(STR)}),
+        "PackFile": loose(
+            same(ANY, "pack version model contexts scoring reads categories decision"),
+            description="the pack file's JSON unchanged (packs.md §1)",
+        ),
+        "ErrorEnvelope": obj(
+            {
+                "error": obj({"type": enum(*ERROR_TYPES), **error_detail}),
+                "request_id": string(pattern=REQUEST_ID, description="equals the X-Request-Id header"),
+                "rejected?": described(obj(error_detail), "trusted callers only, on 400 and 413"),
+            }
+        ),
+    }
+
+
+# Responses and operations.
+
+_REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
+_ERROR_DESCRIPTIONS = {
+    400: "an invalid request (§2.5, §4.12)",
+    401: "a missing or wrong token, or a caller who is not trusted on /v0 (§2.3)",
+    404: "an unknown path (not_found), or an unknown pack id or version on /v1/packs/{id}",
+    405: "a known path called with a method it does not serve",
+    413: "a body over max_body_bytes, or a call over max_processed_tokens",
+    429: "no free request slot",
+    500: "an unhandled error (engine_error)",
+    503: "the model is loading or warming up, failed to load, or the server is shutting down",
+}
+
+
+def answer(description: str, schema: dict, media: str = "application/json", headers: dict | None = None) -> dict:
+    headers = {**_REQUEST_ID_HEADER, **(headers or {})}
+    return {"description": description, "headers": headers, "content": {media: {"schema": schema}}}
+
+
+def error(status: int) -> dict:
+    """An error answer: the envelope, its ``code`` narrowed to the codes of ``status``, with its headers."""
+    narrowed = {"properties": {"error": {"properties": {"code": enum(*ERROR_CODES[status])}}}}
+    headers = {}
+    if status in RETRY_AFTER:
+        text = f"seconds: {RETRY_AFTER[status]}"
+        headers["Retry-After"] = {"description": text, "required": True, "schema": integer(1)}
+    if status == 405:
+        headers["Allow"] = {"description": "the methods the path serves", "required": True, "schema": STR}
+    return answer(_ERROR_DESCRIPTIONS[status], {"allOf": [ref("ErrorEnvelope"), narrowed]}, headers=headers)
+
+
+# (path, method, operationId, auth, summary, 200 schema, error statuses); auth is "none", "access" (the access or
+# the trusted token) or "trusted" (the trusted token only). The score routes also take a request body.
+SCORING_ERRORS = (400, 401, 413, 429, 500, 503)
+ROUTES = (
+    ("/healthz", "get", "healthz", "none", "The HTTP server is up", "Healthz", ()),
+    ("/readyz", "get", "readyz", "none", "Readiness (§3.2)", "Ready", ()),
+    ("/livez", "get", "livez", "none", "Liveness of the engine (§3.3)", "Live", ()),
+    ("/metrics", "get", "metrics", "none", "Prometheus metrics (§3.5)", None, ()),
+    ("/openapi.json", "get", "openapi", "none", "This OpenAPI 3.1 document", None, ()),
+    ("/v0/drain", "post", "drainStart", "trusted", "Start draining (§3.4)", "Drain", (401, 500)),
+    ("/v0/drain", "delete", "drainStop", "trusted", "Stop draining (§3.4)", "Drain", (401, 500)),
+    ("/v0/info", "get", "info", "trusted", "Engine and boot (§3.6)", "Info", (401, 500, 503)),
+    ("/v1/models", "get", "models", "access", "The served model (§7)", "Models", (401, 500)),
+    ("/v1/packs", "get", "packs", "access", "The enabled packs (§8.1)", "Packs", (401, 500)),
+    ("/v1/packs/{id}", "get", "pack", "access", "One pack file (§8.2)", "PackFile", (401, 404, 500)),
+    ("/v1/score", "post", "score", "access", "Score (§4, §5)", "ScoreResponse", SCORING_ERRORS),
+    ("/v1/chat/completions", "post", "chat", "access", "Score, chat-shaped (§6)", "ChatResponse", SCORING_ERRORS),
+)
+_SPECIAL = {  # answers other than a JSON 200 and the error envelopes
+    "readyz": {"503": answer("not loaded, not warm, failed, degraded or draining", ref("NotReady"))},
+    "livez": {"503": answer("not loaded, not warm, failed or degraded", ref("Live"))},
+    "metrics": {"200": answer("Prometheus text exposition format", STR, media=METRICS_TYPE)},
+    "openapi": {"200": answer("this document", {"type": "object"})},
+}
+_PACK_PARAMETERS = [
+    {"name": "id", "in": "path", "required": True, "schema": STR, "description": "the pack id; it may contain /"},
+    {"name": "version", "in": "query", "required": False, "schema": STR, "description": "default: the default"},
+]
+
+
+def _paths() -> dict:
+    paths: dict[str, dict] = {}
+    for path, method, op_id, auth, summary, schema, errors in ROUTES:
+        responses = {"200": answer(summary, ref(schema))} if schema else {}
+        responses |= _SPECIAL.get(op_id, {}) | {str(s): {"$ref": f"#/components/responses/Error{s}"} for s in errors}
+        op = {"operationId": op_id, "summary": summary, "security": [] if auth == "none" else [{"bearer": []}]}
+        if auth == "trusted":
+            op["description"] = "Trusted callers only (§2.4)."
+        if op_id == "pack":
+            op["parameters"] = _PACK_PARAMETERS
+        if method == "post" and path.startswith("/v1/"):
+            body = "ChatRequest" if op_id == "chat" else "ScoreRequest"
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(body)}}}
+        paths.setdefault(path, {})[method] = {**op, "responses": responses}
+    return paths
+
+
+def openapi_document(version: str) -> dict:
+    """The OpenAPI 3.1 document of the server whose version is ``version``."""
+    description = (
+        "Scoring server for decision models. Every response carries X-Request-Id. An unknown path is a 404 not_found "
+        "and a known path with another method a 405 method_not_allowed with an Allow header (components Error404 "
+        "and Error405), both in the error envelope; a trailing slash gets a 307 to the path without it. A server "
+        "started without tokens is open and ignores the Authorization header."
+    )
+    request_id = {"description": "scr_ and a 26-character ULID", "schema": string(pattern=REQUEST_ID)}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "spinf-serve", "version": version, "description": description},
+        "paths": _paths(),
+        "components": {
+            "schemas": {**_request_schemas(), **_response_schemas(), **_other_schemas()},
+            "responses": {f"Error{status}": error(status) for status in _ERROR_DESCRIPTIONS},
+            "headers": {"X-Request-Id": request_id},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "the access token"}},
+        },
+    }

@@ -1,0 +1,164 @@
+"""``spinf-serve score`` through `spinf.bulk.main`: one body (api spec §10) or an inputs file, exit statuses."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import types
+
+import pytest
+
+from spinf.bulk import main
+from tests.bulk.fakes import REQUEST, FakeServer, make_inputs, read_jsonl, write_jsonl
+
+SETTINGS = types.SimpleNamespace()  # main reaches the settings only to build an engine, replaced here
+
+
+def args(**given) -> argparse.Namespace:
+    defaults = {
+        "request": None,
+        "model": None,
+        "inputs": None,
+        "output": None,
+        "url": None,
+        "batch_size": 64,
+        "concurrency": 4,
+        "resume": False,
+        "no_progress": False,
+    }
+    return argparse.Namespace(**{**defaults, **given})
+
+
+@pytest.fixture
+def run(tiny_engine):
+    def call(**given) -> int:
+        return main(args(**given), SETTINGS, make_engine=lambda: tiny_engine)
+
+    return call
+
+
+def test_one_body_prints_the_response(run, tmp_path, capsys, tiny_engine):
+    body = {**REQUEST, "messages": [{"role": "user", "content": "great film"}], "endpoint": "e"}
+    path = write_jsonl(tmp_path / "req.json", [body])
+    assert run(request=path) == 0
+    response = json.loads(capsys.readouterr().out)
+    assert (response["object"], response["endpoint"], response["results"][0]["input_id"]) == ("score", "e", "0")
+    assert response["results"] == tiny_engine.score(body)["results"]
+
+
+def test_an_api_error_prints_the_envelope_without_rejected(run, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "req.json", [{**REQUEST, "inputs": [{"id": "a", "messages": "no"}]}])
+    assert run(request=path) == 1
+    captured = capsys.readouterr()
+    envelope = json.loads(captured.err)
+    assert captured.out == "" and envelope.keys() == {"error", "request_id"}
+    assert (envelope["error"]["type"], envelope["error"]["code"]) == ("invalid_request", "invalid_field")
+    assert envelope["request_id"].startswith("scr_")
+
+
+def test_bulk_mode_writes_the_output_without_a_bar_off_a_terminal(run, tmp_path, capsys):
+    inputs = make_inputs(20)
+    src, out = write_jsonl(tmp_path / "in.jsonl", inputs), tmp_path / "out.jsonl"
+    req = write_jsonl(tmp_path / "req.json", [REQUEST])
+    assert run(request=req, inputs=src, output=out, batch_size=8) == 0
+    assert [line["input_id"] for line in read_jsonl(out)] == [item["id"] for item in inputs]
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.startswith(f"spinf-serve score: wrote 20 results to {out} in ")
+    assert run(request=req, inputs=src, output=out, resume=True) == 0
+    assert capsys.readouterr().err.endswith("(20 were there already)\n")
+
+
+def test_bulk_mode_refuses_a_request_with_inputs(run, tmp_path, capsys):
+    req = write_jsonl(tmp_path / "req.json", [{**REQUEST, "inputs": [{"id": "a", "messages": []}]}])
+    src = write_jsonl(tmp_path / "in.jsonl", make_inputs(2))
+    assert run(request=req, inputs=src, output=tmp_path / "out.jsonl") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spinf-serve score: the request file '{req}' holds 'inputs': with --inputs, the request")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"output": "o.jsonl"}, "--output needs --inputs FILE.jsonl"),
+        ({"output": "o.jsonl", "resume": True}, "--output and --resume need --inputs FILE.jsonl"),
+        ({"inputs": "i.jsonl"}, "--inputs needs --output FILE.jsonl"),
+        (
+            {"request": "missing.json", "inputs": "i.jsonl", "output": "o"},
+            "cannot read the request file 'missing.json'",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2(run, capsys, given, message):
+    assert run(**{"request": "r.json", **given}) == 2
+    assert capsys.readouterr().err.startswith(f"spinf-serve score: {message}")
+
+
+def test_a_bad_line_stops_before_the_engine_loads(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "content": "x"}\n{"id": "a", "content": "y"}\n')
+    req = write_jsonl(tmp_path / "req.json", [REQUEST])
+
+    def no_engine():
+        raise AssertionError("the engine must not load before the inputs are checked")
+
+    assert main(args(request=req, inputs=src, output=tmp_path / "o.jsonl"), SETTINGS, make_engine=no_engine) == 2
+    assert capsys.readouterr().err == f"spinf-serve score: {src}: input id 'a' is on line 1 and again on line 2\n"
+
+
+def test_without_a_model_there_is_no_engine(tmp_path, capsys):
+    req = write_jsonl(tmp_path / "req.json", [{**REQUEST, "messages": [{"content": "x"}]}])
+    assert main(args(request=req), types.SimpleNamespace(engine=types.SimpleNamespace(model=None))) == 2
+    assert (
+        capsys.readouterr().err == "spinf-serve score: no model: give MODEL after REQUEST.json, or set engine.model\n"
+    )
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("no_progress", [False, True])
+def test_the_bar_shows_on_a_terminal_unless_turned_off(run, tmp_path, monkeypatch, no_progress):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    src, out = write_jsonl(tmp_path / "in.jsonl", make_inputs(6)), tmp_path / "out.jsonl"
+    req = write_jsonl(tmp_path / "req.json", [REQUEST])
+    assert run(request=req, inputs=src, output=out, batch_size=2, no_progress=no_progress) == 0
+    shown = terminal.getvalue()
+    if no_progress:
+        assert "\r" not in shown
+    else:
+        assert shown.startswith("\r0/6 [") and "\r6/6 [" in shown and "items/s ETA" in shown
+
+
+def test_a_refused_input_names_its_line_and_counts_params_over_the_file(run, tmp_path, capsys):
+    inputs = make_inputs(12)
+    inputs[9]["query_ids"] = ["nope"]
+    src, out = write_jsonl(tmp_path / "in.jsonl", inputs), tmp_path / "out.jsonl"
+    assert run(request=write_jsonl(tmp_path / "req.json", [REQUEST]), inputs=src, output=out, batch_size=4) == 1
+    context, envelope = capsys.readouterr().err.splitlines()
+    assert context == "spinf-serve score: input 'in-0009' (line 10) was refused:"
+    error = json.loads(envelope)["error"]
+    assert (error["code"], error["param"]) == ("unknown_query_id", "inputs.9.query_ids.0")
+    assert len(read_jsonl(out)) == 8
+
+
+def test_urls_get_the_key_from_spinf_api_key(tiny_engine, tmp_path, monkeypatch, capsys):
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPINF_API_KEY", "sk-test")
+    src, out = write_jsonl(tmp_path / "in.jsonl", make_inputs(10)), tmp_path / "out.jsonl"
+    req = write_jsonl(tmp_path / "req.json", [REQUEST])
+
+    def no_engine():
+        raise AssertionError("--url must not build an engine")
+
+    with FakeServer(tiny_engine) as server:
+        given = args(request=req, inputs=src, output=out, url=[server.url], batch_size=3, concurrency=2)
+        assert main(given, SETTINGS, make_engine=no_engine) == 0
+    assert [auth for _, auth, _ in server.seen] == ["Bearer sk-test"] * 4
+    assert len(read_jsonl(out)) == 10

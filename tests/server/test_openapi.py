@@ -1,0 +1,256 @@
+"""``GET /openapi.json`` (api spec D7): the document is valid OpenAPI 3.1, names exactly the app's routes, and real
+answers of the tiny-model server validate against the schemas it declares for them."""
+
+from __future__ import annotations
+
+import functools
+import re
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import trio
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+import spinf
+from spinf.catalog import resolve_model
+from spinf.openapi import ERROR_CODES, openapi_document
+from spinf.serving import ServerState
+from spinf.settings import Limits
+from spinf.supervisor import models_entry_for, running_actors, serve
+from spinf.web import SERVED, WebServices, create_app
+from tests.server.fakes import options
+
+DOC = openapi_document(spinf.__version__)
+DOC_URI = "urn:spinf:openapi"
+REGISTRY = Registry().with_resource(DOC_URI, DRAFT202012.create_resource(DOC))
+# The app's one route with a path converter, under the name the spec gives its parameter; `/v1/packs/` is the same
+# route with the empty id (api spec §8.2: answered 404 unknown_pack).
+RULE_PATHS = {"/v1/packs/<path:pack_id>": "/v1/packs/{id}", "/v1/packs/": "/v1/packs/{id}"}
+
+RICH_BODY = {
+    "model": "TINY",  # an alias, in another case: echoed as sent
+    "endpoint": "triage",
+    "scoring": {
+        "queries": [
+            {
+                "id": "refund",
+                "template": "\n\nDoes {who} want a {what}? Answer:{?}",
+                "options": [" yes", " no"],
+                "combinations": "all",
+                "values": {"who": ["the customer", "the writer"], "what": ["refund", "reply"]},
+            },
+            {"id": "tone", "template": "\n\nThe tone is{?}", "options": [" calm", " very sad"], "empty_floor": False},
+            {
+                "id": "topic",
+                "template": "\n\nIs this about {topic}? Answer:{?}",
+                "options": [" yes", " no"],
+                "combinations": [{"topic": "shipping"}, {"topic": "billing"}],
+            },
+        ]
+    },
+    "inputs": [
+        {
+            "id": "a",
+            "messages": [
+                {"role": "system", "content": "Support inbox."},
+                {
+                    "content": [
+                        {"type": "text", "text": "My parcel never arrived."},
+                        {"type": "text", "text": " Refund!"},
+                    ]
+                },
+            ],
+        },
+        {
+            "id": "b",
+            "messages": [{"content": "Thanks, all good!"}],
+            "query_ids": ["tone"],
+            "queries": [{"id": "own", "template": "\n\nHappy? Answer:{?}", "options": [" yes", " no"]}],
+        },
+    ],
+}
+
+
+def pointer(*parts: str) -> str:
+    return "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+def declared(
+    path: str, method: str, status: int, media: str = "application/json"
+) -> tuple[dict, Draft202012Validator]:
+    """The response object the document declares for a route and status, and a validator of its body schema."""
+    response = DOC["paths"][path][method]["responses"][str(status)]
+    at = ("paths", path, method, "responses", str(status))
+    if "$ref" in response:
+        at = tuple(response["$ref"].removeprefix("#/").split("/"))
+        response = DOC["components"]["responses"][at[-1]]
+    validator = Draft202012Validator(
+        {"$ref": DOC_URI + "#" + pointer(*at, "content", media, "schema")}, registry=REGISTRY
+    )
+    return response, validator
+
+
+def check(answer: httpx.Response, path: str, status: int | None = None) -> dict:
+    """Validate a real answer against what the document declares for it; return its JSON body."""
+    status = answer.status_code if status is None else status
+    assert answer.status_code == status, answer.text
+    response, validator = declared(path, answer.request.method.lower(), status)
+    body = answer.json()
+    validator.validate(body)
+    for header, spec in response["headers"].items():
+        if spec.get("required") or header == "X-Request-Id":
+            assert header.lower() in answer.headers, header
+    assert re.fullmatch(r"scr_[0-9A-HJKMNP-TV-Z]{26}", answer.headers["x-request-id"])
+    if "error" in body:
+        assert body["request_id"] == answer.headers["x-request-id"]
+    return body
+
+
+# The real /v1/models entry (api spec §7) of the tiny model, under the default limits.
+tiny_models_entry = models_entry_for(resolve_model("spinf/tiny-gemma4"), SimpleNamespace(limits=Limits()))
+
+
+@pytest.fixture
+async def server(tiny_engine, tmp_path, monkeypatch):
+    """The tiny-model server on 127.0.0.1 with token ``tok`` and trusted token ``boss``, serving the document."""
+    monkeypatch.setenv("SPINF_DRAIN_FILE", str(tmp_path / "drain"))
+    opts = options(token="tok", trusted_token="boss", max_body_bytes=65536)
+    document = functools.partial(openapi_document, spinf.__version__)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve(
+                opts, lambda: tiny_engine, tiny_models_entry, openapi=document, task_status=task_status
+            )
+        )
+        async with httpx.AsyncClient(base_url=binds[0], headers={"Authorization": "Bearer tok"}, timeout=30) as client:
+            with trio.fail_after(30):
+                while (await client.get("/readyz")).status_code != 200:
+                    await trio.sleep(0.05)
+            yield client
+        nursery.cancel_scope.cancel()
+
+
+def test_the_document_is_valid_openapi_3_1():
+    validate_openapi(DOC)
+
+
+def test_the_document_names_exactly_the_routes_of_the_app_with_their_methods():
+    send, _ = trio.open_memory_channel(1)
+    app = create_app(WebServices(state=ServerState(), packer=send, admission=trio.Semaphore(1)))
+    served: dict[str, set[str]] = {}
+    for rule in app.url_map.iter_rules():
+        path = RULE_PATHS.get(rule.rule, rule.rule)
+        served.setdefault(path, set()).update(m.lower() for m in rule.methods if m in SERVED)
+    documented = {path: set(item) - {"parameters", "summary", "description"} for path, item in DOC["paths"].items()}
+    assert served == documented
+
+
+def test_every_error_answer_is_the_envelope_with_the_codes_of_its_status():
+    for path, item in DOC["paths"].items():
+        for method, op in item.items():
+            for status, response in op["responses"].items():
+                if status == "200" or path in ("/readyz", "/livez"):  # probes answer 503 with their own body
+                    continue
+                assert response == {"$ref": f"#/components/responses/Error{status}"}, (path, method, status)
+    for status, codes in ERROR_CODES.items():
+        response = DOC["components"]["responses"][f"Error{status}"]
+        envelope, narrowed = response["content"]["application/json"]["schema"]["allOf"]
+        assert envelope == {"$ref": "#/components/schemas/ErrorEnvelope"}
+        assert narrowed["properties"]["error"]["properties"]["code"]["enum"] == list(codes)
+        assert ("Retry-After" in response["headers"]) == (status in (429, 503))
+
+
+async def test_the_server_serves_the_document(server):
+    assert check(await server.get("/openapi.json"), "/openapi.json") == DOC
+
+
+async def test_a_rich_score_answer_validates(server):
+    scored = await server.post("/v1/score", json=RICH_BODY)
+    body = check(scored, "/v1/score", 200)
+    assert body["id"] == scored.headers["x-request-id"] and body["model"] == "TINY" and body["endpoint"] == "triage"
+    a, b = body["results"]
+    assert [q["id"] for q in a["queries"]] == ["refund", "tone", "topic"]
+    assert [q["id"] for q in b["queries"]] == ["tone", "own"]
+    assert len(a["queries"][0]["combinations"]) == 4
+    assert a["queries"][1]["combinations"][0]["floor_residual"] is None  # floor off
+    assert a["queries"][0]["combinations"][0]["floor_residual"] is not None  # floor on
+    trusted = check(
+        await server.post("/v1/score", json=RICH_BODY, headers={"Authorization": "Bearer boss"}), "/v1/score"
+    )
+    assert "packed_tokens" in trusted["usage"]
+    chat = check(await server.post("/v1/chat/completions", json=RICH_BODY), "/v1/chat/completions", 200)
+    assert chat["choices"] == [] and chat["results"] == body["results"]
+
+
+async def test_a_score_answer_with_an_extra_key_does_not_validate(server):
+    body = (await server.post("/v1/score", json=RICH_BODY)).json()
+    _, validator = declared("/v1/score", "post", 200)
+    assert not validator.is_valid({**body, "choices": []})
+    assert not validator.is_valid({**body, "usage": {**body["usage"], "billed_tokens": 1}})
+
+
+async def test_error_envelopes_validate(server):
+    trusted = {"Authorization": "Bearer boss"}
+    rejected = check(await server.post("/v1/score", json={"inputs": []}, headers=trusted), "/v1/score", 400)
+    assert rejected["rejected"]["code"] == "invalid_field"
+    assert check(await server.post("/v1/score", content=b"{"), "/v1/score", 400)["error"]["code"] == "invalid_json"
+    assert check(await server.post("/v1/chat/completions", json={"messages": []}), "/v1/chat/completions", 400)
+    too_large = await server.post("/v1/score", content=b" " * 70000)
+    assert check(too_large, "/v1/score", 413)["error"]["code"] == "body_too_large"
+    anonymous = await server.get("/v1/models", headers={"Authorization": "Basic tok"})
+    assert check(anonymous, "/v1/models", 401)["error"]["type"] == "authentication_error"
+    assert check(await server.post("/v0/drain"), "/v0/drain", 401)["error"]["code"] == "invalid_token"
+    assert check(await server.get("/v1/packs/acme/tone"), "/v1/packs/{id}", 404)["error"]["param"] == "id"
+    envelope = Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/ErrorEnvelope"}, registry=REGISTRY)
+    unknown = await server.get("/nope")
+    assert unknown.status_code == 404 and envelope.is_valid(unknown.json())
+    refused = await server.delete("/v1/score")
+    assert refused.status_code == 405 and envelope.is_valid(refused.json()) and refused.headers["allow"] == "POST"
+
+
+async def test_probes_models_packs_info_and_drain_validate(server):
+    assert check(await server.get("/healthz"), "/healthz", 200) == {"ok": True}
+    assert check(await server.get("/readyz"), "/readyz", 200)["boot"]["warm"] is True
+    assert check(await server.get("/livez"), "/livez", 200) == {"live": True}
+    models = check(await server.get("/v1/models"), "/v1/models", 200)
+    assert models["models"][0]["id"] == "spinf/tiny-gemma4" and models["models"][0]["status"] == "available"
+    assert check(await server.get("/v1/packs"), "/v1/packs", 200) == {"packs": [], "sources": []}
+    trusted = {"Authorization": "Bearer boss"}
+    assert check(await server.get("/v0/info", headers=trusted), "/v0/info", 200)["engine"]["model"]
+    assert check(await server.post("/v0/drain", headers=trusted), "/v0/drain", 200) == {"draining": True}
+    assert check(await server.get("/readyz"), "/readyz", 503) == {"ready": False, "draining": True}
+    assert check(await server.delete("/v0/drain", headers=trusted), "/v0/drain", 200) == {"draining": False}
+    metrics = await server.get("/metrics")
+    assert metrics.headers["content-type"] == next(
+        iter(DOC["paths"]["/metrics"]["get"]["responses"]["200"]["content"])
+    )
+
+
+async def test_a_failed_load_answers_as_documented(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPINF_DRAIN_FILE", str(tmp_path / "drain"))
+
+    def broken():
+        raise OSError("no such checkpoint")
+
+    async with running_actors(options(token="x"), broken, tiny_models_entry) as running:
+        client = create_app(running.services).test_client()
+        with trio.fail_after(10):
+            while running.services.state.load_error is None:
+                await trio.sleep(0.01)
+        for method, path, status in [
+            ("GET", "/readyz", 503),
+            ("GET", "/livez", 503),
+            ("GET", "/v1/models", 200),
+            ("POST", "/v1/score", 503),
+        ]:
+            extra = {"json": RICH_BODY} if method == "POST" else {}
+            answer = await client.open(path, method=method, headers={"Authorization": "Bearer x"}, **extra)
+            assert answer.status_code == status
+            response, validator = declared(path, method.lower(), status)
+            validator.validate(await answer.get_json())
+            assert all(h in answer.headers for h, spec in response["headers"].items() if spec.get("required"))
+        running.drain.stop()

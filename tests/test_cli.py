@@ -1,0 +1,329 @@
+"""The ``spinf-serve`` command: ``config`` with origins and ``--toml`` round trips, one-line errors with exit status 2,
+``serve``, and the hand-off to the catalog (``download``, ``models``) and the bulk scorer (``score``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import spinf.bulk
+import spinf.catalog
+import spinf.cli
+from spinf._version import __version__
+from spinf.cli import main
+from spinf.errors import ModelError
+from spinf.settings import SETTING, SETTINGS, load_settings
+from tests.settings_samples import SAMPLES, flag_argv
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_MANIFEST_DEFAULTS = spinf.cli._manifest_defaults
+MANIFEST = {
+    "served_model": "acme/served",
+    "model_id": "acme/repo",
+    "revision": "c" * 40,
+    "quant": "",
+    "media": ["image", "video"],
+    "token_budget": 8192,
+    "max_tokens": 32768,
+}
+
+
+@pytest.fixture(autouse=True)
+def hermetic(monkeypatch):
+    """No SPINF_* variable of the calling shell, and a fake catalog manifest for every model."""
+    for name in [name for name in os.environ if name.startswith("SPINF_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(spinf.cli, "_manifest_defaults", lambda model: MANIFEST)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def lines_of(listing: str) -> dict[str, str]:
+    """``spinf-serve config`` output as dotted key -> origin."""
+    rows = {}
+    for line in listing.splitlines():
+        origin, _, assignment = line.rpartition("  ")
+        rows[assignment.split(" = ")[0]] = origin.strip()
+    return rows
+
+
+def test_config_shows_every_setting_with_its_origin(capsys, monkeypatch, tmp_path):
+    config = tmp_path / "spinf.toml"
+    config.write_text('[server]\nhost = "10.1.1.1"\n\n[limits]\nmax_frames = 16\n')
+    monkeypatch.setenv("SPINF_QUEUE", "9")
+    monkeypatch.setenv("SPINF_ENGINE_TOKEN", "secret-value")
+    code, out, err = run(capsys, "config", "spinf-12b", "--config", str(config), "--port", "9001", "--no-media")
+    assert (code, err) == (0, "")
+    origins = lines_of(out)
+    assert origins["config file"] == "flag --config"
+    assert set(origins) == {"config file"} | {s.key for s in SETTINGS}
+    assert origins["engine.model"] == "argument MODEL"
+    assert origins["server.port"] == "flag --port"
+    assert origins["features.media"] == "flag --no-media"
+    assert origins["server.queue"] == "env SPINF_QUEUE"
+    assert origins["server.trusted_token"] == "env SPINF_ENGINE_TOKEN"
+    assert origins["server.host"] == f"config {config}:2"
+    assert origins["limits.max_frames"] == f"config {config}:5"
+    assert origins["engine.revision"] == "manifest acme/served"
+    assert origins["engine.device"] == "default"
+    assert 'engine.model = "spinf-12b"' in out and "server.port = 9001" in out and 'features.media = "none"' in out
+    assert "secret-value" not in out and 'server.trusted_token = "<hidden>"' in out
+
+
+def toml_round_trip(capsys, tmp_path, argv: list[str]) -> None:
+    """``config --toml`` with ``argv`` and the current environment, read back alone, gives the same settings."""
+    code, written, err = run(capsys, "config", "--toml", *argv)
+    assert (code, err) == (0, "")
+    path = tmp_path / "written.toml"
+    path.write_text(written)
+    original = spinf.cli._settings(spinf.cli._parser().parse_args(["config", *argv]))
+    again = load_settings({"config": str(path)}, {}, manifest_defaults=lambda model: MANIFEST)
+    assert again == original
+    for setting in SETTINGS:
+        moved = original.origin(setting.name).split(" ")[0] in ("flag", "argument", "env", "config")
+        assert again.origin(setting.name).startswith("config ") == moved, setting.name
+
+
+def test_toml_round_trip_from_flags_variables_and_a_file(capsys, monkeypatch, tmp_path):
+    config = tmp_path / "in.toml"
+    config.write_text('[packs]\npacks = ["github:acme/p@1", "/srv/packs"]\n[limits]\nmax_frames = 16\n')
+    monkeypatch.setenv("SPINF_CACHE_DIRS", "/a:/b")
+    monkeypatch.setenv("SPINF_DECODE_BUDGET_GIB", "1.5")
+    monkeypatch.setenv("SPINF_ENGINE_TOKEN", 'we"ird')
+    argv = ["acme/model", "--config", str(config), "--token-budget", "1000", "--no-media", "--no-extraction"]
+    toml_round_trip(capsys, tmp_path, argv)
+    written = (tmp_path / "written.toml").read_text()
+    assert "token_budget = 1024" in written  # the rounded value, so reading it back changes nothing
+    assert '# device = "cuda:0"' in written and "# max_tokens = 32768" in written  # defaults and manifest: comments
+
+
+def test_toml_round_trip_with_every_setting_given(capsys, monkeypatch, tmp_path):
+    argv = [
+        word for setting in SETTINGS if setting.flags for word in flag_argv(setting.name, SAMPLES[setting.name][0])
+    ]
+    env = {SETTING[name].env[0]: str(SAMPLES[name][0]) for name in ("served_model", "layers", "packs_official")}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    toml_round_trip(capsys, tmp_path, ["acme/high", *argv])
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"spinf-serve {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file", "expected"),
+    [
+        (
+            ["--queue", "-1"],
+            {},
+            None,
+            "server.queue (flag --queue): -1 is out of range; allowed: an integer of at least 0",
+        ),
+        (
+            [],
+            {"SPINF_MAX_FRAMES": "many"},
+            None,
+            "limits.max_frames (env SPINF_MAX_FRAMES): 'many' is not an integer; allowed: an integer of at least 1",
+        ),
+        (
+            [],
+            {},
+            "[server]\nport = 1\nqueue = 'x'\n",
+            "server.queue (config {path}:3): 'x' is not an integer; allowed: an integer of at least 0",
+        ),
+        (
+            [],
+            {},
+            "[server]\ncompile = false\n",
+            "server.compile (config {path}:2): compile belongs in [engine], not [server]",
+        ),
+        (
+            [],
+            {},
+            "[engine]\ndevise = 'cpu'\n",
+            "engine.devise (config {path}:2): unknown key; did you mean engine.device? [engine] takes ",
+        ),
+        ([], {}, "[engine]\ndevice = 'cpu\n", "config {path}:2 (flag --config): not valid TOML: "),
+    ],
+)
+@pytest.mark.parametrize("command", ["serve", "config", "score"])
+def test_a_bad_setting_is_one_line_and_status_2(capsys, monkeypatch, tmp_path, command, argv, env, file, expected):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "bad.toml"
+    if file is not None:
+        path.write_text(file)
+        argv = [*argv, "--config", str(path)]
+    request = ["request.json"] if command == "score" else []
+    code, out, err = run(capsys, command, *request, *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith("spinf-serve: " + expected.format(path=path)) and err.count("\n") == 1
+
+
+def test_a_usage_error_is_one_line_and_status_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--bogus"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "spinf-serve: unrecognized arguments: --bogus (see spinf-serve --help)\n"
+
+
+def test_a_model_error_is_one_line_and_status_2(capsys, monkeypatch):
+    def unknown(model):
+        raise ModelError(f"unknown model {model!r}")
+
+    monkeypatch.setattr(spinf.cli, "_manifest_defaults", unknown)
+    assert run(capsys, "serve", "nonesuch") == (2, "", "spinf-serve: unknown model 'nonesuch'\n")
+
+
+def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
+    import spinf.supervisor
+
+    calls = []
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: calls.append(settings) or 0)
+    code, out, err = run(capsys, "serve", "tiny", "--port", "9001", "--debug")
+    assert (code, out, err) == (0, "", "")
+    (settings,) = calls
+    assert (settings.engine.model, settings.server.port, settings.server.debug) == ("tiny", 9001, True)
+    assert settings.origin("port") == "flag --port"
+
+
+def test_serve_refuses_bad_settings_before_starting(capsys, monkeypatch):
+    import spinf.supervisor
+
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: pytest.fail("the server must not start"))
+    code, out, err = run(capsys, "serve", "--port", "http")
+    assert (code, out) == (2, "")
+    assert err.startswith("spinf-serve: server.port (flag --port): ") and err.count("\n") == 1
+
+
+def test_score_hands_its_arguments_and_the_settings_to_the_bulk_scorer(capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(spinf.bulk, "main", lambda args, settings: calls.append((args, settings)) or 7)
+    monkeypatch.setenv("SPINF_MAX_OPTIONS", "12")
+    argv = [
+        "score",
+        "body.json",
+        "tiny",
+        "--inputs",
+        "in.jsonl",
+        "--output",
+        "out.jsonl",
+        "--url",
+        "http://a",
+        "--url",
+        "http://b",
+        "--batch-size",
+        "16",
+        "--resume",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+    assert run(capsys, *argv) == (7, "", "")
+    ((args, settings),) = calls
+    assert (args.request, args.model, args.inputs, args.output) == ("body.json", "tiny", "in.jsonl", "out.jsonl")
+    assert (args.url, args.batch_size, args.concurrency, args.resume, args.no_progress) == (
+        ["http://a", "http://b"],
+        16,
+        4,
+        True,
+        True,
+    )
+    assert (settings.engine.model, settings.engine.device, settings.limits.max_options) == ("tiny", "cpu", 12)
+
+
+def test_score_without_a_model_leaves_args_model_none(capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(spinf.bulk, "main", lambda args, settings: calls.append((args, settings)) or 0)
+    assert run(capsys, "score", "body.json") == (0, "", "")
+    assert calls[0][0].model is None and calls[0][1].engine.model == "spinf/gemma-4-12b-fp8"
+    assert (calls[0][0].batch_size, calls[0][0].concurrency, calls[0][0].url) == (64, 4, None)
+
+
+@pytest.mark.parametrize("size", ["0", "x"])
+def test_score_refuses_a_bad_batch_size_in_one_line(capsys, size):
+    with pytest.raises(SystemExit) as info:
+        main(["score", "body.json", "--batch-size", size])
+    err = capsys.readouterr().err
+    assert (
+        info.value.code == 2 and err.startswith("spinf-serve score: argument --batch-size: ") and err.count("\n") == 1
+    )
+
+
+def test_download_prints_the_folder_the_catalog_gives(capsys, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(spinf.catalog, "download_model", lambda name, dir: calls.append((name, dir)) or tmp_path)
+    assert run(capsys, "download", "tiny", "--dir", "/cache") == (0, f"{tmp_path}\n", "")
+    assert calls == [("tiny", "/cache")]
+
+
+def test_models_prints_the_catalog_as_a_table(capsys, monkeypatch):
+    rows = [
+        {
+            "id": "spinf/a",
+            "name": "A",
+            "aliases": ["a", "aa"],
+            "family": "gemma4",
+            "status": "available",
+            "present": True,
+            "path": "/hub/a",
+        },
+        {
+            "id": "spinf/bee",
+            "name": "Bee",
+            "aliases": [],
+            "family": "qwen35",
+            "status": "planned",
+            "present": False,
+            "path": None,
+        },
+    ]
+    monkeypatch.setattr(spinf.catalog, "describe_catalog", lambda: rows)
+    code, out, err = run(capsys, "models")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "ID         NAME  FAMILY  STATUS     LOCAL   ALIASES",
+        "spinf/a    A     gemma4  available  /hub/a  a, aa",
+        "spinf/bee  Bee   qwen35  planned    -       -",
+    ]
+
+
+def test_config_with_the_real_catalog_names_the_default_model_s_manifest(capsys, monkeypatch):
+    monkeypatch.setattr(spinf.cli, "_manifest_defaults", REAL_MANIFEST_DEFAULTS)
+    code, out, _ = run(capsys, "config")
+    origins = lines_of(out)
+    assert code == 0
+    assert origins["engine.served_model"] == "manifest spinf/gemma-4-12b-fp8"
+    assert 'engine.revision = "a689df2c5f611e3bfaa4569b8190f97db5018569"' in out
+
+
+def python_m_spinf(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "spinf", *argv], cwd=ROOT, env=clean, capture_output=True, text=True)
+
+
+def test_python_m_spinf_exits_with_status_2_and_one_line_on_a_bad_setting(tmp_path):
+    bad = python_m_spinf("config", "--port", "abc")
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == (
+        "spinf-serve: server.port (flag --port): 'abc' is not an integer; allowed: an integer from 0 to 65535\n"
+    )
+    config = tmp_path / "c.toml"
+    config.write_text("[server]\n\nprot = 1\n")
+    unknown = python_m_spinf("config", env={"SPINF_CONFIG": str(config)})
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith(f"spinf-serve: server.prot (config {config}:3): unknown key; did you mean ")
+    good = python_m_spinf("config", "--toml", env={"SPINF_PORT": "9001"})
+    assert good.returncode == 0 and "\nport = 9001\n" in good.stdout

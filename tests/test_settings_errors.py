@@ -1,0 +1,212 @@
+"""Refusals: every bad value, key, section, file or combination is one ``ConfigError`` line naming the dotted
+setting, where it came from (flag, variable, ``FILE:LINE``, manifest) and what is allowed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from spinf.errors import ConfigError
+from spinf.settings import load_settings
+
+
+def refusal(flags=None, env=None, manifest=None) -> str:
+    defaults = (lambda model: manifest) if manifest is not None else None
+    with pytest.raises(ConfigError) as info:
+        load_settings(flags or {}, env or {}, manifest_defaults=defaults)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def file_refusal(tmp_path, text: str) -> tuple[str, str]:
+    config = tmp_path / "spinf.toml"
+    config.write_text(text)
+    return refusal({"config": str(config)}), str(config)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        (
+            {"port": "abc"},
+            {},
+            "server.port (flag --port): 'abc' is not an integer; allowed: an integer from 0 to 65535",
+        ),
+        (
+            {},
+            {"SPINF_PORT": "70000"},
+            "server.port (env SPINF_PORT): 70000 is out of range; allowed: an integer from 0 to 65535",
+        ),
+        (
+            {},
+            {"SPINF_MAX_OPTIONS": "0"},
+            "limits.max_options (env SPINF_MAX_OPTIONS): 0 is out of range; allowed: an integer of at least 1",
+        ),
+        (
+            {"max_extractions_per_input": "-1"},
+            {},
+            "limits.max_extractions_per_input (flag --max-extractions-per-input)"
+            ": -1 is out of range; allowed: an integer of at least 0",
+        ),
+        (
+            {"token_budget": "0"},
+            {},
+            "engine.token_budget (flag --token-budget): 0 is out of range; allowed: an integer "
+            "of at least 1, rounded up to a multiple of 128",
+        ),
+        (
+            {},
+            {"SPINF_KEEPALIVE_S": "0"},
+            "server.keepalive_s (env SPINF_KEEPALIVE_S): 0.0 is out of range; allowed: a number greater than 0",
+        ),
+        (
+            {},
+            {"SPINF_DECODE_BUDGET_GIB": "nan"},
+            "engine.decode_budget_gib (env SPINF_DECODE_BUDGET_GIB): nan is not a "
+            "finite number; allowed: a number of at least 0",
+        ),
+        (
+            {"quant": "int3"},
+            {},
+            "engine.quant (flag --quant): 'int3' is not one of the choices; allowed: fp8s, fp8, "
+            "fp8row, w8a16, w8a8, bf16, f16, i8, or '' or auto (automatic)",
+        ),
+        ({"device": "gpu0"}, {}, "engine.device (flag --device): 'gpu0' does not fit; allowed: cpu, cuda or cuda:N"),
+        (
+            {"lm_head": "f16"},
+            {},
+            "engine.lm_head (flag --lm-head): 'f16' is not one of the choices; allowed: bf16, f32out, fp32",
+        ),
+        (
+            {},
+            {"SPINF_WARMUP": "half"},
+            "engine.warmup (env SPINF_WARMUP): 'half' is not one of the choices; allowed: full, short, none",
+        ),
+        (
+            {"media": "image,smell"},
+            {},
+            "features.media (flag --media): 'smell' is not a media kind; allowed: image, "
+            "audio, video (comma-separated), or none",
+        ),
+        (
+            {},
+            {"SPINF_MEDIA": "none,audio"},
+            "features.media (env SPINF_MEDIA): none cannot be combined with media "
+            "kinds; allowed: image, audio, video (comma-separated), or none",
+        ),
+        (
+            {"media": ""},
+            {},
+            "features.media (flag --media): it is empty (write none for no media); allowed: image, "
+            "audio, video (comma-separated), or none",
+        ),
+        ({"host": " "}, {}, "server.host (flag --host): it is empty; allowed: a non-empty string"),
+    ],
+)
+def test_a_bad_value_names_the_setting_its_origin_and_what_is_allowed(flags, env, expected):
+    assert refusal(flags, env) == expected
+
+
+def test_a_value_a_higher_layer_overrides_is_still_checked():
+    assert refusal({"port": "9000"}, {"SPINF_PORT": "x"}).startswith("server.port (env SPINF_PORT): 'x' is not")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[server]\nport = "9000"\n',
+            "server.port ({path}:2): '9000' is not an integer; allowed: an integer from 0 to 65535",
+        ),
+        (
+            "[engine]\n\ncompile = 1\n",
+            "engine.compile ({path}:3): 1 is not true or false; allowed: true or false (as "
+            "text: 1, true, yes or on for true, anything else for false)",
+        ),
+        (
+            "[features]\npacks = [1, 2]\n",
+            "features.packs ({path}:2): [1, 2] is not a list of strings; allowed: a list "
+            "of strings (an array, or one string separated by ',')",
+        ),
+        (
+            '[server]\nhost = "h"\nprot = 9000\n',
+            "server.prot ({path}:3): unknown key; did you mean server.port? "
+            "[server] takes host, port, token, trusted_token, queue, max_body_bytes, keepalive_s, debug",
+        ),
+        (
+            "[limits]\nmax_option = 3\n",
+            "limits.max_option ({path}:2): unknown key; did you mean limits.max_options? "
+            "[limits] takes max_content_tokens, max_query_tokens, max_prompts_per_input, max_processed_tokens, "
+            "max_extractions_per_input, max_options, max_option_tokens, max_frames, max_audio_seconds, "
+            "max_image_pixels",
+        ),
+        ("[engine]\nport = 9000\n", "engine.port ({path}:2): port belongs in [server], not [engine]"),
+        ("[packs]\ndevice = 'cpu'\n", "packs.device ({path}:2): device belongs in [engine], not [packs]"),
+        ('port = 9000\n[server]\nhost = "h"\n', "port ({path}:1): port belongs in [server], not outside any section"),
+        (
+            "zzz = 1\n",
+            "zzz ({path}:1): unknown key; keys go in the sections [engine], [server], [features] (or "
+            "[packs] for the pack keys) and [limits]",
+        ),
+        (
+            "[engine]\n[model]\nname = 'x'\n",
+            "[model] ({path}:2): unknown section; the sections are [engine], "
+            "[server], [features] (or [packs] for the pack keys) and [limits]",
+        ),
+        (
+            "[engine.extra]\nx = 1\n",
+            "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
+            "quant, model_dir, token_budget, max_tokens, lm_head, compile, warmup, stack_options, served_model, "
+            "model_id, revision, cache_dirs, decode_budget_gib, decoder_budget_gib, capture_budget_gib, x_batched, "
+            "x_cuda_graphs, prefetch, lm_rows, align_jobs, lm_fixed_rows, min_stream, fp8s_monitor_every, "
+            "deterministic_compile, layers",
+        ),
+        (
+            "[features]\npacks = ['a']\n[packs]\npacks = ['b']\n",
+            "features.packs ({path}:4): set again (first at {path}:2)",
+        ),
+        (
+            "[config]\nfile = 'x'\n",
+            "[config] ({path}:1): unknown section; the sections are [engine], [server], "
+            "[features] (or [packs] for the pack keys) and [limits]",
+        ),
+    ],
+)
+def test_a_bad_file_names_the_dotted_key_and_its_line(tmp_path, text, expected):
+    message, path = file_refusal(tmp_path, text)
+    assert message == expected.format(path=f"config {path}")
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [("[server]\nport = \n", 2), ("[server]\nport = 1\n[server]\n", 3), ('[engine\ndevice = "cpu"\n', 1)],
+)
+def test_a_malformed_file_is_refused_with_its_line(tmp_path, text, line):
+    message, path = file_refusal(tmp_path, text)
+    assert re.fullmatch(rf"config {re.escape(path)}:{line} \(flag --config\): not valid TOML: .+", message)
+
+
+def test_a_duplicate_key_is_malformed_toml(tmp_path):
+    message, path = file_refusal(tmp_path, "[server]\nport = 1\nport = 2\n")
+    assert message.startswith(f"config {path} (flag --config): not valid TOML: ") and '"port"' in message
+
+
+def test_a_missing_config_file_names_where_it_was_given(tmp_path):
+    missing = tmp_path / "nope.toml"
+    assert refusal({}, {"SPINF_CONFIG": str(missing)}) == f"config file {missing} (env SPINF_CONFIG): no such file"
+
+
+def test_a_manifest_value_is_checked_and_named_by_its_manifest():
+    message = refusal(manifest={"served_model": "acme/m", "token_budget": "big"})
+    assert message == (
+        "engine.token_budget (manifest acme/m): 'big' is not an integer; allowed: an integer of at least 1, rounded "
+        "up to a multiple of 128"
+    )
+
+
+def test_a_manifest_may_set_only_engine_settings_and_media():
+    assert refusal(manifest={"served_model": "acme/m", "port": 1}) == (
+        "manifest acme/m: sets 'port', which a manifest cannot set; it sets engine settings and media"
+    )
