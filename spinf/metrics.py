@@ -6,6 +6,8 @@ run several servers in one process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from spinf.serving import ServerState
@@ -13,6 +15,7 @@ from spinf.serving import ServerState
 
 class Metrics:
     def __init__(self) -> None:
+        self.queued: Callable[[], int] = lambda: 0  # the packer's compiling + waiting calls, set by the wiring
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
@@ -39,8 +42,8 @@ class Metrics:
         for _ in range(stats.passes):
             self.pass_seconds.observe(stats.busy_s / max(1, stats.passes))
 
-    def render(self, state: ServerState, queued: int = 0) -> str:
-        self.queue_depth.set(max(0, state.in_flight - (1 if state.in_flight else 0)))
+    def render(self, state: ServerState) -> str:
+        self.queue_depth.set(self.queued())
         self.in_flight.set(state.in_flight)
         self.warm.set(1 if state.ready else 0)
         self.load_failed.set(1 if state.load_error else 0)

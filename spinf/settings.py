@@ -182,6 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
     _row("max_body_bytes", _S, Integer(1), 2_097_152, "the largest request body", "--max-body-bytes"),
     _row("keepalive_s", _S, Number(0.0, inclusive=False), 30.0, "HTTP keep-alive, in seconds"),
     _row("debug", _S, Switch(), False, "engine internals in responses", "--debug"),
+    _row("log_format", _S, Text(choices=("text", "json")), "text", "log lines as text or JSON", "--log-format"),
     _row("media", _F, Media(), frozenset(MEDIA_KINDS), "media kinds (default: the model's)", "--media", "--no-media"),
     _row("extraction", _F, Switch(), True, "extraction slots", "--extraction", "--no-extraction"),
     _row("generation", _F, Switch(), True, "generated slots", "--generation", "--no-generation"),
@@ -242,6 +243,7 @@ class ServerSettings:
     max_body_bytes: int = _field("max_body_bytes")
     keepalive_s: float = _field("keepalive_s")
     debug: bool = _field("debug")
+    log_format: str = _field("log_format")
 
 
 @attrs.frozen

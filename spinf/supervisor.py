@@ -56,6 +56,11 @@ def hypercorn_config(options: ServerOptions) -> Config:
     return config
 
 
+def _queued(packer: Packer) -> int:
+    stats = packer.statistics()
+    return stats.compiling + stats.waiting
+
+
 @attrs.frozen
 class Running:
     """What a running set of actors offers the edge: the web services and the shutdown controls."""
@@ -89,6 +94,7 @@ async def running_actors(
     shutdown = trio.Event()
     drain = DrainController(state, shutdown, options.shutdown_deadline_s)
     packer = packer_class(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
+    metrics.queued = functools.partial(_queued, packer)
     services = WebServices(
         state=state,
         packer=packer_send,
@@ -154,9 +160,10 @@ def run(settings) -> int:
     """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT."""
     from spinf import __version__
     from spinf.catalog import resolve_model
+    from spinf.logs import configure
     from spinf.openapi import openapi_document
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
     server = settings.server
     options = ServerOptions(

@@ -47,6 +47,7 @@ SAMPLES: dict[str, tuple[object, object]] = {
     "max_body_bytes": (1024, 4096),
     "keepalive_s": (5.5, 60.0),
     "debug": (True, False),
+    "log_format": ("json", "text"),
     "media": (frozenset({"image"}), frozenset({"audio", "video"})),
     "extraction": (False, True),
     "generation": (False, True),

@@ -133,7 +133,7 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         (
             '[server]\nhost = "h"\nprot = 9000\n',
             "server.prot ({path}:3): unknown key; did you mean server.port? "
-            "[server] takes host, port, token, trusted_token, queue, max_body_bytes, keepalive_s, debug",
+            "[server] takes host, port, token, trusted_token, queue, max_body_bytes, keepalive_s, debug, log_format",
         ),
         (
             "[limits]\nmax_option = 3\n",

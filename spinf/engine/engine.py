@@ -8,6 +8,7 @@ tokenizer (`spinf.engine.compiler`), run the jobs (`spinf.engine.scorer`), and a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.settings import Features, Limits
 
+log = logging.getLogger(__name__)
 Values = dict[tuple[int, int, int], float]
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
@@ -40,10 +42,21 @@ RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def open_checkpoint(
-    model: str | None, *, device: str, quant: str = "", model_dir: str = "", cache_dirs: list[str] | None = None
+    model: str | None,
+    *,
+    device: str,
+    quant: str = "",
+    model_dir: str = "",
+    cache_dirs: list[str] | None = None,
+    revision: str = "",
 ) -> tuple[ResolvedModel, Checkpoint, str]:
-    """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8)."""
+    """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8).
+
+    ``revision`` (the ``revision`` setting) replaces the manifest's pin when given.
+    """
     resolved = resolve_model(model)
+    if revision and revision != resolved.revision:
+        resolved = attrs.evolve(resolved, revision=revision)
     checkpoint = find_checkpoint(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
     facts = device_facts(device)
     size = checkpoint.num_bytes()
@@ -64,6 +77,25 @@ def open_checkpoint(
             f"choose one of {', '.join(RUNNABLE_SCHEMES)} with --quant"
         )
     return resolved, checkpoint, scheme
+
+
+def _engine_counters(usage: dict, packed_tokens: int) -> dict:
+    """The trusted or ``--debug`` additions to ``usage`` (api spec §5.7): packed tokens and flat counters."""
+    details, content = usage["prompt_tokens_details"], usage["content"]
+    return {
+        "packed_tokens": packed_tokens,  # no alignment padding on this path
+        "content_tokens": details["content_tokens"],
+        "text_tokens": details["text_tokens"],
+        "query_tokens": details["query_tokens"],
+        "floor_tokens": details["floor_tokens"],
+        "generated_tokens": usage["completion_tokens"],
+        "images": content["images"],
+        "image_tokens": content["image_tokens"],
+        "video_frames": content["video_frames"],
+        "video_tokens": content["video_tokens"],
+        "audio_ms": round(content["audio_seconds"] * 1000),
+        "audio_tokens": content["audio_tokens"],
+    }
 
 
 @attrs.define
@@ -94,10 +126,13 @@ class Engine:
         quant: str = "",
         model_dir: str = "",
         cache_dir: str | Path | None = None,
+        cache_dirs: list[str] | None = None,
+        revision: str = "",
     ):
-        cache_dirs = [str(cache_dir)] if cache_dir is not None else None
+        if cache_dir is not None:
+            cache_dirs = [str(cache_dir), *(cache_dirs or [])]
         resolved, checkpoint, self.quant = open_checkpoint(
-            model, device=device, quant=quant, model_dir=model_dir, cache_dirs=cache_dirs
+            model, device=device, quant=quant, model_dir=model_dir, cache_dirs=cache_dirs, revision=revision
         )
         manifest = resolved.manifest
         self.resolved = resolved
@@ -116,15 +151,27 @@ class Engine:
         self.model = load_gemma4_text(self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant])
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
         self.system_fingerprint = self._fingerprint()
+        log.info(
+            "serving %s (%s @ %s, %s on %s): system_fingerprint %s",
+            self.served_name,
+            self.model_id,
+            self.revision,
+            self.quant,
+            device,
+            self.system_fingerprint,
+        )
         # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
         # passes; the GPU schemes will set this from their own guarantees
         self.batch_invariant = self.device.type == "cpu" and self.quant == "fp32"
 
     @classmethod
     def from_settings(cls, settings) -> Engine:
-        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9)."""
+        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9).
+
+        ``served_model``, ``model_id`` and ``revision`` override what the manifest set, as the layering says.
+        """
         engine = settings.engine
-        return cls(
+        built = cls(
             engine.model,
             device=engine.device,
             limits=settings.limits,
@@ -132,8 +179,14 @@ class Engine:
             max_tokens=engine.max_tokens,
             quant=engine.quant,
             model_dir=engine.model_dir,
-            cache_dir=None,
+            cache_dirs=list(engine.cache_dirs) or None,
+            revision=engine.revision,
         )
+        built.served_name = engine.served_model or built.served_name
+        built.model_id = engine.model_id or built.model_id
+        built.system_fingerprint = built._fingerprint()
+        log.info("system_fingerprint %s", built.system_fingerprint)
+        return built
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -187,7 +240,7 @@ class Engine:
         response["warnings"] = compiled.warnings + mass_warnings
         response["usage"] = usage(compiled)
         if internals:
-            response["usage"]["packed_tokens"] = compiled.processed_tokens  # no alignment padding on this path
+            response["usage"].update(_engine_counters(response["usage"], compiled.processed_tokens))
         response["timing"] = {
             "wall_ms": round(stats.wall_s * 1000),
             "queue_ms": round(prepared.queue_s * 1000),
@@ -195,6 +248,8 @@ class Engine:
             "score_ms": round(stats.wall_s * 1000),
             "gpu_busy_ms": round(stats.busy_s * 1000),
         }
+        if internals:
+            response["engine"] = self.info()
         return response
 
     def capability(self) -> str:

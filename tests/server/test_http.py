@@ -89,6 +89,11 @@ async def test_bearer_tokens_and_trust(server):
     trusted = {"Authorization": "Bearer boss"}
     info = await server.get("/v0/info", headers=trusted)
     assert info.status_code == 200 and info.json()["engine"]["model"] == "spinf/tiny-gemma4"
+    inside = (await server.post("/v1/score", json=SCORE_BODY, headers=trusted)).json()
+    assert inside["engine"]["model"] == "spinf/tiny-gemma4" and inside["usage"]["packed_tokens"] > 0
+    assert inside["usage"]["content_tokens"] == inside["usage"]["prompt_tokens_details"]["content_tokens"]
+    outside = (await server.post("/v1/score", json=SCORE_BODY)).json()
+    assert "engine" not in outside and "packed_tokens" not in outside["usage"]
     rejected = await server.post("/v1/score", json={"inputs": []}, headers=trusted)
     assert rejected.json()["rejected"]["code"] == "invalid_field"
     assert "rejected" not in (await server.post("/v1/score", json={"inputs": []})).json()
