@@ -332,6 +332,7 @@ def _other_schemas() -> dict:
             "limits": obj(same(INT, " ".join(LIMIT_KEYS))),
             "features": obj({"media": array(enum(*MEDIA)), **same(BOOL, "extraction generation")}),
             "image?": obj({"detail_tokens": obj(same(integer(1), " ".join(DETAILS)))}),
+            "batch_invariant": described(BOOL, "scores are bit-identical whatever shares the call (api spec 5.10)"),
         }
     )
     common = {**same(STR, "id name description"), "tags": array(STR), "media": array(enum("text", *MEDIA))}

@@ -147,13 +147,15 @@ def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
         body.update(status=status, capabilities=["score"], media=[])
         body["limits"] = settings.limits.as_dict()
         body["features"] = {"media": [], "extraction": False, "generation": False}
+        # ours, beyond §7: a checkpoint outside the catalog carries no batch-invariance guarantee (§9.6, D2)
+        body["batch_invariant"] = bool(state.engine.batch_invariant) if state.engine else resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
 
     return entry
 
 
 _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capabilities", "media", "limits"]
-_MODEL_KEYS += ["features", "image"]
+_MODEL_KEYS += ["features", "image", "batch_invariant"]
 
 
 def run(settings) -> int:

@@ -162,7 +162,8 @@ class Engine:
         )
         # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
         # passes; the GPU schemes will set this from their own guarantees
-        self.batch_invariant = self.device.type == "cpu" and self.quant == "fp32"
+        # (catalog models only: a checkpoint outside the catalog carries no guarantee, api spec §9.6)
+        self.batch_invariant = resolved.batch_invariant and self.device.type == "cpu" and self.quant == "fp32"
 
     @classmethod
     def from_settings(cls, settings) -> Engine:
