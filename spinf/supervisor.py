@@ -53,6 +53,7 @@ def hypercorn_config(options: ServerOptions) -> Config:
     config.keep_alive_timeout = options.keepalive_s
     config.graceful_timeout = options.shutdown_deadline_s
     config.accesslog = None  # spinf.access logs one line per request, without content
+    config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers (plain or JSON lines)
     return config
 
 
@@ -143,6 +144,7 @@ def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
 
     def entry(state: ServerState) -> dict:
         body = resolved.listing()
+        body["id"] = settings.engine.served_model or body["id"]
         status = "error" if state.load_error else "available" if state.ready else "loading"
         body.update(status=status, capabilities=["score"], media=[])
         body["limits"] = settings.limits.as_dict()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -104,7 +105,7 @@ def create_app(services: WebServices) -> QuartTrio:
             # answered before the body was read (413, 401, 404, 405): close the connection, or the unread body
             # would be taken for the next request on it
             response.headers["Connection"] = "close"
-        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        route = _template(request.url_rule.rule) if request.url_rule is not None else "unmatched"
         if services.metrics is not None:
             services.metrics.request(route, response.status_code)
         access_log.info(
@@ -150,6 +151,11 @@ def create_app(services: WebServices) -> QuartTrio:
     _register_probes(app, services)
     _register_scoring(app, services)
     return app
+
+
+def _template(rule: str) -> str:
+    """A route as the spec writes it: ``/v1/packs/<path:id>`` -> ``/v1/packs/{id}``."""
+    return re.sub(r"<(?:[^<>:]+:)?([^<>]+)>", r"{\1}", rule)
 
 
 def _methods_for(app: QuartTrio, path: str) -> set[str]:
@@ -236,11 +242,11 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
         _authorise(services)
         return json_response({"packs": [], "sources": []})
 
-    @app.get("/v1/packs/<path:pack_id>", provide_automatic_options=False)
+    @app.get("/v1/packs/<path:id>", provide_automatic_options=False)
     @app.get("/v1/packs/", provide_automatic_options=False)
-    async def pack(pack_id: str = "") -> Response:
+    async def pack(id: str = "") -> Response:  # noqa: A002 - the route's parameter is named as in the spec
         _authorise(services)
-        raise ApiError(404, "unknown_pack", "id", f"no pack {pack_id!r} is enabled; GET /v1/packs lists the packs")
+        raise ApiError(404, "unknown_pack", "id", f"no pack {id!r} is enabled; GET /v1/packs lists the packs")
 
 
 def _register_scoring(app: QuartTrio, services: WebServices) -> None:

@@ -73,8 +73,8 @@ def open_checkpoint(
         raise ModelError(f"{resolved.served_name}: the {checkpoint.family} stack is not available in this build yet")
     if scheme not in RUNNABLE_SCHEMES:
         raise ModelError(
-            f"{resolved.served_name}: the {scheme} scheme is not available in this build yet; "
-            f"choose one of {', '.join(RUNNABLE_SCHEMES)} with --quant"
+            f"{resolved.served_name}: the {scheme} scheme is not available in this build yet; it runs bf16 on a "
+            "GPU (--quant bf16, for bf16 checkpoints) and the built-in tiny model (spinf/tiny-gemma4) in fp32"
         )
     return resolved, checkpoint, scheme
 

@@ -29,7 +29,7 @@ DOC_URI = "urn:spinf:openapi"
 REGISTRY = Registry().with_resource(DOC_URI, DRAFT202012.create_resource(DOC))
 # The app's one route with a path converter, under the name the spec gives its parameter; `/v1/packs/` is the same
 # route with the empty id (api spec §8.2: answered 404 unknown_pack).
-RULE_PATHS = {"/v1/packs/<path:pack_id>": "/v1/packs/{id}", "/v1/packs/": "/v1/packs/{id}"}
+RULE_PATHS = {"/v1/packs/<path:id>": "/v1/packs/{id}", "/v1/packs/": "/v1/packs/{id}"}
 
 RICH_BODY = {
     "model": "TINY",  # an alias, in another case: echoed as sent
@@ -111,7 +111,9 @@ def check(answer: httpx.Response, path: str, status: int | None = None) -> dict:
 
 
 # The real /v1/models entry (api spec §7) of the tiny model, under the default limits.
-tiny_models_entry = models_entry_for(resolve_model("spinf/tiny-gemma4"), SimpleNamespace(limits=Limits()))
+tiny_models_entry = models_entry_for(
+    resolve_model("spinf/tiny-gemma4"), SimpleNamespace(limits=Limits(), engine=SimpleNamespace(served_model=""))
+)
 
 
 @pytest.fixture
