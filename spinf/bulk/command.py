@@ -32,13 +32,10 @@ _PREFIX = "spinf-serve score"
 
 
 def _default_engine(args, settings):
+    """The engine of the layered settings (the MODEL argument is one of their layers)."""
     from spinf import Engine
 
-    engine = getattr(settings, "engine", None)
-    model = args.model or getattr(engine, "model", None)
-    if not model:
-        raise BulkInputError("no model: give MODEL after REQUEST.json, or set engine.model")
-    return Engine(model, device=getattr(engine, "device", None) or "cpu", limits=getattr(settings, "limits", None))
+    return Engine.from_settings(settings)
 
 
 class _EngineScorer:
@@ -53,7 +50,8 @@ class _EngineScorer:
     def __call__(self, body: dict) -> dict:
         if self._engine is None:
             self._engine = self._build()
-        return self._engine.score(body, debug=self._debug)
+        # a body scored from the command line is prepared as a trusted caller (api spec §10)
+        return self._engine.score(body, debug=self._debug, trusted=True)
 
 
 def _scorers(args, settings, make_engine: Callable[[], object] | None) -> tuple[list, bool]:
@@ -62,7 +60,7 @@ def _scorers(args, settings, make_engine: Callable[[], object] | None) -> tuple[
     if urls:
         return http_scorers(urls, token=os.environ.get("SPINF_API_KEY") or None), True
     build = make_engine or functools.partial(_default_engine, args, settings)
-    return [_EngineScorer(build, debug=bool(getattr(args, "debug", False)))], False
+    return [_EngineScorer(build, debug=bool(settings.server.debug))], False
 
 
 def _check_mode(args) -> None:

@@ -307,8 +307,12 @@ class Engine:
             bodies.append({"messages": [{"content": sentence * words}], "scoring": {"queries": queries}})
         return bodies
 
-    def score(self, body: object, *, debug: bool = False) -> dict:
-        """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one)."""
-        prepared = self.prepare(body)
+    def score(self, body: object, *, debug: bool = False, trusted: bool = False) -> dict:
+        """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one).
+
+        ``trusted`` honours the body's per-call ``limits`` and ``features`` (capped by the engine's own);
+        ``debug`` adds the engine internals to the answer.
+        """
+        prepared = self.prepare(body, trusted=trusted)
         (values,), stats = self.run([prepared.compiled.jobs])
         return self.respond(prepared, values, stats, internals=debug)

@@ -13,7 +13,7 @@ import pytest
 from spinf.bulk import main
 from tests.bulk.fakes import REQUEST, FakeServer, make_inputs, read_jsonl, write_jsonl
 
-SETTINGS = types.SimpleNamespace()  # main reaches the settings only to build an engine, replaced here
+SETTINGS = types.SimpleNamespace(server=types.SimpleNamespace(debug=False))  # the engine itself is replaced here
 
 
 def args(**given) -> argparse.Namespace:
@@ -108,12 +108,14 @@ def test_a_bad_line_stops_before_the_engine_loads(tmp_path, capsys):
     assert capsys.readouterr().err == f"spinf-serve score: {src}: input id 'a' is on line 1 and again on line 2\n"
 
 
-def test_without_a_model_there_is_no_engine(tmp_path, capsys):
+def test_a_model_that_cannot_load_is_one_line_and_status_2(tmp_path, capsys):
+    from spinf.settings import load_settings
+
     req = write_jsonl(tmp_path / "req.json", [{**REQUEST, "messages": [{"content": "x"}]}])
-    assert main(args(request=req), types.SimpleNamespace(engine=types.SimpleNamespace(model=None))) == 2
-    assert (
-        capsys.readouterr().err == "spinf-serve score: no model: give MODEL after REQUEST.json, or set engine.model\n"
-    )
+    settings = load_settings({"model": "no-such-model"}, {}, manifest_defaults=lambda model: {})
+    assert main(args(request=req), settings) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spinf-serve score: ") and "no-such-model" in err and err.count("\n") == 1
 
 
 class Terminal(io.StringIO):
@@ -162,3 +164,15 @@ def test_urls_get_the_key_from_spinf_api_key(tiny_engine, tmp_path, monkeypatch,
         assert main(given, SETTINGS, make_engine=no_engine) == 0
     assert [auth for _, auth, _ in server.seen] == ["Bearer sk-test"] * 4
     assert len(read_jsonl(out)) == 10
+
+
+def test_a_single_body_is_scored_as_a_trusted_caller(tmp_path, capsys, tiny_engine):
+    body = {
+        "messages": [{"content": "Refund me."}],
+        "scoring": {"queries": [{"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}]},
+        "limits": {"max_options": 1},  # honoured: the command line is the server's own operator
+    }
+    req = write_jsonl(tmp_path / "req.json", [body])
+    assert main(args(request=req), SETTINGS, make_engine=lambda: tiny_engine) == 1
+    err = capsys.readouterr().err
+    assert '"code": "too_many_options"' in err and "rejected" not in err
