@@ -2,11 +2,20 @@
 
 J1: 24 news-like contents × 56 two-option questions (one template, 56 placeholder values). The texts are
 generated from fixed phrase lists, so every run (and every machine) scores the same bodies.
+
+Written job sets (``fixtures/jobsets/<name>.json``, original English prose, read with `load_jobset`): j1 = 24 news
+articles of ~360 words (ids a00..a23) × 56 two-option questions (one template, 56 values of F); j2 = 256 user messages
+of ~45 words (m000..m255) × 106 questions (one template, 106 values of C); j3 = one ~230-word article × 20 questions
+(latency, 100 repeats); j4 = one ~9,000-word report × 20 questions (one template, 20 values of X).
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+
+JOBSET_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "jobsets"
 
 SUBJECTS = (
     "The city council",
@@ -139,3 +148,8 @@ def j1_body(num_contents: int = 24, sentences: int = 11, seed: int = 1) -> dict:
         "combinations": [{"F": phrase} for phrase in PHRASES[:56]],
     }
     return {"inputs": inputs, "scoring": {"queries": [query]}}
+
+
+def load_jobset(name: str) -> dict:
+    """The ``/v1/score`` body of a written job set (``"j1"`` … ``"j4"``), from ``fixtures/jobsets/<name>.json``."""
+    return json.loads((JOBSET_DIR / f"{name}.json").read_text(encoding="utf-8"))

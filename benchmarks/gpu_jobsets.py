@@ -1,0 +1,354 @@
+"""The job sets J1–J4 on the 12B-shaped random model: the engine as it is now, and optionally the baseline.
+
+Run on the GPU machine: ``python benchmarks/gpu_jobsets.py [--jobs J1,J2,J3,J4] [--baseline]``. It builds our
+`Gemma4Text` in the 12B shape of engine spec B.19 with random weights on the GPU in bf16 (the fp8s path does not
+exist yet), scores each job set with the current engine code (parse, compile, `Scorer`), and with ``--baseline``
+frees it, builds transformers' model with the same weights and times `benchmarks.baseline` on the same bodies.
+Token ids come from the built-in tiny tokenizer (8,192 ids, all valid in the 262,144-id vocabulary), so the job
+sets' token counts are the tiny tokenizer's, not the real 12B tokenizer's.
+
+Each job's line is printed, and appended to benchmarks/RESULTS.md (``--results``), as soon as it is measured, so a
+run cut short keeps what it measured. Per job: questions, seconds (median of the timed rounds), questions/s,
+tokens run (the engine's packed tokens; the baseline's content and padded question rows), passes, peak GPU memory,
+and MFU against the bf16 GEMM peak measured in the same run. ``SPINF_REVISION`` names the revision where the working
+tree has no git history. Smoke test on a CPU: ``python benchmarks/gpu_jobsets.py --device cpu --scaled``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import attrs
+import torch
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import jobsets  # noqa: E402
+from benchmarks.baseline import BENCH_LIMITS, DEFAULT_BATCH, run_baseline_stats  # noqa: E402
+from benchmarks.gemma12b import (  # noqa: E402
+    GEMMA_12B_TEXT_CONFIG,
+    build_random_engine_model,
+    build_random_transformers_model,
+    decoder_linear_params,
+    scaled,
+)
+from spinf.engine.compiler import EngineShape, compile_request  # noqa: E402
+from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
+from spinf.engine.results import input_results  # noqa: E402
+from spinf.engine.scorer import Scorer  # noqa: E402
+from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
+from spinf.errors import SpinfError  # noqa: E402
+from spinf.protocol.request import parse_score_request  # noqa: E402
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+MAX_ROUNDS = 50  # short jobs repeat until --min-seconds are measured, up to this many rounds
+LATENCY_ROUNDS = {"J3": 100}  # j3 is the latency job: 100 calls of one body (benchmarks/jobsets.py)
+
+
+@attrs.frozen
+class Call:
+    seconds: float
+    questions: int
+    tokens: int
+    passes: int
+    logprobs: list  # per input, per query, per combination, per option
+
+
+def tiny_tokenizer() -> TextTokenizer:
+    text = (resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json").read_text()
+    return TextTokenizer(Tokenizer.from_str(text))
+
+
+def as_bodies(loaded) -> list[dict]:
+    """A job set as a list of ``/v1/score`` bodies, whichever form `load_jobset` gives it in."""
+    if isinstance(loaded, dict) and ("inputs" in loaded or "messages" in loaded):
+        return [loaded]
+    if isinstance(loaded, dict) and isinstance(loaded.get("bodies"), list):
+        return loaded["bodies"]
+    if isinstance(loaded, list | tuple) and all(isinstance(b, dict) for b in loaded):
+        return list(loaded)
+    raise ValueError(f"cannot read a job set of type {type(loaded).__name__}")
+
+
+def job_bodies(name: str, max_inputs: int | None) -> tuple[list[dict] | None, str]:
+    """The job set's bodies (None: skipped) and a note on where they came from."""
+    load = getattr(jobsets, "load_jobset", None)
+    try:
+        found = as_bodies(load(name.lower())) if load else None  # the fixtures are named j1.json … j4.json
+        bodies, note = (found, "") if load else (None, "benchmarks.jobsets.load_jobset is missing")
+    except (OSError, KeyError, ValueError) as exc:
+        bodies, note = None, f"load_jobset({name!r}) failed: {exc}"
+    if bodies is None and name == "J1":
+        bodies, note = [jobsets.j1_body()], f"{note}; J1 from benchmarks.jobsets.j1_body()"
+    if bodies is not None and max_inputs:
+        bodies = [{**b, "inputs": b["inputs"][:max_inputs]} if "inputs" in b else b for b in bodies]
+    return bodies, note
+
+
+def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, body: dict) -> Call:
+    """One body through the engine as `Engine.score` runs it: parse, compile, run, read the option log-probs."""
+    started = time.perf_counter()
+    req = parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
+    compiled = compile_request(req, tokenizer, shape)
+    (values,), stats = scorer.run_many([compiled.jobs])
+    results, _ = input_results(compiled, values)
+    seconds = time.perf_counter() - started
+    logprobs = [
+        [[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results
+    ]
+    questions = sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries)
+    return Call(seconds, questions, stats.packed_tokens, stats.passes, logprobs)
+
+
+def baseline_call(model, tokenizer: TextTokenizer, batch: int, body: dict) -> Call:
+    logprobs, stats, seconds = run_baseline_stats(model, tokenizer, body, batch)
+    questions = sum(len(q) for per_input in logprobs for q in per_input)
+    return Call(seconds, questions, stats.tokens, stats.passes, logprobs)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(call, bodies: list[dict], device: torch.device, repeats: int, seconds: tuple[float, float]) -> dict:
+    """Rounds over every body: at least one; ``repeats``, or more until ``seconds[0]`` are measured (latency
+    percentiles need calls); none that would end after ``seconds[1]``. Returns the median round time and a round's
+    counts, call latencies, peak memory and the last round's log-probs."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    (min_seconds, max_seconds), rounds, latencies, started = seconds, [], [], time.perf_counter()
+    while True:
+        calls = [call(body) for body in bodies]
+        sync(device)
+        rounds.append(sum(c.seconds for c in calls))
+        latencies += [c.seconds for c in calls]
+        elapsed = time.perf_counter() - started
+        wanted = len(rounds) < repeats or (elapsed < min_seconds and len(rounds) < MAX_ROUNDS)
+        if not wanted or elapsed + rounds[-1] > max_seconds:
+            break
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {
+        "seconds": statistics.median(rounds),
+        "rounds": len(rounds),
+        "latencies": sorted(latencies),
+        "questions": sum(c.questions for c in calls),
+        "tokens": sum(c.tokens for c in calls),
+        "passes": sum(c.passes for c in calls),
+        "peak_gib": peak,
+        "logprobs": [c.logprobs for c in calls],
+    }
+
+
+def bf16_peak_tflops(device: torch.device) -> float | None:
+    """The bf16 GEMM rate at 16384 x 3840 x 15360 on this GPU (the MFU denominator of a bf16 run)."""
+    if device.type != "cuda":
+        return None
+    from benchmarks.gpu_probe import timed
+
+    m, k, n = 16384, 3840, 15360
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    seconds = timed(lambda: a @ b)
+    return 2 * m * k * n / seconds / 1e12
+
+
+def revision() -> str:
+    if os.environ.get("SPINF_REVISION"):
+        return os.environ["SPINF_REVISION"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "spinf", "benchmarks"], capture_output=True, text=True, cwd=ROOT
+        )
+    except OSError:
+        return "unknown"
+    sha = head.stdout.strip()
+    return (f"{sha}-dirty" if dirty.stdout.strip() else sha) if sha else "unknown"
+
+
+def row(job: str, runner: str, m: dict, flops_per_token: float, peak_tflops: float | None) -> str:
+    seconds = m["seconds"]
+    latency = ""
+    if len(m["latencies"]) >= 10:
+        lat = m["latencies"]
+        latency = (
+            f"; calls p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 {lat[int(0.99 * (len(lat) - 1))] * 1000:.0f} ms"
+        )
+    mfu = f"{m['tokens'] * flops_per_token / seconds / (peak_tflops * 1e12):.1%}" if peak_tflops else "–"
+    peak = f"{m['peak_gib']:.1f} GiB" if m["peak_gib"] is not None else "–"
+    return (
+        f"| {job} | {runner} | {m['questions']:,} | {seconds:.3f} s ({m['rounds']} rounds{latency}) | "
+        f"{m['questions'] / seconds:,.0f} | {m['tokens']:,} | {m['passes']:,} | {peak} | {mfu} |"
+    )
+
+
+def note_row(job: str, text: str) -> str:
+    return "| " + " | ".join([job, " ".join(text.split())] + [""] * 7) + " |"
+
+
+def max_difference(a, b) -> float:
+    """Largest |a - b| over two nested lists of the same shape (NaN where the shapes differ)."""
+    if isinstance(a, list | tuple):
+        if not isinstance(b, list | tuple) or len(a) != len(b):
+            return float("nan")
+        return max((max_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    return abs(a - b)
+
+
+class Report:
+    """Prints lines and appends them to the results file as they come."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def line(self, text: str) -> None:
+        print(text, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(text + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", default="J1,J2,J3,J4", help="comma-separated job sets (default: J1,J2,J3,J4)")
+    p.add_argument("--baseline", action="store_true", help="also time the transformers baseline")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model of the same architecture")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="baseline question batch (default 64)")
+    p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per job (median; default 3)")
+    p.add_argument("--min-seconds", type=float, default=2.0, help="repeat short jobs until this long (default 2)")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="stop repeating a job after this long")
+    p.add_argument("--max-inputs", type=int, default=None, help="keep only the first N inputs of each body")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the file the section is appended to")
+    p.add_argument("--no-results", action="store_true", help="print only")
+    return p.parse_args(argv)
+
+
+def small(body: dict) -> dict:
+    """The first two inputs of a body: the warm-up call."""
+    return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
+
+
+@attrs.define
+class Bench:
+    args: argparse.Namespace
+    jobs: dict[str, list[dict]]
+    device: torch.device
+    dtype: torch.dtype
+    config: dict
+    tokenizer: TextTokenizer
+    shape: EngineShape
+    report: Report
+    peak_tflops: float | None
+    engine_logprobs: dict = attrs.field(factory=dict)
+
+    @property
+    def flops_per_token(self) -> float:
+        return 2 * decoder_linear_params(self.config)
+
+    def header(self, command: str) -> None:
+        import transformers
+
+        device = self.device
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+        peak = f"{self.peak_tflops:.0f} TFLOP/s" if self.peak_tflops else "not measured"
+        self.report.line(
+            f"\n## Job sets on the {'scaled-down ' if self.args.scaled else ''}12B-shaped random model — "
+            f"{datetime.date.today().isoformat()}, revision {revision()}\n\n"
+            f"- command: `{command}`; device: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"transformers {transformers.__version__}, Python {platform.python_version()}\n"
+            f"- model: random weights in {str(self.dtype).removeprefix('torch.')}, "
+            f"{decoder_linear_params(self.config):,} decoder linear parameters; the engine runs its current plain "
+            "path (the fp8s path does not exist yet)\n"
+            f"- token ids from the tiny tokenizer (8,192 ids, valid in the {self.config['vocab_size']:,}-id "
+            f"vocabulary), so counts are the tiny tokenizer's; engine token budget {self.shape.token_budget:,}; "
+            f"baseline batch {self.args.batch}; content limit {BENCH_LIMITS.max_content_tokens:,} tokens\n"
+            f"- MFU: tokens run × 2 × linear parameters / time / the bf16 GEMM peak measured in this run ({peak})\n\n"
+            "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |\n"
+            "|---|---|---|---|---|---|---|---|---|"
+        )
+
+    def run_engine(self) -> None:
+        self._engine_jobs()
+        gc.collect()  # the engine model is gone with the call's frame; free its memory before the baseline's
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _engine_jobs(self) -> None:
+        started = time.perf_counter()
+        model = build_random_engine_model(self.device, self.dtype, config=self.config)
+        scorer = Scorer(model, self.device, self.shape.token_budget)
+        print(f"engine model built in {time.perf_counter() - started:.1f} s", flush=True)
+        runner = f"engine, {str(self.dtype).removeprefix('torch.')}"
+        self._run_jobs(lambda body: engine_call(scorer, self.tokenizer, self.shape, body), runner)
+
+    def run_baseline(self) -> None:
+        started = time.perf_counter()
+        model = build_random_transformers_model(self.device, self.dtype, config=self.config)
+        print(f"transformers model built in {time.perf_counter() - started:.1f} s", flush=True)
+        self._run_jobs(lambda body: baseline_call(model, self.tokenizer, self.args.batch, body), "baseline")
+
+    def _run_jobs(self, call, runner: str) -> None:
+        warm = False
+        for name, bodies in self.jobs.items():
+            try:
+                if not warm:
+                    call(small(bodies[0]))  # warm-up on the first two inputs of the first job
+                    warm = True
+                limits = (self.args.min_seconds, self.args.max_seconds)
+                rounds = max(self.args.repeats, LATENCY_ROUNDS.get(name, 0))
+                m = measure(call, bodies, self.device, rounds, limits)
+            except (SpinfError, ValueError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+                self.report.line(note_row(name, f"{runner} failed: {type(exc).__name__}: {exc}"))
+                continue
+            self.report.line(row(name, runner, m, self.flops_per_token, self.peak_tflops))
+            if runner == "baseline" and name in self.engine_logprobs:
+                diff = max_difference(self.engine_logprobs[name], m["logprobs"])
+                self.report.line(note_row(name, f"engine vs baseline, same weights: max abs Δ logprob {diff:.3g}"))
+            elif runner != "baseline":
+                self.engine_logprobs[name] = m["logprobs"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    jobs = {}
+    for name in [j.strip() for j in args.jobs.split(",") if j.strip()]:
+        bodies, note = job_bodies(name, args.max_inputs)
+        if note:
+            print(f"{name}: {note}" + ("" if bodies is not None else "; skipped"), flush=True)
+        if bodies is not None:
+            jobs[name] = bodies
+    bench = Bench(
+        args,
+        jobs,
+        device,
+        torch.bfloat16 if device.type == "cuda" else torch.float32,
+        scaled(GEMMA_12B_TEXT_CONFIG) if args.scaled else GEMMA_12B_TEXT_CONFIG,
+        tiny_tokenizer(),
+        EngineShape(round_up(args.token_budget), round_up(DEFAULT_MAX_TOKENS)),
+        Report(None if args.no_results else args.results),
+        bf16_peak_tflops(device),
+    )
+    bench.header(("python benchmarks/gpu_jobsets.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip())
+    bench.run_engine()
+    if args.baseline:
+        bench.run_baseline()
+
+
+if __name__ == "__main__":
+    main()
