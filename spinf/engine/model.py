@@ -8,7 +8,9 @@ option token is read go through the final norm and the LM head (`Gemma4Text.read
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -18,23 +20,9 @@ from torch import nn
 
 from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
+from spinf.engine.gemm import row_stable_mm
+from spinf.engine.quant import Fp8Weight, fp8_linear
 from spinf.errors import ModelError
-
-GEMM_ROWS = 128  # every CPU GEMM runs on blocks of exactly this many rows (the last one padded)
-
-
-def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` whose rows do not depend on how many rows ``x`` has or where a row sits.
-
-    CPU BLAS picks kernels and thread splits by the row count (MKL's rows differ in the last bits below 16 rows,
-    and at 17 rows with 16 threads). Fixed-size blocks give every row the same kernel and the same split.
-    """
-    rows = x.shape[0]
-    padded = -(-rows // GEMM_ROWS) * GEMM_ROWS
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros((padded - rows, x.shape[1]))])
-    out = torch.cat([block @ weight.t() for block in x.split(GEMM_ROWS)]) if padded else x @ weight.t()
-    return out[:rows]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -67,10 +55,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TextConfig, spec: LayerSpec):
+    def __init__(self, cfg: TextConfig, spec: LayerSpec, index: int = 0):
         super().__init__()
         self.spec = spec
+        self.prefix = f"layers.{index}."
+        self.fp8: dict[str, tuple[Fp8Weight, float]] = {}  # linear name -> (fp8 weight, static input scale)
+        self.observer: Callable[[str, torch.Tensor], None] | None = None  # calibration: sees each linear's input
         self.eps = cfg.rms_norm_eps
         self.window = cfg.sliding_window if spec.is_sliding else None
         q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -88,17 +82,26 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: AttentionPlan) -> torch.Tensor:
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
-        parts = row_stable_mm(x, self.wqkv.weight).split(self.qkv_sizes, dim=-1)
+        parts = self.linear("wqkv", x).split(self.qkv_sizes, dim=-1)
         q = apply_rope(rms_norm(parts[0].view(n, -1, d), self.q_norm, self.eps), *rope)
         raw_k = parts[1].view(n, -1, d)
         k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
         v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
         a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
-        h = h + rms_norm(row_stable_mm(a, self.wo.weight), self.post_attn_norm, self.eps)
-        gate, up = row_stable_mm(rms_norm(h, self.pre_ff_norm, self.eps), self.w_gate_up.weight).chunk(2, dim=-1)
-        mlp = row_stable_mm(F.gelu(gate, approximate="tanh") * up, self.w_down.weight)
+        h = h + rms_norm(self.linear("wo", a), self.post_attn_norm, self.eps)
+        gate, up = self.linear("w_gate_up", rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
+        mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         return h * self.layer_scalar.to(h.dtype)
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One of the layer's linears: fp8 with its static input scale once quantized, else in the model dtype."""
+        if self.observer is not None:
+            self.observer(self.prefix + name, x)
+        if name in self.fp8:
+            weight, scale = self.fp8[name]
+            return fp8_linear(x, weight, scale, out_dtype=x.dtype)
+        return row_stable_mm(x, getattr(self, name).weight)
 
 
 class Gemma4Text(nn.Module):
@@ -108,7 +111,7 @@ class Gemma4Text(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, spec) for spec in cfg.layers)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, spec, i) for i, spec in enumerate(cfg.layers))
         self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         kinds = {spec.is_sliding: spec for spec in cfg.layers}
         self._rope_specs = kinds
@@ -128,6 +131,34 @@ class Gemma4Text(nn.Module):
         freqs = positions[:, None].float() * inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def linear_names(self) -> list[str]:
+        return [layer.prefix + name for layer in self.layers for name in LINEARS]
+
+    @contextlib.contextmanager
+    def observing(self, observer: Callable[[str, torch.Tensor], None]):
+        """Within the block, every linear's input is shown to ``observer`` (calibration of fp8s scales)."""
+        for layer in self.layers:
+            layer.observer = observer
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.observer = None
+
+    def to_fp8s(self, scales: Mapping[str, float]) -> None:
+        """Quantize every decoder linear to e4m3 with the static input ``scales`` (engine spec B.8, fp8s).
+
+        The float weights are released; the embedding, norms and head stay in the model dtype.
+        """
+        missing = [name for name in self.linear_names() if name not in scales]
+        if missing:
+            raise ModelError(f"the scale table has no scale for {len(missing)} linears, e.g. {missing[0]}")
+        for layer in self.layers:
+            for name in LINEARS:
+                module = getattr(layer, name)
+                layer.fp8[name] = (Fp8Weight.from_float(module.weight), float(scales[layer.prefix + name]))
+                module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping."""

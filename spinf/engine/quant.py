@@ -14,7 +14,7 @@ import math
 import attrs
 import torch
 
-from spinf.engine.model import row_stable_mm
+from spinf.engine.gemm import row_stable_mm
 
 E4M3_MAX = 448.0
 DEFAULT_HEADROOM = 2.0

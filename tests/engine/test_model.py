@@ -8,7 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from spinf.engine.attention import AttentionPlan, JobSpan
 from spinf.engine.config import read_text_config
-from spinf.engine.model import GEMM_ROWS, load_gemma4_text, row_stable_mm
+from spinf.engine.gemm import GEMM_ROWS, row_stable_mm
+from spinf.engine.model import load_gemma4_text
 
 
 def sequence_plan(n: int) -> AttentionPlan:

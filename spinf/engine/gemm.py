@@ -1,0 +1,28 @@
+"""Row-stable GEMMs on the CPU: a row's product never depends on how many rows share the call.
+
+CPU BLAS picks kernels and thread splits by the row count (MKL's rows differ in the last bits below 16 rows, and at
+17 rows with 16 threads), so every product runs on blocks of exactly ``GEMM_ROWS`` rows, the last one padded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GEMM_ROWS = 128  # every CPU GEMM runs on blocks of exactly this many rows (the last one padded)
+
+
+def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` whose rows do not depend on how many rows ``x`` has or where a row sits.
+
+    CPU BLAS picks kernels and thread splits by the row count (MKL's rows differ in the last bits below 16 rows,
+    and at 17 rows with 16 threads). Fixed-size blocks give every row the same kernel and the same split.
+    """
+    rows = x.shape[0]
+    padded = -(-rows // GEMM_ROWS) * GEMM_ROWS
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros((padded - rows, x.shape[1]))])
+    out = torch.cat([block @ weight.t() for block in x.split(GEMM_ROWS)]) if padded else x @ weight.t()
+    return out[:rows]
+
+
+__all__ = ["GEMM_ROWS", "row_stable_mm"]
