@@ -58,11 +58,5 @@ class TextTokenizer:
         encoding = self._plain.encode(text, add_special_tokens=False)
         return [start for start, _ in encoding.offsets]
 
-    def token_count(self, text: str) -> int:
-        return len(self.tok(text))
-
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self._plain.decode(list(ids), skip_special_tokens=False)
-
-    def token_id(self, text: str) -> int | None:
-        return self._plain.token_to_id(text)
