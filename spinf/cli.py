@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     download.add_argument("model", metavar="MODEL")
     download.add_argument("--dir", default=None, help="the hub cache folder to use")
     command("models", "list the catalog's models and whether each is present locally")
+    calibrate = command("calibrate", "build the fp8s activation-scale table of the model in SPINF_MODEL (etc.)")
+    calibrate.add_argument("--corpus", required=True, metavar="FILE", help="scoring request bodies, JSON or gzip")
+    calibrate.add_argument("--headroom", type=float, default=2.0, help="scales cover this times the largest input")
+    calibrate.add_argument("--out", default=None, metavar="FILE", help="write here instead of the table store")
+    calibrate.add_argument("--device", default=None, help="the torch device (default: the device setting)")
     return parser
 
 
@@ -120,7 +125,34 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "score": _score, "config": _config, "download": _download, "models": _models}
+def _calibrate(args: argparse.Namespace) -> int:
+    """The engine comes from the environment (api spec §10); the table goes to the store unless ``--out``."""
+    flags = {"device": args.device} if args.device else {}
+    settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
+    from spinf.engine.calibrate import calibrate, read_corpus, store_path, write_table
+    from spinf.engine.engine import Engine
+
+    bodies = read_corpus(args.corpus)
+    engine = Engine.from_settings(settings)
+    table = calibrate(engine, bodies, headroom=args.headroom, corpus_name=str(args.corpus))
+    path = args.out or store_path(engine.model_id, engine.revision)
+    table_id = write_table(table, path)
+    corpus = table["corpus"]
+    print(
+        f"{path} (table {table_id}: {len(table['scales'])} linears, {corpus['requests']} requests scored, "
+        f"{corpus['refused']} refused)"
+    )
+    return 0
+
+
+_COMMANDS = {
+    "serve": _serve,
+    "score": _score,
+    "config": _config,
+    "download": _download,
+    "models": _models,
+    "calibrate": _calibrate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
