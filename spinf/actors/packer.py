@@ -77,16 +77,13 @@ class Packer:
             prepared = await self.offload(
                 lambda: engine.prepare(work.body, chat=work.chat, trusted=work.trusted, request_id=work.request_id)
             )
-        except ApiError as exc:
-            _answer(work, outcome.Error(exc))
-            return
-        except Exception as exc:  # an engine bug in one call becomes that call's 500
-            log.exception("compiling %s failed", work.request_id)
+        except Exception as exc:  # a refusal, or an engine bug in one call: that call's answer only
+            if not isinstance(exc, ApiError):
+                log.exception("compiling %s failed", work.request_id)
             _answer(work, outcome.Error(exc))
             return
         finally:
             self._compiling -= 1
-        prepared.queue_s = 0.0
         await self._ready_send.send(_Ready(work, prepared))
 
     async def _run_batches(self) -> None:

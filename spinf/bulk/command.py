@@ -31,7 +31,7 @@ from spinf.errors import ApiError, SpinfError
 _PREFIX = "spinf-serve score"
 
 
-def _default_engine(args, settings):
+def _default_engine(settings):
     """The engine of the layered settings (the MODEL argument is one of their layers)."""
     from spinf import Engine
 
@@ -59,7 +59,7 @@ def _scorers(args, settings, make_engine: Callable[[], object] | None) -> tuple[
     urls = getattr(args, "url", None)
     if urls:
         return http_scorers(urls, token=os.environ.get("SPINF_API_KEY") or None), True
-    build = make_engine or functools.partial(_default_engine, args, settings)
+    build = make_engine or functools.partial(_default_engine, settings)
     return [_EngineScorer(build, debug=bool(settings.server.debug))], False
 
 

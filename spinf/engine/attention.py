@@ -46,6 +46,18 @@ class AttentionPlan:
     path_index: torch.Tensor  # [num_branch, max_depth] int64
     path_mask: torch.Tensor  # [num_branch, max_depth] bool
 
+    @classmethod
+    def for_sequence(cls, num_tokens: int) -> AttentionPlan:
+        """One plain causal sequence: a single job that is all prefix (what a plain forward pass computes)."""
+        empty = torch.zeros(0, 1, dtype=torch.long)
+        return cls(
+            positions=torch.arange(num_tokens),
+            jobs=(JobSpan(0, num_tokens, 0),),
+            branch_rows=torch.zeros(0, dtype=torch.long),
+            path_index=empty,
+            path_mask=empty.bool(),
+        )
+
 
 ROW_CHUNK = 64  # branch rows are processed in chunks of exactly this many rows (padded), see `tree_attention`
 

@@ -21,7 +21,7 @@ from spinf.catalog import Checkpoint, ResolvedModel, find_checkpoint, resolve_mo
 from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
-from spinf.engine.results import input_results, usage
+from spinf.engine.results import Values, input_results, usage
 from spinf.engine.scorer import RunStats, Scorer
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
@@ -32,7 +32,6 @@ from spinf.protocol.request import parse_score_request
 from spinf.settings import Features, Limits
 
 log = logging.getLogger(__name__)
-Values = dict[tuple[int, int, int], float]
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 # Until the extraction and media issues land, the engine reads text and scores {?} slots only.
@@ -128,6 +127,8 @@ class Engine:
         cache_dir: str | Path | None = None,
         cache_dirs: list[str] | None = None,
         revision: str = "",
+        served_model: str = "",
+        model_id: str = "",
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -137,8 +138,9 @@ class Engine:
         manifest = resolved.manifest
         self.resolved = resolved
         self.folder = checkpoint.folder
-        self.model_id = resolved.model_id
-        self.served_name = resolved.served_name
+        # the served_model and model_id settings override what the manifest set (api spec §9.2)
+        self.model_id = model_id or resolved.model_id
+        self.served_name = served_model or resolved.served_name
         self.aliases = tuple(resolved.aliases)
         self.revision = checkpoint.revision
         self.weights = checkpoint.weights
@@ -161,18 +163,14 @@ class Engine:
             self.system_fingerprint,
         )
         # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
-        # passes; the GPU schemes will set this from their own guarantees
-        # (catalog models only: a checkpoint outside the catalog carries no guarantee, api spec §9.6)
+        # passes; a checkpoint outside the catalog carries no guarantee (api spec §9.6), nor do the GPU schemes yet
         self.batch_invariant = resolved.batch_invariant and self.device.type == "cpu" and self.quant == "fp32"
 
     @classmethod
     def from_settings(cls, settings) -> Engine:
-        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9).
-
-        ``served_model``, ``model_id`` and ``revision`` override what the manifest set, as the layering says.
-        """
+        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9)."""
         engine = settings.engine
-        built = cls(
+        return cls(
             engine.model,
             device=engine.device,
             limits=settings.limits,
@@ -182,12 +180,9 @@ class Engine:
             model_dir=engine.model_dir,
             cache_dirs=list(engine.cache_dirs) or None,
             revision=engine.revision,
+            served_model=engine.served_model,
+            model_id=engine.model_id,
         )
-        built.served_name = engine.served_model or built.served_name
-        built.model_id = engine.model_id or built.model_id
-        built.system_fingerprint = built._fingerprint()
-        log.info("system_fingerprint %s", built.system_fingerprint)
-        return built
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from benchmarks.gemma12b import (
     transformers_config,
 )
 from benchmarks.jobsets import j1_body
-from spinf.engine.attention import AttentionPlan, JobSpan
+from spinf.engine.attention import AttentionPlan
 from spinf.engine.config import parse_text_config
 from spinf.engine.model import Gemma4Text, load_gemma4_text
 
@@ -99,17 +99,6 @@ def test_baseline_runs_each_content_once_and_batches_its_questions(tiny_engine, 
     assert stats.tokens > content_tokens
 
 
-def sequence_plan(n: int) -> AttentionPlan:
-    empty = torch.zeros(0, 1, dtype=torch.long)
-    return AttentionPlan(
-        positions=torch.arange(n),
-        jobs=(JobSpan(0, n, 0),),
-        branch_rows=torch.zeros(0, dtype=torch.long),
-        path_index=empty,
-        path_mask=empty.bool(),
-    )
-
-
 def test_random_engine_model_has_the_state_dict_load_gemma4_text_produces(tmp_path):
     config = scaled(GEMMA_12B_TEXT_CONFIG, window=16)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -128,7 +117,7 @@ def test_random_transformers_and_engine_models_agree():
     ids = torch.randint(3, config["vocab_size"], (50,), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = torch.log_softmax(theirs(ids[None]).logits[0].float(), dim=-1)
-        got = ours.read_logprobs(ours(ids, sequence_plan(50)))
+        got = ours.read_logprobs(ours(ids, AttentionPlan.for_sequence(50)))
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 

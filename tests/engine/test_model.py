@@ -6,21 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spinf.engine.attention import AttentionPlan, JobSpan
+from spinf.engine.attention import AttentionPlan
 from spinf.engine.config import read_text_config
 from spinf.engine.gemm import GEMM_ROWS, row_stable_mm
 from spinf.engine.model import load_gemma4_text
-
-
-def sequence_plan(n: int) -> AttentionPlan:
-    empty = torch.zeros(0, 1, dtype=torch.long)
-    return AttentionPlan(
-        positions=torch.arange(n),
-        jobs=(JobSpan(0, n, 0),),
-        branch_rows=torch.zeros(0, dtype=torch.long),
-        path_index=empty,
-        path_mask=empty.bool(),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +33,7 @@ def test_one_sequence_matches_transformers(models, length):
     ids = torch.randint(3, 8192, (length,), generator=torch.Generator().manual_seed(length))
     with torch.inference_mode():
         expected = torch.log_softmax(reference(ids[None]).logits[0].float(), dim=-1)
-        got = ours.read_logprobs(ours(ids, sequence_plan(length)))
+        got = ours.read_logprobs(ours(ids, AttentionPlan.for_sequence(length)))
     assert (got - expected).abs().max().item() <= 1e-4  # fp32 rounding differences, same as the oracle test
 
 
