@@ -129,11 +129,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     """The engine comes from the environment (api spec §10); the table goes to the store unless ``--out``."""
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
-    from spinf.engine.calibrate import calibrate, read_corpus, store_path, write_table
-    from spinf.engine.engine import Engine
+    from spinf.engine.calibrate import calibrate, calibration_engine, read_corpus
+    from spinf.engine.scales import store_path, write_table
 
     bodies = read_corpus(args.corpus)
-    engine = Engine.from_settings(settings)
+    engine = calibration_engine(settings)
     table = calibrate(engine, bodies, headroom=args.headroom, corpus_name=str(args.corpus))
     path = args.out or store_path(engine.model_id, engine.revision)
     table_id = write_table(table, path)

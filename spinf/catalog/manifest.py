@@ -8,8 +8,8 @@ dotted key.
 
 Beyond the spec's fields, ``[source]`` may say ``builtin = true``: the checkpoint is generated locally, never
 downloaded. Only manifests shipped in the package may say so, and only for the tiny model (``spinf/tiny-gemma4``,
-whose generator is `spinf.engine.tiny`); such a manifest may also use the weight format ``safetensors-f32`` and
-the scheme ``fp32`` (the weights run as they are), which nothing else may.
+whose generator is `spinf.engine.tiny`); such a manifest may also use the weight format ``safetensors-f32``, whose
+schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ FORMAT_SCHEMES: dict[str, tuple[str, ...]] = {
     "fp8-static": GEMMA_SCHEMES,
     "gptq-int4-g32": INT4_MODES,
 }
-BUILTIN_FORMAT_SCHEMES: dict[str, tuple[str, ...]] = {"safetensors-f32": ("fp32",)}
+# The tiny model's float32 weights run as they are, or in fp8s on a GPU (with a scale table, for the GPU tests).
+BUILTIN_FORMAT_SCHEMES: dict[str, tuple[str, ...]] = {"safetensors-f32": ("fp32", "fp8s")}
 
 
 @attrs.frozen

@@ -1,26 +1,27 @@
 """Calibration of fp8s activation scales (engine spec B.9): a scale table from a corpus of scoring requests.
 
-The engine scores the corpus in its own precision while every decoder linear's input is observed; each linear's
-scale is the power of two at least ``headroom`` times the largest input seen. Requests the engine refuses are
-skipped (counted in the table). Tables live in a store keyed by checkpoint and revision, and a table's id (the
-short sha of its file) names it in the system fingerprint.
+The engine (`calibration_engine`: the checkpoint in float precision) scores the corpus while every decoder linear's
+input is observed; each linear's scale is the power of two at least ``headroom`` times the largest input seen.
+Requests the engine refuses are skipped (counted in the table). Where tables live and how the engine loads them is
+`spinf.engine.scales`.
 """
 
 from __future__ import annotations
 
 import datetime
 import gzip
-import hashlib
 import json
-import os
 from pathlib import Path
 
+import attrs
 import torch
 
+from spinf.catalog import resolve_model
+from spinf.engine.engine import Engine
+from spinf.engine.hardware import parse_device
 from spinf.engine.quant import DEFAULT_HEADROOM, AmaxRecorder
+from spinf.engine.scales import TABLE_FORMAT
 from spinf.errors import ApiError, ConfigError
-
-TABLE_FORMAT = 1
 
 
 def read_corpus(path: str | Path) -> list[dict]:
@@ -35,6 +36,19 @@ def read_corpus(path: str | Path) -> list[dict]:
     if not isinstance(bodies, list) or not all(isinstance(b, dict) for b in bodies) or not bodies:
         raise ConfigError(f'--corpus {path}: expected a non-empty list of request bodies (or {{"requests": [...]}})')
     return bodies
+
+
+def calibration_engine(settings) -> Engine:
+    """The engine a calibration observes: the settings' checkpoint in float precision, whatever ``quant`` says.
+
+    The spec calibrates under dynamic fp8, which this build does not run; the float scheme fp8s quantizes from (bf16
+    on a GPU, fp32 on the CPU and for the tiny model) sees the same inputs up to rounding. Never fp8s itself, so an
+    existing table plays no part in making its successor.
+    """
+    engine = settings.engine
+    on_cpu = parse_device(engine.device)[0] == "cpu"
+    quant = "fp32" if on_cpu or resolve_model(engine.model).is_builtin else "bf16"
+    return Engine.from_settings(attrs.evolve(settings, engine=attrs.evolve(engine, quant=quant)))
 
 
 def calibrate(engine, bodies: list[dict], *, headroom: float = DEFAULT_HEADROOM, corpus_name: str = "") -> dict:
@@ -64,22 +78,3 @@ def calibrate(engine, bodies: list[dict], *, headroom: float = DEFAULT_HEADROOM,
         "amax": dict(sorted(recorder.amax.items())),
         "scales": recorder.scales(headroom),
     }
-
-
-def store_path(model_id: str, revision: str, root: str | Path | None = None) -> Path:
-    """Where the table of a checkpoint revision lives: ``<HF_HOME>/spinf/scales/<repo>/<revision>.json``."""
-    if root is None:
-        home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
-        root = Path(home).expanduser() / "spinf" / "scales"
-    return Path(root) / model_id.replace("/", "--") / f"{revision or 'unpinned'}.json"
-
-
-def write_table(table: dict, path: str | Path) -> str:
-    """Write the table (atomically) and return its id: the first 10 hex digits of the file's sha256."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(table, indent=1) + "\n").encode()
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
-    return hashlib.sha256(data).hexdigest()[:10]

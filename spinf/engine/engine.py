@@ -22,6 +22,7 @@ from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import Values, input_results, usage
+from spinf.engine.scales import CALIBRATE_COMMAND, find_table, load_scale_table, missing_table_error
 from spinf.engine.scorer import RunStats, Scorer
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
@@ -36,8 +37,9 @@ DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 # Until the extraction and media issues land, the engine reads text and scores {?} slots only.
 SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=False)
-# The schemes this build runs; the fp8 and int4 schemes come with the GPU work.
-RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
+# linear with the revision's scale table (spinf.engine.scales). The other fp8 and int4 schemes come with the GPU work.
+RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8s": torch.bfloat16}
 
 
 def open_checkpoint(
@@ -48,15 +50,19 @@ def open_checkpoint(
     model_dir: str = "",
     cache_dirs: list[str] | None = None,
     revision: str = "",
+    model_id: str = "",
 ) -> tuple[ResolvedModel, Checkpoint, str]:
     """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8).
 
-    ``revision`` (the ``revision`` setting) replaces the manifest's pin when given.
+    ``revision`` (the ``revision`` setting) replaces the manifest's pin when given; ``model_id`` (the setting)
+    replaces the checkpoint repo that keys the scale-table store. Every refusal comes before a weight is read.
     """
     resolved = resolve_model(model)
     if revision and revision != resolved.revision:
         resolved = attrs.evolve(resolved, revision=revision)
     checkpoint = find_checkpoint(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
+    model_id = model_id or resolved.model_id
+    table = find_table(model_id, checkpoint.revision, checkpoint.folder)
     facts = device_facts(device)
     size = checkpoint.num_bytes()
     scheme = choose_quant(
@@ -64,18 +70,39 @@ def open_checkpoint(
         quant,
         facts.capability,
         weight_format=checkpoint.weight_format,
+        has_scale_table=table is not None,
         checkpoint_bytes=size,
         free_bytes=facts.free_bytes,
     )
     check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
     if checkpoint.family != "gemma4":
         raise ModelError(f"{resolved.served_name}: the {checkpoint.family} stack is not available in this build yet")
+    _check_runnable(resolved.served_name, checkpoint, scheme, model_id, has_table=table is not None)
+    return resolved, checkpoint, scheme
+
+
+def _check_runnable(name: str, checkpoint: Checkpoint, scheme: str, model_id: str, *, has_table: bool) -> None:
+    """Refuses what this build cannot load, saying what would run instead."""
+    if checkpoint.weight_format == "fp8-static":
+        raise ModelError(
+            f"{name}: pre-quantized fp8-static checkpoints cannot be loaded by this build yet (the loader reads no "
+            "fp8 weights or input scales); serve the model's bf16 checkpoint instead, in fp8s with a scale table "
+            f"(`{CALIBRATE_COMMAND}`) or with --quant bf16"
+        )
+    if scheme == "fp8s" and not has_table:
+        raise missing_table_error(name, model_id, checkpoint.revision, checkpoint.folder)
+    if scheme == "fp8":
+        raise ModelError(
+            f"{name}: the dynamic fp8 scheme is not available in this build. Its batch-invariant form fp8s needs a "
+            f"scale table for {model_id} at revision {checkpoint.revision}: make one with "
+            f"`SPINF_MODEL={name} {CALIBRATE_COMMAND}`, then serve again (a catalog model picks fp8s by itself; "
+            "otherwise give --quant fp8s), or choose --quant bf16"
+        )
     if scheme not in RUNNABLE_SCHEMES:
         raise ModelError(
-            f"{resolved.served_name}: the {scheme} scheme is not available in this build yet; it runs bf16 on a "
-            "GPU (--quant bf16, for bf16 checkpoints) and the built-in tiny model (spinf/tiny-gemma4) in fp32"
+            f"{name}: the {scheme} scheme is not available in this build yet; it runs fp8s (with a scale table, on "
+            "compute capability 8.9 or later) and bf16 on a GPU, and fp32 (the CPU and the built-in tiny model)"
         )
-    return resolved, checkpoint, scheme
 
 
 def _engine_counters(usage: dict, packed_tokens: int) -> dict:
@@ -133,7 +160,13 @@ class Engine:
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
         resolved, checkpoint, self.quant = open_checkpoint(
-            model, device=device, quant=quant, model_dir=model_dir, cache_dirs=cache_dirs, revision=revision
+            model,
+            device=device,
+            quant=quant,
+            model_dir=model_dir,
+            cache_dirs=cache_dirs,
+            revision=revision,
+            model_id=model_id,
         )
         manifest = resolved.manifest
         self.resolved = resolved
@@ -151,20 +184,31 @@ class Engine:
         self.shape = EngineShape(round_up(budget), round_up(longest))
         self.tokenizer = TextTokenizer.from_folder(self.folder)
         self.model = load_gemma4_text(self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant])
+        # the id of the fp8s scale table, part 8 of the fingerprint (api spec §11); None under the other schemes
+        self.scale_table: str | None = None
+        if self.quant == "fp8s":
+            table_key = (self.served_name, self.model_id, self.revision, self.folder)
+            self.scale_table = load_scale_table(self.model, *table_key)
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
         self.system_fingerprint = self._fingerprint()
         log.info(
-            "serving %s (%s @ %s, %s on %s): system_fingerprint %s",
+            "serving %s (%s @ %s, %s%s on %s): system_fingerprint %s",
             self.served_name,
             self.model_id,
             self.revision,
             self.quant,
+            f" with scale table {self.scale_table}" if self.scale_table else "",
             device,
             self.system_fingerprint,
         )
-        # fp32 on the CPU is bitwise row-invariant (tests/engine/test_independence.py), so concurrent calls may share
-        # passes; a checkpoint outside the catalog carries no guarantee (api spec §9.6), nor do the GPU schemes yet
-        self.batch_invariant = resolved.batch_invariant and self.device.type == "cpu" and self.quant == "fp32"
+        # Concurrent calls may share passes only under a batch-invariant scheme, and only for a catalog model (a
+        # checkpoint outside the catalog carries no guarantee, api spec §9.6). fp32 on the CPU is bitwise
+        # row-invariant (tests/engine/test_independence.py). fp8s on a GPU is invariant by the design of engine spec
+        # B.10 (static scales, aligned jobs, shape-stable GEMMs), which rests on the GPU kernels being built
+        # alongside this; only the gpu-marked tests check it. bf16 and the other GPU schemes are not invariant.
+        cpu_fp32 = self.device.type == "cpu" and self.quant == "fp32"
+        gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
+        self.batch_invariant = resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
 
     @classmethod
     def from_settings(cls, settings) -> Engine:
@@ -201,6 +245,8 @@ class Engine:
             capability,
             "fp32",
         ]
+        if self.quant == "fp8s":
+            parts.append(self.scale_table)
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
     def prepare(
@@ -267,6 +313,7 @@ class Engine:
             "model": self.model_id,
             "revision": self.revision,
             "quant": self.quant,
+            **({"scale_table": self.scale_table} if self.scale_table else {}),
             "token_budget": self.shape.token_budget,
             "max_tokens": self.shape.max_tokens,
             "gpu": torch.cuda.get_device_name(self.device) if cuda else "cpu",

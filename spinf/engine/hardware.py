@@ -7,7 +7,7 @@ facts come from `device_facts` (torch); tests pass `DeviceFacts` in instead.
 
 Schemes by name: the Gemma schemes of B.8 (``fp8s fp8 fp8row w8a16 w8a8 bf16``), the int4 modes of B.14.3
 (``i8 f16 fp8 bf16``, reported as ``int4-<mode>``), and ``fp32``: the weights as they are, the only scheme on CPU
-and the built-in tiny model's only scheme.
+and the built-in tiny model's automatic one (on a GPU it may also be asked to run fp8s).
 """
 
 from __future__ import annotations

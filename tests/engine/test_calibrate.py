@@ -9,8 +9,9 @@ import math
 import pytest
 
 from spinf.cli import main
-from spinf.engine.calibrate import calibrate, read_corpus, store_path
+from spinf.engine.calibrate import calibrate, read_corpus
 from spinf.engine.quant import E4M3_MAX
+from spinf.engine.scales import store_path
 
 QUERY = {"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}
 CORPUS = [

@@ -1,0 +1,323 @@
+"""fp8s through the engine: the scale table's lookup chooses the scheme (api spec §9.8), loading it quantizes the
+model, and its id is part 8 of the fingerprint (§11). The device facts of a GPU are injected, so that only the
+gpu-marked tests need one."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import json
+import re
+import shutil
+
+import pytest
+
+from spinf import Engine, __version__
+from spinf.cli import main
+from spinf.engine import engine as engine_module
+from spinf.engine.calibrate import calibrate
+from spinf.engine.hardware import GIB, DeviceFacts
+from spinf.engine.model import load_gemma4_text
+from spinf.engine.scales import SHIPPED_TABLE, find_table, load_scale_table, store_path, table_id, write_table
+from spinf.errors import ConfigError, ModelError
+
+from ..catalog.hub import write_snapshot
+from .test_calibrate import CORPUS
+from .test_independence import CONTENT, TARGETS, body, numbers, other_questions
+
+HOPPER, AMPERE = (9, 0), (8, 0)
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+BF16_MANIFEST = (
+    'id = "acme/tiny-bf16"\nname = "tiny in bf16"\nfamily = "gemma4"\n'
+    f'[source]\nrepo = "acme/tiny-bf16"\nrevision = "{REVISION}"\nformat = "safetensors-bf16"\n'
+)
+
+
+@pytest.fixture(autouse=True)
+def store(tmp_path, monkeypatch):
+    """An empty table store (and Hub cache) of each test's own: ``HF_HOME`` is where the store lies."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name in ("SPINF_MANIFEST_DIRS", "SPINF_CACHE_DIRS", "SPINF_QUANT", "SPINF_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "hf" / "spinf" / "scales"
+
+
+@pytest.fixture
+def catalog_bf16(tmp_path, monkeypatch):
+    """A catalog model stored in bf16 (the kind fp8s quantizes at load): its manifest and a snapshot of it."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "tiny-bf16.toml").write_text(BF16_MANIFEST)
+    monkeypatch.setenv("SPINF_MANIFEST_DIRS", str(manifests))
+    root = tmp_path / "cache"
+    write_snapshot(root, "acme/tiny-bf16", REVISION)
+    return root
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """``device_facts`` of open_checkpoint answers for a fake GPU of the capability set by calling the fixture."""
+
+    def use(capability=HOPPER):
+        facts = DeviceFacts(device="cuda:0", name="fake GPU", capability=capability, free_bytes=80 * GIB)
+        monkeypatch.setattr(engine_module, "device_facts", lambda device: facts)
+
+    use()
+    return use
+
+
+def open_bf16(root, quant=""):
+    resolved, checkpoint, scheme = engine_module.open_checkpoint(
+        "acme/tiny-bf16", device="cuda:0", quant=quant, cache_dirs=[str(root)]
+    )
+    return scheme
+
+
+def some_table(model_id="acme/tiny-bf16", revision=REVISION, scales=None) -> dict:
+    return {"format": 1, "model": model_id, "revision": revision, "scheme": "fp8s", "scales": scales or {}}
+
+
+# -- choosing fp8s -------------------------------------------------------------------------------------------------
+
+
+def test_without_a_table_the_automatic_fp8_is_refused_with_how_to_make_one(catalog_bf16, on_gpu):
+    with pytest.raises(ModelError) as refused:
+        open_bf16(catalog_bf16)
+    message = str(refused.value)
+    assert message.startswith("acme/tiny-bf16: the dynamic fp8 scheme is not available in this build")
+    assert f"scale table for acme/tiny-bf16 at revision {REVISION}" in message
+    assert "`SPINF_MODEL=acme/tiny-bf16 spinf-serve calibrate --corpus FILE`" in message
+    assert "--quant bf16" in message
+
+
+def test_with_a_table_in_the_store_the_automatic_choice_is_fp8s(catalog_bf16, on_gpu):
+    write_table(some_table(), store_path("acme/tiny-bf16", REVISION))
+    assert open_bf16(catalog_bf16) == "fp8s"
+    assert open_bf16(catalog_bf16, "bf16") == "bf16"
+
+
+def test_a_table_shipped_in_the_checkpoint_folder_counts_too(catalog_bf16, on_gpu):
+    folder = catalog_bf16 / "models--acme--tiny-bf16" / "snapshots" / REVISION
+    write_table(some_table(), folder / SHIPPED_TABLE)
+    assert open_bf16(catalog_bf16) == "fp8s"
+
+
+def test_fp8s_without_a_table_names_the_store_path_and_the_command(catalog_bf16, on_gpu, store):
+    path = store / "acme--tiny-bf16" / f"{REVISION}.json"
+    with pytest.raises(ModelError) as refused:
+        open_bf16(catalog_bf16, "fp8s")
+    assert str(refused.value) == (
+        f"acme/tiny-bf16: the fp8s scheme needs a scale table for acme/tiny-bf16 at revision {REVISION}, and there "
+        f"is none at {path} (nor {catalog_bf16}/models--acme--tiny-bf16/snapshots/{REVISION}/{SHIPPED_TABLE}). "
+        "Make one with `SPINF_MODEL=acme/tiny-bf16 spinf-serve calibrate --corpus FILE` under the same settings, "
+        "or choose another scheme with --quant"
+    )
+
+
+def test_a_table_is_looked_up_under_the_model_id_setting(catalog_bf16, on_gpu):
+    write_table(some_table("acme/renamed"), store_path("acme/renamed", REVISION))
+    with pytest.raises(ModelError, match=r"^acme/tiny-bf16: the dynamic fp8 scheme"):
+        open_bf16(catalog_bf16)
+    _, _, scheme = engine_module.open_checkpoint(
+        "acme/tiny-bf16", device="cuda:0", cache_dirs=[str(catalog_bf16)], model_id="acme/renamed"
+    )
+    assert scheme == "fp8s"
+
+
+def test_fp8s_before_ada_is_refused_even_with_a_table(catalog_bf16, on_gpu):
+    write_table(some_table(), store_path("acme/tiny-bf16", REVISION))
+    on_gpu(AMPERE)
+    with pytest.raises(ConfigError, match=r"^quant 'fp8s' needs compute capability 8\.9 or later; cuda:0 "):
+        open_bf16(catalog_bf16, "fp8s")
+    assert open_bf16(catalog_bf16) == "bf16"
+
+
+def test_fp8s_on_the_cpu_is_refused(tiny_cache):
+    with pytest.raises(ConfigError, match=r"^quant 'fp8s' cannot run spinf/tiny-gemma4 on cpu: allowed are fp32$"):
+        Engine("tiny", device="cpu", cache_dir=tiny_cache, quant="fp8s")
+
+
+def test_a_pre_quantized_fp8_checkpoint_is_refused_whatever_the_scheme(tmp_path, on_gpu):
+    root = tmp_path / "cache"
+    write_snapshot(root, "spinf/gemma-4-12b-fp8", "a689df2c5f611e3bfaa4569b8190f97db5018569")
+    for quant in ("", "bf16"):
+        with pytest.raises(ModelError, match=r"^spinf/gemma-4-12b-fp8: pre-quantized fp8-static checkpoints cannot"):
+            engine_module.open_checkpoint("spinf-12b", device="cuda:0", quant=quant, cache_dirs=[str(root)])
+
+
+# -- loading a table -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_table(tiny_engine) -> dict:
+    return calibrate(tiny_engine, CORPUS)
+
+
+def fresh_model(tiny_engine):
+    return load_gemma4_text(tiny_engine.folder)
+
+
+def load(model, tiny_engine):
+    return load_scale_table(model, "tiny", tiny_engine.model_id, tiny_engine.revision, tiny_engine.folder)
+
+
+def test_loading_the_stored_table_quantizes_every_linear_and_gives_its_id(tiny_engine, tiny_table):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    written = write_table(tiny_table, path)
+    model = fresh_model(tiny_engine)
+    assert load(model, tiny_engine) == written == table_id(path.read_bytes())
+    for layer in model.layers:
+        assert set(layer.fp8) == {"wqkv", "wo", "w_gate_up", "w_down"}
+        assert layer.fp8["wo"][1] == tiny_table["scales"][layer.prefix + "wo"]
+
+
+def test_the_store_comes_before_a_shipped_table(tiny_engine, tiny_table, tmp_path):
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(tiny_engine.folder, folder)
+    shipped = write_table({**tiny_table, "revision": "anything"}, folder / SHIPPED_TABLE)
+    model = fresh_model(tiny_engine)
+    assert load_scale_table(model, "tiny", tiny_engine.model_id, tiny_engine.revision, folder) == shipped
+    stored = write_table(tiny_table, store_path(tiny_engine.model_id, tiny_engine.revision))
+    assert find_table(tiny_engine.model_id, tiny_engine.revision, folder) == store_path(
+        tiny_engine.model_id, tiny_engine.revision
+    )
+    model = fresh_model(tiny_engine)
+    assert load_scale_table(model, "tiny", tiny_engine.model_id, tiny_engine.revision, folder) == stored != shipped
+
+
+def test_a_stored_table_of_another_revision_is_refused(tiny_engine, tiny_table):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    write_table({**tiny_table, "revision": "feedface"}, path)
+    with pytest.raises(ModelError) as refused:
+        load(fresh_model(tiny_engine), tiny_engine)
+    assert str(refused.value) == (
+        f"the scale table {path} is for spinf/tiny-gemma4 at revision feedface, not spinf/tiny-gemma4 at "
+        f"{tiny_engine.revision}; recalibrate with `SPINF_MODEL=tiny spinf-serve calibrate --corpus FILE`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"scheme": "fp8"}, "is not an fp8s table of format 1"),
+        ({"format": 2}, "is not an fp8s table of format 1"),
+        ({"scales": {"layers.0.wqkv": -1.0}}, "has no scales, or a scale that is not a positive number"),
+        ({"scales": {"layers.0.wqkv": "1"}}, "has no scales, or a scale that is not a positive number"),
+    ],
+)
+def test_a_malformed_table_is_refused(tiny_engine, tiny_table, change, problem):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    write_table({**tiny_table, **change}, path)
+    with pytest.raises(ModelError, match=rf"^the scale table {re.escape(str(path))} {problem}$"):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+def test_a_table_missing_a_linear_is_refused_with_its_path(tiny_engine, tiny_table):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    scales = {k: v for k, v in tiny_table["scales"].items() if k != "layers.3.w_down"}
+    write_table({**tiny_table, "scales": scales}, path)
+    expected = rf"^{re.escape(str(path))}: the scale table has no scale for 1 linears, e\.g\. layers\.3\.w_down$"
+    with pytest.raises(ModelError, match=expected):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+def test_loading_without_a_table_is_the_missing_table_error(tiny_engine):
+    with pytest.raises(ModelError, match=r"^tiny: the fp8s scheme needs a scale table for spinf/tiny-gemma4 at "):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+# -- the fingerprint and /v0/info ----------------------------------------------------------------------------------
+
+
+def fingerprint(*parts: str) -> str:
+    return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+
+
+def test_the_table_id_is_part_8_of_the_fingerprint_for_fp8s_only(tiny_engine, monkeypatch):
+    monkeypatch.delenv("GIT_SHA", raising=False)
+    parts = ["spinf/tiny-gemma4", tiny_engine.revision, "fp8s", "unknown", __version__, "cpu", "fp32"]
+    engine = copy.copy(tiny_engine)
+    engine.quant, engine.scale_table = "fp8s", "0a1b2c3d4e"
+    assert engine._fingerprint() == fingerprint(*parts, "0a1b2c3d4e")
+    first = engine._fingerprint()
+    engine.scale_table = "ffffffffff"
+    assert engine._fingerprint() == fingerprint(*parts, "ffffffffff") != first
+    engine.quant = "bf16"
+    parts[2] = "bf16"
+    assert engine._fingerprint() == fingerprint(*parts)
+
+
+def test_info_names_the_table_only_when_there_is_one(tiny_engine):
+    assert "scale_table" not in tiny_engine.info()
+    engine = copy.copy(tiny_engine)
+    engine.quant, engine.scale_table = "fp8s", "0a1b2c3d4e"
+    info = engine.info()
+    assert info["scale_table"] == "0a1b2c3d4e" and list(info).index("scale_table") == list(info).index("quant") + 1
+
+
+# -- spinf-serve calibrate, then serve -------------------------------------------------------------------------------
+
+
+def calibrate_command(tmp_path, device: str) -> None:
+    corpus = tmp_path / "corpus.json.gz"
+    corpus.write_bytes(gzip.compress(json.dumps(CORPUS).encode()))
+    assert main(["calibrate", "--corpus", str(corpus), "--device", device]) == 0
+
+
+def test_calibrate_writes_where_the_engine_looks_whatever_the_quant_setting(
+    tmp_path, monkeypatch, tiny_engine, tiny_cache
+):
+    monkeypatch.setenv("SPINF_MODEL", "tiny")
+    monkeypatch.setenv("SPINF_CACHE_DIRS", str(tiny_cache))
+    monkeypatch.setenv("SPINF_QUANT", "fp8s")  # calibration runs in float: fp8s would need the table it makes
+    calibrate_command(tmp_path, "cpu")
+    path = find_table(tiny_engine.model_id, tiny_engine.revision, tiny_engine.folder)
+    assert path == store_path(tiny_engine.model_id, tiny_engine.revision)
+    assert json.loads(path.read_text())["environment"]["quant"] == "fp32"
+    assert load(fresh_model(tiny_engine), tiny_engine) == table_id(path.read_bytes())
+
+
+# -- on a GPU ------------------------------------------------------------------------------------------------------
+
+
+def option_ps(answer: dict) -> dict:
+    return {key: value[1] for key, value in numbers(answer).items() if len(value) == 3}
+
+
+@pytest.mark.gpu
+def test_the_tiny_model_serves_fp8s_on_a_gpu_after_calibrating(tiny_cache, monkeypatch):
+    exact = Engine("tiny", device="cuda", cache_dir=tiny_cache)
+    assert exact.quant == "fp32" and exact.scale_table is None  # the automatic choice for the tiny model
+    written = write_table(calibrate(exact, CORPUS), store_path(exact.model_id, exact.revision))
+    engine = Engine("tiny", device="cuda", cache_dir=tiny_cache, quant="fp8s")
+    assert (engine.quant, engine.scale_table, engine.info()["scale_table"]) == ("fp8s", written, written)
+    assert engine.batch_invariant  # a catalog model under fp8s on a GPU
+    monkeypatch.delenv("GIT_SHA", raising=False)
+    parts = ["spinf/tiny-gemma4", engine.revision, "fp8s", "unknown", __version__, engine.capability(), "fp32"]
+    assert engine._fingerprint() == fingerprint(*parts, written)
+    targets = body(TARGETS, [("a", CONTENT)])
+    exact_ps, fp8s_ps = option_ps(exact.score(targets)), option_ps(engine.score(targets))
+    assert max(abs(exact_ps[k] - fp8s_ps[k]) for k in exact_ps) < 0.1  # e4m3 and bf16 on a random model (0.038 seen)
+    crowded = body(other_questions(200) + TARGETS, [("z", "Other."), ("a", CONTENT)])
+    assert numbers(engine.score(crowded)) == numbers(engine.score(targets))  # bitwise, as batch_invariant claims
+
+
+@pytest.mark.gpu
+def test_calibrate_then_serve_picks_fp8s_for_a_bf16_catalog_model(tmp_path, monkeypatch, tiny_engine):
+    import torch
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9")
+    manifests, root = tmp_path / "manifests", tmp_path / "cache"
+    manifests.mkdir()
+    (manifests / "tiny-bf16.toml").write_text(BF16_MANIFEST)
+    shutil.copytree(tiny_engine.folder, root / "models--acme--tiny-bf16" / "snapshots" / REVISION)
+    monkeypatch.setenv("SPINF_MANIFEST_DIRS", str(manifests))
+    monkeypatch.setenv("SPINF_CACHE_DIRS", str(root))
+    monkeypatch.setenv("SPINF_MODEL", "acme/tiny-bf16")
+    calibrate_command(tmp_path, "cuda:0")
+    path = store_path("acme/tiny-bf16", REVISION)
+    assert json.loads(path.read_text())["environment"]["quant"] == "bf16"
+    engine = Engine("acme/tiny-bf16", device="cuda:0")
+    assert (engine.quant, engine.scale_table, engine.batch_invariant) == ("fp8s", table_id(path.read_bytes()), True)
