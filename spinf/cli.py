@@ -2,17 +2,21 @@
 
 Commands: ``serve [MODEL]`` (checks the settings; the HTTP server arrives with its own issue), ``score REQUEST
 [MODEL]`` (``spinf.bulk``), ``config`` (the effective settings with their origins, or ``--toml`` for a config file
-that reproduces them), ``download MODEL`` and ``models`` (``spinf.catalog``), and ``--version``. ``serve``,
-``score`` and ``config`` take every setting's flag (``spinf.settings_cli``). Every ``SpinfError``, and every usage
-error, is one line on stderr and exit status 2, never a traceback. The catalog and the bulk scorer are imported
-only by the commands that use them, so ``config`` and ``--help`` stay quick.
+that reproduces them), ``download MODEL`` and ``models`` (``spinf.catalog``), ``calibrate``
+(``spinf.engine.calibrate``) and ``parity`` (``spinf.parity``), and ``--version``. ``serve``, ``score`` and ``config``
+take every setting's flag (``spinf.settings_cli``); ``calibrate`` and ``parity`` take the engine from the
+environment. Every ``SpinfError``, and every usage error, is one line on stderr and exit status 2, never a
+traceback. The catalog, the bulk scorer and the engine are imported only by the commands that use them, so
+``config`` and ``--help`` stay quick.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from spinf._version import __version__
@@ -72,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--headroom", type=float, default=2.0, help="scales cover this times the largest input")
     calibrate.add_argument("--out", default=None, metavar="FILE", help="write here instead of the table store")
     calibrate.add_argument("--device", default=None, help="the torch device (default: the device setting)")
+    parity = command("parity", "score the parity fixture on the model in SPINF_MODEL (etc.), compare with a reference")
+    parity.add_argument("--fixture", default=None, metavar="F", help="JSON or gzip (SPINF_FIXTURE, else built-in)")
+    parity.add_argument("--reference", default=None, metavar="R", help="a recorded run; exit 1 unless bit-identical")
+    parity.add_argument("--passes", type=_positive, default=2, metavar="N", help="runs of the whole fixture (2)")
+    parity.add_argument("--record", default=None, metavar="OUT", help="write the fixture with this run's values")
+    parity.add_argument("--device", default=None, help="the torch device (default: the device setting)")
     return parser
 
 
@@ -145,6 +155,25 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parity(args: argparse.Namespace) -> int:
+    """JSON on stdout; exit 1 when a given ``--reference`` is not matched bit for bit (api spec §10, engine B.15)."""
+    flags = {"device": args.device} if args.device else {}
+    settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
+    from spinf.engine.engine import Engine
+    from spinf.parity import read_files, run_engine
+
+    files = read_files(args.fixture or os.environ.get("SPINF_FIXTURE") or None, args.reference)
+    started = time.perf_counter()
+    engine = Engine.from_settings(settings)
+    load_s = time.perf_counter() - started
+    report, failure = run_engine(engine, files, passes=args.passes, record=args.record, load_s=load_s)
+    print(json.dumps(report, indent=1))
+    if failure:
+        print(f"{PROG}: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
 _COMMANDS = {
     "serve": _serve,
     "score": _score,
@@ -152,6 +181,7 @@ _COMMANDS = {
     "download": _download,
     "models": _models,
     "calibrate": _calibrate,
+    "parity": _parity,
 }
 
 

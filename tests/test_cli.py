@@ -1,5 +1,6 @@
 """The ``spinf-serve`` command: ``config`` with origins and ``--toml`` round trips, one-line errors with exit status 2,
-``serve``, and the hand-off to the catalog (``download``, ``models``) and the bulk scorer (``score``)."""
+``serve``, and the hand-off to the catalog (``download``, ``models``), the bulk scorer (``score``) and the parity run
+(``parity``)."""
 
 from __future__ import annotations
 
@@ -260,6 +261,42 @@ def test_score_refuses_a_bad_batch_size_in_one_line(capsys, size):
     assert (
         info.value.code == 2 and err.startswith("spinf-serve score: argument --batch-size: ") and err.count("\n") == 1
     )
+
+
+def test_parity_takes_the_engine_from_the_environment_and_the_device_from_its_flag(capsys, monkeypatch):
+    import spinf.engine.engine
+    import spinf.parity
+
+    calls = []
+    monkeypatch.setenv("SPINF_MODEL", "tiny")
+    monkeypatch.setenv("SPINF_QUANT", "bf16")
+    monkeypatch.setattr(spinf.engine.engine.Engine, "from_settings", lambda settings: calls.append(settings) or "E")
+    monkeypatch.setattr(
+        spinf.parity, "run_engine", lambda engine, files, **kw: calls.append((engine, files, kw)) or ({"ok": 1}, None)
+    )
+    assert run(capsys, "parity", "--device", "cuda:3", "--passes", "3", "--record", "out.json") == (
+        0,
+        '{\n "ok": 1\n}\n',
+        "",
+    )
+    settings, (engine, files, kw) = calls
+    assert (settings.engine.model, settings.engine.quant, settings.engine.device) == ("tiny", "bf16", "cuda:3")
+    assert (engine, files.fixture_path, files.reference, kw["passes"], kw["record"]) == (
+        "E",
+        "built-in",
+        None,
+        3,
+        "out.json",
+    )
+    assert kw["load_s"] >= 0
+
+
+@pytest.mark.parametrize("passes", ["0", "x"])
+def test_parity_refuses_a_bad_pass_count_in_one_line(capsys, passes):
+    with pytest.raises(SystemExit) as info:
+        main(["parity", "--passes", passes])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("spinf-serve parity: argument --passes: ") and err.count("\n") == 1
 
 
 def test_download_prints_the_folder_the_catalog_gives(capsys, monkeypatch, tmp_path):

@@ -1,0 +1,289 @@
+"""Parity runs (engine spec B.15, api spec §10): the metrics, the whole-prompt path, the files, ``spinf-serve parity``,
+and the parity gate on the CPU: the recorded tiny-model reference matches a fresh run bit for bit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, trainers
+
+from spinf.cli import main
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.errors import ConfigError
+from spinf.parity import (
+    build_jobs,
+    check_reference,
+    compare,
+    engine_reference_name,
+    fill,
+    read_fixture,
+    run_parity,
+    with_values,
+    write_fixture,
+)
+from tests.engine.oracle import Oracle
+
+TINY_REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "parity" / "tiny-cpu-fp32.json.gz"
+TEXT = "The harbour authority raised its fees for cargo ships on Tuesday, after a long dispute with the carriers."
+CELLS = [
+    {"template": "{X}\n\n{F} is likely to{CTX}", "phrase": "Shipping costs", "pair": ["rise", "fall"]},
+    {"template": "{X}\n\n{F} is likely to{CTX}", "phrase": "The port", "pair": ["skyrocket", "stagnate"]},
+    {"template": "{X}\n\nAfter this, {F} will{CTX}", "phrase": "trade", "pair": ["grow", "shrink"]},
+]
+
+
+def small_fixture() -> dict:
+    jobs = [
+        {"id": "a", "text": TEXT, "cells": CELLS},
+        {"id": "b", "text": "Bread prices went up again.", "cells": CELLS[:2]},
+    ]
+    return {"day": "2026-11-29", "reference": None, "jobs": jobs}
+
+
+@pytest.fixture
+def tiny_env(monkeypatch, tiny_cache):
+    """``spinf-serve parity`` on the tiny model from the environment, and nothing of the calling shell's SPINF_*."""
+    for name in [name for name in os.environ if name.startswith("SPINF_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPINF_MODEL", "tiny")
+    monkeypatch.setenv("SPINF_CACHE_DIRS", str(tiny_cache))
+
+
+def run(capsys, *argv: str) -> tuple[int, dict | None, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out else None, err
+
+
+# -- metrics --------------------------------------------------------------------------------------------------------
+
+
+def test_compare_on_hand_made_cells():
+    ours = [(-1.0, -2.0), (-3.0, -1.0), (-0.5, -0.25)]
+    theirs = [(-1.0, -2.0), (-3.0, -1.5), (-0.5, -0.75)]
+    got = compare(ours, theirs)
+    raw_ours, raw_theirs = [1.0, -2.0, -0.25], [1.0, -1.5, 0.25]
+    assert got == {
+        "n": 3,
+        "lp_max_abs": 0.5,
+        "lp_mean_abs": pytest.approx(1 / 6),
+        "lp_exact_share": pytest.approx(4 / 6),
+        "raw_max_abs": 0.5,
+        "raw_mean_abs": pytest.approx(1 / 3),
+        "raw_corr": pytest.approx(np.corrcoef(raw_ours, raw_theirs)[0, 1]),
+        "raw_sign_agree": pytest.approx(2 / 3),
+    }
+
+
+def test_exact_share_counts_only_bit_identical_values():
+    ours = [(-1.0, -2.0), (-0.1, -0.2)]
+    nudged = [(math.nextafter(-1.0, 0.0), -2.0), (-0.1, -0.2)]
+    assert compare(ours, ours)["lp_exact_share"] == 1.0
+    got = compare(ours, nudged)
+    assert got["lp_exact_share"] == 0.75 and 0 < got["lp_max_abs"] < 1e-15 and got["raw_sign_agree"] == 1.0
+
+
+def test_correlation_is_null_where_undefined_and_sign_zero_is_its_own_sign():
+    got = compare([(-1.0, -1.0), (-2.0, -2.0)], [(-1.0, -2.0), (-2.0, -2.0)])
+    assert got["raw_corr"] is None  # our raw values are constant
+    assert got["raw_sign_agree"] == 0.5  # 0 against 1 disagrees, 0 against 0 agrees
+    with pytest.raises(ValueError, match=r"^compare needs the same non-zero number of cells, got 1 and 2$"):
+        compare([(-1.0, -2.0)], [(-1.0, -2.0), (-1.0, -2.0)])
+
+
+# -- the whole-prompt path ------------------------------------------------------------------------------------------
+
+
+def test_fill_substitutes_in_one_pass():
+    assert fill("{X}|{F}|{CTX}|{Y}", "text with {F}", "phrase") == "text with {F}|phrase||{Y}"
+
+
+def test_jobs_share_the_longest_common_prefix_and_every_prompt_keeps_a_token(tiny_engine):
+    tk = tiny_engine.tokenizer
+    fixture = small_fixture()
+    fixture["jobs"].append({"id": "same", "text": "Rain.", "cells": [CELLS[0], CELLS[0]]})
+    jobs, reads = build_jobs(tk, fixture)
+    for job, spec in zip(jobs, fixture["jobs"], strict=True):
+        prompts = [tk.bos + tk.tok(fill(c["template"], spec["text"], c["phrase"])) for c in spec["cells"]]
+        assert all(p[: len(job.prefix)] == job.prefix for p in prompts)
+        assert len(job.prefix) + 1 == min(map(len, prompts)) or len({p[len(job.prefix)] for p in prompts}) > 1
+    assert len(jobs[2].prefix) == len(tk.bos + tk.tok(fill(CELLS[0]["template"], "Rain.", "Shipping costs"))) - 1
+    assert [len(cell) for cell in reads[0]] == [2, 2, 2]
+
+
+def test_whole_prompt_values_match_a_plain_forward_pass(tiny_engine):
+    """Each cell's two log-probs against transformers run on the whole prompt, option tokens by the chain rule."""
+    oracle = Oracle(tiny_engine.folder)
+    fixture = small_fixture()
+    report = run_parity(tiny_engine.scorer, tiny_engine.tokenizer, fixture, passes=1, record="r")
+    assert report["reference"] is None and report["passes"][0]["parity"] is None
+    recorded = report["recorded"]
+    assert any(len(oracle.tok(" " + w)) > 1 for cell in CELLS for w in cell["pair"])  # the chain rule is exercised
+    for job in recorded["jobs"]:
+        for cell in job["cells"]:
+            prompt = oracle.bos + oracle.tok(fill(cell["template"], job["text"], cell["phrase"]))
+            expected = [oracle.lp(prompt, oracle.tok(" " + word)) for word in cell["pair"]]
+            assert [cell["lp_pos"], cell["lp_neg"]] == pytest.approx(expected, abs=1e-4)
+
+
+def test_an_option_that_merges_with_its_prompt_is_refused():
+    """The tiny tokenizer splits before every space; a tokenizer without that rule merges "to " with " rise"."""
+    plain = Tokenizer(models.BPE())
+    plain.train_from_iterator(
+        ["Rain is likely to  rise. "] * 50, trainers.BpeTrainer(vocab_size=60, show_progress=False)
+    )
+    fixture = {"jobs": [{"id": "a", "text": "Rain", "cells": [{**CELLS[0], "template": "{X} is likely to "}]}]}
+    with pytest.raises(ConfigError, match=r"^jobs\.0\.cells\.0: option ' rise' merges with the end of its prompt"):
+        build_jobs(TextTokenizer(plain), fixture)
+
+
+# -- files ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_fixture_round_trips_plain_and_gzip(tmp_path):
+    fixture = with_values(small_fixture(), [(-1.5, -2.25)] * 5, "hand-made")
+    for name in ("f.json", "f.json.gz"):
+        write_fixture(fixture, tmp_path / name)
+        assert read_fixture(tmp_path / name) == fixture
+    assert (tmp_path / "f.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+
+
+def test_recorded_values_stay_with_their_job_when_jobs_share_cell_objects():
+    fixture = small_fixture()  # jobs a and b share the dicts of CELLS[:2]
+    recorded = with_values(fixture, [(-1.0, -1.5), (-2.0, -2.5), (-3.0, -3.5), (-4.0, -4.5), (-5.0, -5.5)], "r")
+    assert [c["lp_pos"] for job in recorded["jobs"] for c in job["cells"]] == [-1.0, -2.0, -3.0, -4.0, -5.0]
+    assert "lp_pos" not in CELLS[0]
+
+
+def test_the_built_in_fixture_has_the_published_shape():
+    fixture = read_fixture(None)
+    assert len(fixture["jobs"]) == 24 and {len(job["cells"]) for job in fixture["jobs"]} == {56}
+    assert fixture["reference"] is None and all(c["lp_pos"] is None for j in fixture["jobs"] for c in j["cells"])
+
+
+BAD_SHAPES = [
+    ([], 'expected {"day", "reference", "jobs": [...]} with at least one job'),
+    ({"jobs": [{"id": "a", "text": "t", "cells": []}]}, "jobs.0.cells: expected a non-empty list"),
+    ({"jobs": [{"id": 1, "text": "t", "cells": CELLS}]}, 'jobs.0: expected {"id": string, "text": string, "cells"'),
+    ({"jobs": [{"id": "a", "text": "t", "cells": [{**CELLS[0], "pair": ["rise"]}]}]}, "pair: expected two"),
+    ({"jobs": [{"id": "a", "text": "t", "cells": [{**CELLS[0], "lp_pos": -1.0}]}]}, "expected both or neither"),
+    ({"jobs": [{"id": "a", "text": "t", "cells": [{**CELLS[0], "lp_pos": "x", "lp_neg": 1}]}]}, "numbers or null"),
+    (
+        {"jobs": [{"id": "a", "text": "t", "cells": [{**CELLS[0], "lp_pos": -1.0, "lp_neg": -2.0}, CELLS[1]]}]},
+        "some cells have lp_pos/lp_neg values and others do not",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), BAD_SHAPES)
+def test_a_fixture_of_the_wrong_shape_is_refused(tmp_path, data, expected):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"^--fixture \S+bad\.json: ") as caught:
+        read_fixture(path)
+    assert expected in str(caught.value)
+
+
+def test_a_reference_must_hold_the_fixture_s_cells():
+    fixture = small_fixture()
+    recorded = with_values(fixture, [(-1.0, -2.0)] * 5, "r")
+    check_reference(fixture, recorded)
+    with pytest.raises(ConfigError, match=r"^--reference: a reference needs lp_pos and lp_neg in every cell$"):
+        check_reference(fixture, fixture)
+    other = json.loads(json.dumps(recorded))
+    other["jobs"][1]["cells"][0]["phrase"] = "Cake prices"
+    with pytest.raises(ConfigError, match=r"^--reference: jobs\.1\.cells\.0 differs from the fixture's"):
+        check_reference(fixture, other)
+    with pytest.raises(ConfigError, match=r"^--reference: 1 jobs, the fixture has 2$"):
+        check_reference(fixture, {**recorded, "jobs": recorded["jobs"][:1]})
+
+
+# -- spinf-serve parity ---------------------------------------------------------------------------------------------
+
+
+def test_record_then_compare_then_a_perturbed_reference(tmp_path, capsys, monkeypatch, tiny_env):
+    fixture = tmp_path / "fixture.json"
+    write_fixture(small_fixture(), fixture)
+    monkeypatch.setenv("SPINF_FIXTURE", str(fixture))  # the default of --fixture
+    recorded = tmp_path / "ref.json.gz"
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--record", str(recorded))
+    assert (code, err) == (0, "")
+    assert report["fixture"] == {"day": "2026-11-29", "reference": None, "jobs": 2, "cells": 5, "path": str(fixture)}
+    assert report["reference"] is None and report["passes"][0]["parity"] is None
+    assert report["engine"]["model"] == "spinf/tiny-gemma4" and report["boot"]["load_s"] > 0
+    name = read_fixture(recorded)["reference"]
+    assert report["recorded"] == {"path": str(recorded), "reference": name}
+    assert "quant fp32; lm-head fp32; device cpu" in name
+
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--reference", str(recorded))
+    assert (code, err) == (0, "")
+    assert [p["parity"]["lp_exact_share"] for p in report["passes"]] == [1.0, 1.0]
+    assert report["reference"] == {"source": "reference", "reference": name, "path": str(recorded)}
+    speed = report["passes"][1]
+    assert speed["tokens"] > 0 and speed["wall_s"] >= speed["gpu_busy_s"] > 0 and speed["tok_s"] > 0
+
+    perturbed = read_fixture(recorded)
+    cell = perturbed["jobs"][1]["cells"][0]
+    cell["lp_pos"] = math.nextafter(cell["lp_pos"], 0.0)
+    write_fixture(perturbed, tmp_path / "perturbed.json")
+    code, report, err = run(
+        capsys, "parity", "--device", "cpu", "--passes", "1", "--reference", f"{tmp_path}/perturbed.json"
+    )
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("spinf-serve: parity: lp_exact_share 0.900000 < 1 on the last pass against ")
+    assert report["passes"][0]["parity"]["lp_exact_share"] == 0.9
+
+
+def test_without_a_reference_the_fixture_s_own_values_are_reported_not_enforced(tmp_path, capsys, tiny_env):
+    nudged = tmp_path / "nudged.json"
+    write_fixture(with_values(small_fixture(), [(-1.0, -2.0)] * 5, "made up"), nudged)
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--fixture", str(nudged))
+    assert (code, err) == (0, "")
+    assert report["reference"] == {"source": "fixture", "reference": "made up", "path": str(nudged)}
+    assert report["passes"][0]["parity"]["lp_exact_share"] == 0.0
+
+
+def test_bad_files_are_one_line_and_status_2(tmp_path, capsys, tiny_env):
+    fixture = tmp_path / "fixture.json"
+    write_fixture(small_fixture(), fixture)
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "shape.json").write_text('{"jobs": []}')
+    other = small_fixture()
+    other["jobs"][0]["text"] = "Another text."
+    write_fixture(with_values(other, [(-1.0, -2.0)] * 5, "r"), tmp_path / "other.json")
+    cases = [
+        (["--fixture", f"{tmp_path}/missing.json"], "missing.json: cannot read it (No such file or directory)"),
+        (["--fixture", f"{tmp_path}/text.json"], "text.json: not a (gzip-compressed) JSON file: "),
+        (["--fixture", f"{tmp_path}/shape.json"], 'shape.json: expected {"day", "reference", "jobs": [...]}'),
+        (["--fixture", str(fixture), "--reference", f"{tmp_path}/other.json"], "jobs.0 ('a') differs from"),
+        (["--fixture", str(fixture), "--reference", str(fixture)], "a reference needs lp_pos and lp_neg"),
+    ]
+    for argv, expected in cases:
+        code, out, err = run(capsys, "parity", "--device", "cpu", *argv)
+        assert (code, out) == (2, None) and err.count("\n") == 1 and expected in err, err
+        assert err.startswith("spinf-serve: --")
+
+
+# -- the parity gate on the CPU -------------------------------------------------------------------------------------
+
+
+def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
+    """Bit for bit on the platform it was recorded on (its name holds the torch build and the CPU's instruction
+    set); elsewhere, such as torch 2.11 on another CPU, about 94% of the values differ in the last bits."""
+    fixture, reference = read_fixture(None), read_fixture(TINY_REFERENCE, flag="--reference")
+    check_reference(fixture, reference)
+    assert reference["reference"].startswith(f"spinf/tiny-gemma4@{tiny_engine.revision}; quant fp32; lm-head fp32")
+    picked = [0, 13, 23]  # a subset keeps the test quick; the packing differs from the recorded run's
+    subset = [{**data, "jobs": [data["jobs"][j] for j in picked]} for data in (fixture, reference)]
+    report = run_parity(tiny_engine.scorer, tiny_engine.tokenizer, subset[0], subset[1], passes=1)
+    parity = report["passes"][0]["parity"]
+    assert parity["n"] == 3 * 56 and parity["raw_sign_agree"] == 1.0
+    if reference["reference"] == engine_reference_name(tiny_engine.info(), "cpu"):
+        assert (parity["lp_exact_share"], parity["lp_max_abs"]) == (1.0, 0.0)
+    else:
+        assert parity["lp_max_abs"] < 1e-4, reference["reference"]
