@@ -64,6 +64,7 @@ class Call:
     tokens: int
     passes: int
     logprobs: list  # per input, per query, per combination, per option
+    busy: float | None = None  # seconds the device was busy (the engine's CUDA events), where known
 
 
 def tiny_tokenizer() -> TextTokenizer:
@@ -109,7 +110,7 @@ def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, bo
         [[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results
     ]
     questions = sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries)
-    return Call(seconds, questions, stats.packed_tokens, stats.passes, logprobs)
+    return Call(seconds, questions, stats.packed_tokens, stats.passes, logprobs, stats.busy_s)
 
 
 def baseline_call(model, tokenizer: TextTokenizer, batch: int, body: dict) -> Call:
@@ -130,10 +131,12 @@ def measure(call, bodies: list[dict], device: torch.device, repeats: int, second
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     (min_seconds, max_seconds), rounds, latencies, started = seconds, [], [], time.perf_counter()
+    busy: list[float] = []
     while True:
         calls = [call(body) for body in bodies]
         sync(device)
         rounds.append(sum(c.seconds for c in calls))
+        busy.append(sum(c.busy or 0.0 for c in calls))
         latencies += [c.seconds for c in calls]
         elapsed = time.perf_counter() - started
         wanted = len(rounds) < repeats or (elapsed < min_seconds and len(rounds) < MAX_ROUNDS)
@@ -142,6 +145,7 @@ def measure(call, bodies: list[dict], device: torch.device, repeats: int, second
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {
         "seconds": statistics.median(rounds),
+        "busy": statistics.median(busy),
         "rounds": len(rounds),
         "latencies": sorted(latencies),
         "questions": sum(c.questions for c in calls),
@@ -189,8 +193,9 @@ def row(job: str, runner: str, m: dict, flops_per_token: float, peak_tflops: flo
         )
     mfu = f"{m['tokens'] * flops_per_token / seconds / (peak_tflops * 1e12):.1%}" if peak_tflops else "–"
     peak = f"{m['peak_gib']:.1f} GiB" if m["peak_gib"] is not None else "–"
+    busy = f"; GPU busy {m['busy']:.3f} s" if m.get("busy") else ""
     return (
-        f"| {job} | {runner} | {m['questions']:,} | {seconds:.3f} s ({m['rounds']} rounds{latency}) | "
+        f"| {job} | {runner} | {m['questions']:,} | {seconds:.3f} s ({m['rounds']} rounds{latency}{busy}) | "
         f"{m['questions'] / seconds:,.0f} | {m['tokens']:,} | {m['passes']:,} | {peak} | {mfu} |"
     )
 
@@ -260,7 +265,9 @@ class Bench:
     def flops_per_token(self) -> float:
         return 2 * decoder_linear_params(self.config)
 
-    def header(self, command: str) -> None:
+    def header(
+        self, command: str, engine: str = "the engine as `Scorer` runs it on this device", peak_name: str = "bf16 GEMM"
+    ) -> None:
         import transformers
 
         device = self.device
@@ -272,12 +279,13 @@ class Bench:
             f"- command: `{command}`; device: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
             f"transformers {transformers.__version__}, Python {platform.python_version()}\n"
             f"- model: random weights in {str(self.dtype).removeprefix('torch.')}, "
-            f"{decoder_linear_params(self.config):,} decoder linear parameters; the engine runs its current plain "
-            "path (the fp8s path does not exist yet)\n"
+            f"{decoder_linear_params(self.config):,} decoder linear parameters; runner: {engine}; "
+            "tokens run are real tokens (this engine runs no pad rows)\n"
             f"- token ids from the tiny tokenizer (8,192 ids, valid in the {self.config['vocab_size']:,}-id "
             f"vocabulary), so counts are the tiny tokenizer's; engine token budget {self.shape.token_budget:,}; "
             f"baseline batch {self.args.batch}; content limit {BENCH_LIMITS.max_content_tokens:,} tokens\n"
-            f"- MFU: tokens run × 2 × linear parameters / time / the bf16 GEMM peak measured in this run ({peak})\n\n"
+            f"- MFU: tokens run × 2 × linear parameters / time / the {peak_name} peak measured in this run "
+            f"({peak})\n\n"
             "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |\n"
             "|---|---|---|---|---|---|---|---|---|"
         )

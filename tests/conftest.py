@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Without a GPU, Triton kernels run through Triton's interpreter (it must be chosen before any kernel is defined).
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        from triton.runtime import interpreter as _interpreter
+    except ImportError:
+        _interpreter = None
+    if _interpreter is not None and hasattr(_interpreter, "_patch_lang_tensor"):
+        # The interpreter holds scalars as 1-element arrays and converts them for range() with int(), which
+        # numpy >= 2.4 refuses; convert through .item() instead.
+        _patch_tensor = _interpreter._patch_lang_tensor
+
+        def _patch_lang_tensor(tensor, scope):
+            _patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        _interpreter._patch_lang_tensor = _patch_lang_tensor
 
 
 def pytest_collection_modifyitems(config, items):

@@ -45,6 +45,7 @@ class AttentionPlan:
     branch_rows: torch.Tensor  # [num_branch] int64, stream rows of the branch tokens
     path_index: torch.Tensor  # [num_branch, max_depth] int64
     path_mask: torch.Tensor  # [num_branch, max_depth] bool
+    kernel: object | None = None  # on a GPU, the `spinf.engine.kernels.KernelPlan` of the same pass
 
     @classmethod
     def for_sequence(cls, num_tokens: int) -> AttentionPlan:

@@ -25,4 +25,19 @@ def row_stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out[:rows]
 
 
-__all__ = ["GEMM_ROWS", "row_stable_mm"]
+# On the H200, bf16 products change a row's bits with the row count below 385 rows (down projection, measured in
+# benchmarks/gpu_probe.py) and not above: shorter inputs are padded to this many rows.
+GPU_BF16_MIN_ROWS = 512
+
+
+def gpu_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in bf16 on a GPU, padded to at least ``GPU_BF16_MIN_ROWS`` rows so cuBLAS keeps one kernel
+    family for every row count (a measured property of the card; benchmarks/gpu_probe.py re-checks it)."""
+    rows = x.shape[0]
+    if rows >= GPU_BF16_MIN_ROWS:
+        return x @ weight.t()
+    padded = torch.cat([x, x.new_zeros((GPU_BF16_MIN_ROWS - rows, x.shape[1]))])
+    return (padded @ weight.t())[:rows]
+
+
+__all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "gpu_mm", "row_stable_mm"]

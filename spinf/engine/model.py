@@ -20,9 +20,16 @@ from torch import nn
 
 from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
-from spinf.engine.gemm import row_stable_mm
-from spinf.engine.quant import Fp8Weight, fp8_linear
+from spinf.engine.gemm import gpu_mm, row_stable_mm
+from spinf.engine.quant import Fp8Weight, fp8_linear, fp8_matmul
 from spinf.errors import ModelError
+
+
+def kernels():
+    """The Triton kernels, imported on first use (the CPU path never needs Triton)."""
+    from spinf.engine import kernels as module
+
+    return module
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -56,6 +63,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
+HEAD_ROWS = 128  # the GPU head runs read rows in chunks of exactly this many (`Gemma4Text.option_logprobs`)
 
 
 class DecoderLayer(nn.Module):
@@ -78,8 +86,11 @@ class DecoderLayer(nn.Module):
         for name in ("input_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm"):
             self.register_parameter(name, nn.Parameter(torch.ones(cfg.hidden_size)))
         self.register_buffer("layer_scalar", torch.ones(1))
+        self._fused_consts: tuple[torch.Tensor, torch.Tensor] | None = None  # rope frequencies, q/k/v norm weights
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: AttentionPlan) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope, plan: AttentionPlan) -> torch.Tensor:
+        if self.fused(h, plan):
+            return self._forward_fused(h, plan)
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
         parts = self.linear("wqkv", x).split(self.qkv_sizes, dim=-1)
@@ -87,12 +98,57 @@ class DecoderLayer(nn.Module):
         raw_k = parts[1].view(n, -1, d)
         k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
         v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
-        a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
+        if plan.kernel is not None:
+            a = kernels().tree_attention_kernel(q, k, v, plan.kernel, self.window).reshape(n, -1)
+        else:
+            a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
         h = h + rms_norm(self.linear("wo", a), self.post_attn_norm, self.eps)
         gate, up = self.linear("w_gate_up", rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         return h * self.layer_scalar.to(h.dtype)
+
+    def fused(self, h: torch.Tensor, plan: AttentionPlan) -> bool:
+        """Whether this pass takes the fused GPU path (bf16 activations, a kernel plan, no calibration observer)."""
+        return plan.kernel is not None and h.dtype == torch.bfloat16 and self.observer is None
+
+    def _forward_fused(self, h: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        """The same layer through the Triton kernels: norms fused with the fp8s quantizer, q/k/v prepared in one
+        kernel, tree attention in one kernel, GELU·up fused with the down projection's quantizer."""
+        k_ = kernels()
+        spec, eps, n = self.spec, self.eps, h.shape[0]
+        if self._fused_consts is None:
+            self._fused_consts = (rope_inv_freq(spec).to(h.device), k_.qkv_norm_weights(self.q_norm, self.k_norm))
+        inv_freq, qkv_norms = self._fused_consts
+        qkv = self._gemm("wqkv", k_.norm_rows(h, self.input_norm, eps, self._input_scale("wqkv")))
+        q, k, v = k_.prepare_qkv(
+            qkv,
+            plan.kernel.positions,
+            inv_freq,
+            qkv_norms,
+            heads=self.qkv_sizes[0] // spec.head_dim,
+            kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            k_eq_v=spec.k_eq_v,
+            eps=eps,
+        )
+        a = k_.tree_attention_kernel(q, k, v, plan.kernel, self.window).view(n, -1)
+        if "wo" in self.fp8:
+            a = k_.quantize_rows(a, self.fp8["wo"][1])
+        h = k_.add_norm(h, self._gemm("wo", a), self.post_attn_norm, eps)
+        gate_up = self._gemm("w_gate_up", k_.norm_rows(h, self.pre_ff_norm, eps, self._input_scale("w_gate_up")))
+        down = self._gemm("w_down", k_.gelu_mul(gate_up, self._input_scale("w_down")))
+        return k_.add_norm(h, down, self.post_ff_norm, eps, self.layer_scalar)
+
+    def _input_scale(self, name: str) -> float | None:
+        return self.fp8[name][1] if name in self.fp8 else None
+
+    def _gemm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """A linear on an input already prepared by a fused kernel: e4m3 under fp8s, else bf16."""
+        if name in self.fp8:
+            weight, scale = self.fp8[name]
+            return fp8_matmul(x, weight, scale)
+        return gpu_mm(x, getattr(self, name).weight)
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """One of the layer's linears: fp8 with its static input scale once quantized, else in the model dtype."""
@@ -121,9 +177,11 @@ class Gemma4Text(nn.Module):
         h = self.embed(token_ids)
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
-        ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
+        ropes = {}
+        if not all(layer.fused(h, plan) for layer in self.layers):  # the fused path rotates inside its kernel
+            ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
         for layer in self.layers:
-            h = layer(h, ropes[layer.spec.is_sliding], plan)
+            h = layer(h, ropes.get(layer.spec.is_sliding), plan)
         return h
 
     def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):
@@ -159,6 +217,31 @@ class Gemma4Text(nn.Module):
                 module = getattr(layer, name)
                 layer.fp8[name] = (Fp8Weight.from_float(module.weight), float(scales[layer.prefix + name]))
                 module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+
+    def option_logprobs(
+        self, hidden_rows: torch.Tensor, pick_rows: torch.Tensor, pick_cols: torch.Tensor, bounds: list[int]
+    ) -> torch.Tensor:
+        """fp32 log-probs of token ``pick_cols[i]`` at read row ``pick_rows[i]``, without a full log-softmax.
+
+        The GPU head: read rows go through in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so every
+        product and reduction has one shape; per chunk the bf16 head gives fp32 logits, soft-capped, and the
+        full-vocabulary log-sum-exp; only the picked columns leave. ``pick_rows`` is sorted, and the picks of
+        chunk ``c`` are ``bounds[c]:bounds[c + 1]``. No fp32 tensor larger than ``[HEAD_ROWS, vocab]`` exists.
+        """
+        out = []
+        cap = self.cfg.final_logit_softcapping
+        for c, start in enumerate(range(0, hidden_rows.shape[0], HEAD_ROWS)):
+            chunk = hidden_rows[start : start + HEAD_ROWS]
+            if chunk.shape[0] < HEAD_ROWS:
+                chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - chunk.shape[0], chunk.shape[1]))])
+            x = rms_norm(chunk, self.final_norm, self.cfg.rms_norm_eps)
+            logits = torch.mm(x, self.embed.weight.t(), out_dtype=torch.float32)
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            lse = torch.logsumexp(logits, dim=-1)
+            rows = pick_rows[bounds[c] : bounds[c + 1]] - start
+            out.append(logits[rows, pick_cols[bounds[c] : bounds[c + 1]]] - lse[rows])
+        return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping."""

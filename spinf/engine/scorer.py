@@ -10,11 +10,12 @@ import contextlib
 import time
 
 import attrs
+import numpy as np
 import torch
 
 from spinf.engine.attention import AttentionPlan, JobSpan
 from spinf.engine.layout import PassLayout, build_pass
-from spinf.engine.model import Gemma4Text
+from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.packing import pack
 from spinf.engine.trie import Job
 
@@ -75,38 +76,101 @@ class Scorer:
         self.token_budget = token_budget
 
     def run_many(self, job_lists: list[list[Job]]) -> tuple[list[dict[tuple[int, int, int], float]], RunStats]:
-        """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices."""
+        """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices.
+
+        On a GPU every pass is launched before any result is read: the host lays out pass ``i + 1`` while the GPU
+        runs pass ``i``, and all picked log-probs come back in one copy at the end.
+        """
         started = time.perf_counter()
         owners = [(r, j) for r, jobs in enumerate(job_lists) for j in range(len(jobs))]
         jobs = [job for jobs in job_lists for job in jobs]
         values: list[dict[tuple[int, int, int], float]] = [{} for _ in job_lists]
         passes = pack([job.num_tokens for job in jobs], self.token_budget)
-        busy, packed = 0.0, 0
+        launched, packed = [], 0
         for members in passes:
             layout = build_pass([jobs[i] for i in members])
-            pass_started = time.perf_counter()
-            with one_cpu_thread(self.device):
-                found = self.run_pass(layout)
-            busy += time.perf_counter() - pass_started
             packed += layout.num_tokens
+            launched.append((members, layout, self.launch(layout)))
+        picks, busy = self._collect([found for _, _, found in launched])
+        for (members, layout, _), found in zip(launched, picks, strict=True):
+            offsets = _pick_offsets(layout)
             for (j, node, token), (row, col) in layout.read_index.items():
                 request, local = owners[members[j]]
-                values[request][(local, node, token)] = found[row][col]
+                values[request][(local, node, token)] = found[offsets[row] + col]
         return values, RunStats(len(passes), packed, busy, time.perf_counter() - started)
 
     @torch.inference_mode()
-    def run_pass(self, layout: PassLayout) -> list[list[float]]:
-        """Log-probs of each read row's wanted tokens, as nested lists in ``layout.read_columns`` order."""
-        plan = attention_plan(layout, self.device)
-        token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
-        hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
-        rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
-        logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
+    def launch(self, layout: PassLayout) -> Launched:
+        """Start one pass; the wanted log-probs, flat in ``layout.read_columns`` order, come with `_collect`."""
         flat_rows = [r for r, cols in enumerate(layout.read_columns) for _ in cols]
         flat_cols = [c for cols in layout.read_columns for c in cols]
-        picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)].double().tolist()
+        if self.device.type != "cuda":
+            pass_started = time.perf_counter()
+            with one_cpu_thread(self.device):
+                plan = attention_plan(layout, self.device)
+                token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
+                hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
+                rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
+                logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
+                picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)]
+            return Launched(picked, time.perf_counter() - pass_started)
+        from spinf.engine.kernels import kernel_plan, to_device
+
+        done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        done[0].record()
+        head_dims = sorted({layer.spec.head_dim for layer in self.model.layers})
+        kernel = kernel_plan(layout, self.device, head_dims)
+        empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
+        token_ids = to_device(np.asarray(layout.token_ids, dtype=np.int64), self.device)
+        hidden = self.model(token_ids, plan)
+        rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
+        pick_rows = np.asarray(flat_rows, dtype=np.int64)
+        bounds = np.searchsorted(pick_rows, np.arange(0, len(layout.read_rows) + HEAD_ROWS, HEAD_ROWS)).tolist()
+        picked = self.model.option_logprobs(
+            hidden[rows],
+            to_device(pick_rows, self.device),
+            to_device(np.asarray(flat_cols, dtype=np.int64), self.device),
+            bounds,
+        )
+        done[1].record()
+        return Launched(picked, done)
+
+    def _collect(self, launched: list[Launched]) -> tuple[list[list[float]], float]:
+        """Every pass's picked log-probs as float lists, and the time the passes kept the device busy."""
+        if not launched:
+            return [], 0.0
+        if self.device.type != "cuda":
+            return [item.picked.double().tolist() for item in launched], sum(item.timing for item in launched)
+        sizes = [item.picked.numel() for item in launched]
+        flat = torch.cat([item.picked for item in launched]).cpu().double().tolist()  # the one wait on the GPU
+        busy = sum(start.elapsed_time(end) for start, end in (item.timing for item in launched)) / 1000
         out, at = [], 0
-        for cols in layout.read_columns:
-            out.append(picked[at : at + len(cols)])
-            at += len(cols)
-        return out
+        for size in sizes:
+            out.append(flat[at : at + size])
+            at += size
+        return out, busy
+
+    def run_pass(self, layout: PassLayout) -> list[list[float]]:
+        """Log-probs of each read row's wanted tokens, as nested lists in ``layout.read_columns`` order."""
+        (flat,), _ = self._collect([self.launch(layout)])
+        offsets = _pick_offsets(layout)
+        return [flat[offsets[r] : offsets[r] + len(cols)] for r, cols in enumerate(layout.read_columns)]
+
+
+@attrs.frozen
+class Launched:
+    """A launched pass: its picked log-probs (on the device until collected) and its timing (seconds on the CPU;
+    a pair of CUDA events on a GPU)."""
+
+    picked: torch.Tensor
+    timing: object
+
+
+def _pick_offsets(layout: PassLayout) -> list[int]:
+    """Where each read row's picks start in the flat order of ``layout.read_columns``."""
+    offsets, at = [], 0
+    for cols in layout.read_columns:
+        offsets.append(at)
+        at += len(cols)
+    return offsets

@@ -167,7 +167,7 @@ def test_gpu_jobsets_script_runs_on_the_cpu(tmp_path):
     assert "NOPE:" in done.stdout and "skipped" in done.stdout
     text = results.read_text()
     assert "## Job sets on the scaled-down 12B-shaped random model" in text
-    assert "fp8s path does not exist yet" in text and "tiny tokenizer" in text
+    assert "runner: the engine as `Scorer` runs it" in text and "tiny tokenizer" in text
     assert re.search(r"^\| J1 \| engine, float32 \| 112 \| ", text, re.M)  # 2 inputs × 56 questions
     assert re.search(r"^\| J1 \| baseline \| 112 \| ", text, re.M)
     diff = float(re.search(r"max abs Δ logprob (\S+)", text).group(1))

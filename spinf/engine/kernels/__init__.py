@@ -1,0 +1,25 @@
+"""Triton kernels of the GPU path (engine spec C.1, C.3): tree attention and the row-wise fused operations.
+
+Every kernel has one fixed configuration (no autotuning) and computes each output row from that row's inputs
+alone, so a row's bits never depend on how many rows share the launch or where the row sits. Each kernel is tested
+against the plain torch code it replaces (tests/engine/test_kernels.py), on the GPU and, through Triton's
+interpreter (``TRITON_INTERPRET=1``), on the CPU.
+
+Import this package only where Triton is needed: the CPU path never imports it.
+"""
+
+from spinf.engine.kernels.attention import KernelPlan, kernel_plan, to_device, tree_attention_kernel
+from spinf.engine.kernels.rows import add_norm, gelu_mul, norm_rows, prepare_qkv, qkv_norm_weights, quantize_rows
+
+__all__ = [
+    "KernelPlan",
+    "add_norm",
+    "gelu_mul",
+    "kernel_plan",
+    "norm_rows",
+    "prepare_qkv",
+    "qkv_norm_weights",
+    "quantize_rows",
+    "to_device",
+    "tree_attention_kernel",
+]

@@ -1,0 +1,225 @@
+"""Tree attention in one Triton kernel: the content part in key tiles anchored at the job's start, then the
+question's own path in root-first order, as one running softmax (engine spec C.1).
+
+The plain torch version is `spinf.engine.attention.tree_attention`; this kernel computes the same attention. A
+program takes a tile of ``BM`` query rows of one job and one query head:
+
+1. **Content part.** Keys are the job's prefix, visited in tiles of ``BN`` keys numbered from the job's first row,
+   in ascending order. A query row sees key ``i`` when ``i <= pos`` (causal inside the prefix; a branch row's
+   position is past the prefix, so it sees all of it) and, on sliding layers, ``pos - i < window``. The tiles a row
+   visits, and the keys in each, depend on the content and the row's position alone.
+2. **Path part.** Then the row's path (ancestors root first, then itself) one key at a time, gathered through the
+   plan's path table, in fp32.
+
+Every step updates the row's running maximum, normaliser and output. A step in which a row sees nothing (a tile
+outside its window, a path slot past its depth) leaves all three bit for bit unchanged, so which other rows share
+the program, and how deep they go, never changes a row's result. One fixed configuration per head dimension; no
+autotuning.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from spinf.engine.layout import PassLayout
+
+NO_WINDOW = 1 << 30
+# (BM, BN, warps, stages) per head dimension: fixed, never tuned at run time
+# (benchmarks/attention_configs.py on the H200: J1's first pass, d=256 1.35 ms, d=512 3.16 ms per layer)
+CONFIGS = {256: (32, 64, 4, 2), 512: (32, 32, 4, 2)}
+SMALL_CONFIG = (32, 32, 4, 1)  # head dims below 256 (test models)
+
+
+def config_for(head_dim: int) -> tuple[int, int, int, int]:
+    return CONFIGS.get(head_dim, SMALL_CONFIG)
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    pos_ptr,
+    path_ptr,
+    tiles_ptr,
+    q_row,
+    k_row,
+    v_row,
+    o_row,
+    path_width,
+    window,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    tile = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    first = tl.load(tiles_ptr + tile * 5 + 0)
+    end = tl.load(tiles_ptr + tile * 5 + 1)
+    job = tl.load(tiles_ptr + tile * 5 + 2).to(tl.int64)
+    prefix_len = tl.load(tiles_ptr + tile * 5 + 3)
+    depth = tl.load(tiles_ptr + tile * 5 + 4)
+
+    rows = (first + tl.arange(0, BM)).to(tl.int64)
+    live = rows < end
+    dims = tl.arange(0, D)
+    q = tl.load(q_ptr + rows[:, None] * q_row + head * D + dims[None, :], mask=live[:, None], other=0.0)
+    q_pos = tl.load(pos_ptr + rows, mask=live, other=0)
+    m = tl.full([BM], float("-inf"), tl.float32)
+    total = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+
+    # content part: prefix keys in BN-tiles counted from the job's first row
+    lo = tl.maximum(tl.min(tl.where(live, q_pos, 1 << 30), axis=0) - window + 1, 0)
+    hi = tl.minimum(tl.max(tl.where(live, q_pos, 0), axis=0) + 1, prefix_len)
+    for block in range(lo // BN, tl.cdiv(hi, BN)):
+        keys = block * BN + tl.arange(0, BN)
+        in_prefix = keys < prefix_len
+        k = tl.load(
+            k_ptr + (job + keys)[:, None] * k_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
+        )
+        s = tl.dot(q, tl.trans(k))
+        seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        p = tl.exp(s - m_use[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_ptr + (job + keys)[:, None] * v_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+
+    # path part: the row's own path, root first, one key per row and step. The gathered keys form a [BM, D]
+    # tile whose row i belongs to query row i, so the wanted scores are the diagonal of q · kᵀ and the weighted
+    # values a diagonal p times v: tensor-core products in which each row sees only its own key.
+    diagonal = tl.arange(0, BM)[:, None] == tl.arange(0, BM)[None, :]
+    for step in range(0, depth):
+        at = tl.load(path_ptr + rows * path_width + step, mask=live, other=-1).to(tl.int64)
+        seen = at >= 0
+        k_pos = tl.load(pos_ptr + at, mask=seen, other=0)
+        seen = seen & (q_pos - k_pos < window)
+        k = tl.load(k_ptr + at[:, None] * k_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
+        s = tl.sum(tl.where(diagonal, tl.dot(q, tl.trans(k)), 0.0), axis=1)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, s)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        p = tl.exp(s - m_use)
+        total = total * alpha + p
+        v = tl.load(v_ptr + at[:, None] * v_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
+        weights = tl.where(diagonal, p[:, None], 0.0).to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(weights, v)
+        m = m_new
+
+    out = acc / total[:, None]
+    tl.store(
+        o_ptr + rows[:, None] * o_row + head * D + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=live[:, None]
+    )
+
+
+@attrs.frozen
+class KernelPlan:
+    """What the kernel reads about a pass, on the device.
+
+    ``paths[r]`` lists row ``r``'s path as stream rows (root first, the row itself last), then -1; prefix rows
+    have no path. ``tiles[bm]`` holds one ``(first row, end row, job start, prefix length, deepest path)`` per
+    tile of ``bm`` query rows; tiles never cross a job.
+    """
+
+    positions: torch.Tensor  # [N] int32
+    paths: torch.Tensor  # [N, depth] int32
+    tiles: dict[int, torch.Tensor]  # BM -> [T, 5] int32
+
+
+def _tiles(spans, depth_of_row: np.ndarray, bm: int) -> np.ndarray:
+    out = []
+    for start, prefix_len, branches in spans:
+        end = start + prefix_len + branches
+        for first in range(start, end, bm):
+            last = min(first + bm, end)
+            out.append((first, last, start, prefix_len, int(depth_of_row[first:last].max(initial=0))))
+    return np.asarray(out, dtype=np.int32).reshape(-1, 5)
+
+
+def kernel_plan(layout: PassLayout, device: torch.device, head_dims, extra_tile_rows=()) -> KernelPlan:
+    """The plan of ``layout`` for layers of the given head dimensions, copied to ``device`` without blocking
+    (``extra_tile_rows``: tile tables for other BM values, for measurements)."""
+    n = layout.num_tokens
+    depth = max((len(p) for p in layout.paths), default=0)
+    paths = np.full((n, max(depth, 1)), -1, dtype=np.int32)
+    depth_of_row = np.zeros(n, dtype=np.int32)
+    for row, path in zip(layout.branch_rows, layout.paths, strict=True):
+        paths[row, : len(path)] = path
+        depth_of_row[row] = len(path)
+    sizes = {config_for(d)[0] for d in head_dims} | set(extra_tile_rows)
+    tiles = {bm: _tiles(layout.spans, depth_of_row, bm) for bm in sorted(sizes)}
+
+    return KernelPlan(
+        positions=to_device(np.asarray(layout.positions, dtype=np.int32), device),
+        paths=to_device(paths, device),
+        tiles={bm: to_device(t, device) for bm, t in tiles.items()},
+    )
+
+
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``; to a GPU through pinned memory without blocking the host."""
+    t = torch.from_numpy(a)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def tree_attention_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: KernelPlan,
+    window: int | None,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """Attention of every row of a pass (softmax scale 1). q [N, H, D]; k, v [N, Hkv, D] -> [N, H, D] in q's dtype.
+
+    q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (BM, BN, warps,
+    stages) replaces the fixed one for measurements; the plan must have tiles for its BM.
+    """
+    n, heads, dim = q.shape
+    bm, bn, warps, stages = config or config_for(dim)
+    out = torch.empty((n, heads, dim), dtype=q.dtype, device=q.device)
+    tiles = plan.tiles[bm]
+    if n == 0 or tiles.shape[0] == 0:
+        return out
+    for t in (q, k, v):
+        if t.stride(2) != 1 or t.stride(1) != dim:
+            raise ValueError("tree attention needs heads laid out contiguously within a row")
+    _tree_attention_kernel[(tiles.shape[0], heads)](
+        q,
+        k,
+        v,
+        out,
+        plan.positions,
+        plan.paths,
+        tiles,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        out.stride(0),
+        plan.paths.shape[1],
+        NO_WINDOW if window is None else window,
+        GROUP=heads // k.shape[1],
+        D=dim,
+        BM=bm,
+        BN=bn,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return out

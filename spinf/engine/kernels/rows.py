@@ -1,0 +1,234 @@
+"""Row-wise fused kernels around the linears: norms, the fp8s quantizer, GELU·up, and q/k/v preparation.
+
+Each program reads one row (or one head of one row), so a row's result depends on that row alone. The arithmetic
+follows the plain torch path of `spinf.engine.model` step by step, rounding to bf16 where that path rounds:
+
+* `norm_rows`: RMSNorm in fp32 (``x / sqrt(mean(x²) + eps) * w``), rounded to bf16, then optionally the fp8s
+  quantizer (``/ scale``, clamp ±448, cast to e4m3): the activation of a fused projection is quantized once,
+  inside the norm that precedes it;
+* `add_norm`: ``h + norm(y)`` (and the layer scalar), the residual update after attention and after the MLP;
+* `gelu_mul`: ``gelu_tanh(gate) * up`` from the fused gate/up product, optionally quantized for the down projection;
+* `quantize_rows`: the quantizer alone (the attention output before the o projection);
+* `prepare_qkv`: per head, the q/k RMSNorm with its weight, the weightless v norm, and rotate-half rope from the
+  token positions, written into one ``[N, H + 2·Hkv, D]`` buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from spinf.engine.quant import E4M3_MAX
+
+_GELU_COLUMNS = 1024  # columns per program of `gelu_mul` (fixed)
+
+
+def _block(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+@triton.jit
+def _bf16(x):
+    """Round fp32 to the nearest bf16 and back, as the torch path's bf16 tensors do between operations."""
+    return x.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def _rms(x, w, n, eps):
+    """RMSNorm of one fp32 row ``x`` (masked lanes hold 0) with fp32 weights ``w``, rounded to bf16."""
+    mean = tl.sum(x * x, axis=0) / n
+    return _bf16(x * (1.0 / tl.sqrt(mean + eps)) * w)
+
+
+@triton.jit
+def _store_row(out_ptr, offs, mask, y, inv_scale, QUANT: tl.constexpr):
+    if QUANT:
+        q = tl.minimum(tl.maximum(y * inv_scale, -448.0), 448.0)
+        tl.store(out_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+    else:
+        tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _norm_kernel(
+    x_ptr, w_ptr, out_ptr, n, eps, inv_scale, HAS_W: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
+    _store_row(out_ptr + row * n, cols, mask, _rms(x, w, n, eps), inv_scale, QUANT)
+
+
+@triton.jit
+def _add_norm_kernel(h_ptr, y_ptr, w_ptr, s_ptr, out_ptr, n, eps, HAS_SCALAR: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    y = tl.load(y_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    h = tl.load(h_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    out = _bf16(h + _rms(y, w, n, eps))
+    if HAS_SCALAR:
+        out = _bf16(out * _bf16(tl.load(s_ptr).to(tl.float32)))
+    tl.store(out_ptr + row * n + cols, out.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _gelu_mul_kernel(gu_ptr, out_ptr, inner, inv_scale, QUANT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inner
+    gate = tl.load(gu_ptr + row * 2 * inner + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * 2 * inner + inner + cols, mask=mask, other=0.0).to(tl.float32)
+    # gelu with the tanh approximation; tanh(u) = 1 - 2 / (exp(2u) + 1)
+    u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+    tanh = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+    y = _bf16(_bf16(0.5 * gate * (1.0 + tanh)) * up)
+    _store_row(out_ptr + row * inner, cols, mask, y, inv_scale, QUANT)
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, out_ptr, n, inv_scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    _store_row(out_ptr + row * n, cols, mask, x, inv_scale, True)
+
+
+@triton.jit
+def _qkv_kernel(
+    qkv_ptr,
+    pos_ptr,
+    inv_ptr,
+    w_ptr,
+    out_ptr,
+    width,
+    eps,
+    H: tl.constexpr,
+    HKV: tl.constexpr,
+    K_EQ_V: tl.constexpr,
+    D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.program_id(1)  # 0..H-1 query heads, then HKV key heads, then HKV value heads
+    kind = tl.where(slot < H, 0, tl.where(slot < H + HKV, 1, 2))
+    kv_head = tl.where(kind == 1, slot - H, slot - H - HKV)
+    src = tl.where(kind == 0, slot * D, H * D + kv_head * D)
+    if not K_EQ_V:
+        src = tl.where(kind == 2, H * D + HKV * D + kv_head * D, src)
+    half: tl.constexpr = D // 2
+    cols = tl.arange(0, D)
+    other = (cols + half) % D  # rotate-half partner
+    x = tl.load(qkv_ptr + row * width + src + cols).to(tl.float32)
+    x_other = tl.load(qkv_ptr + row * width + src + other).to(tl.float32)
+    w = tl.load(w_ptr + kind * D + cols).to(tl.float32)
+    w_other = tl.load(w_ptr + kind * D + other).to(tl.float32)
+    mean = tl.sum(x * x, axis=0) / D
+    inv = 1.0 / tl.sqrt(mean + eps)
+    y = _bf16(x * inv * w)
+    y_other = _bf16(x_other * inv * w_other)
+    if kind < 2:
+        angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_ptr + cols % half)
+        cos, sin = _bf16(tl.cos(angle)), _bf16(tl.sin(angle))
+        sign = tl.where(cols < half, -1.0, 1.0)
+        y = _bf16(_bf16(y * cos) + _bf16(sign * y_other * sin))
+    tl.store(out_ptr + (row * (H + 2 * HKV) + slot) * D + cols, y.to(tl.bfloat16))
+
+
+def _inverse(scale: float | None) -> float:
+    return 1.0 if scale is None else 1.0 / scale  # scales are powers of two: the inverse is exact
+
+
+def _out(x: torch.Tensor, cols: int, quantized: bool) -> torch.Tensor:
+    dtype = torch.float8_e4m3fn if quantized else torch.bfloat16
+    return torch.empty((x.shape[0], cols), dtype=dtype, device=x.device)
+
+
+def norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: float | None = None) -> torch.Tensor:
+    """RMSNorm of every row of ``x`` [N, n] (bf16), quantized to e4m3 by ``scale`` when given."""
+    n = x.shape[1]
+    out = _out(x, n, scale is not None)
+    if x.shape[0]:
+        w = weight if weight is not None else x  # any pointer; unread without HAS_W
+        _norm_kernel[(x.shape[0],)](
+            x, w, out, n, eps, _inverse(scale), HAS_W=weight is not None, QUANT=scale is not None, BLOCK=_block(n)
+        )
+    return out
+
+
+def add_norm(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, scalar: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(h + norm(y)) * scalar`` row by row, bf16 [N, n] (the residual update)."""
+    n = h.shape[1]
+    out = torch.empty_like(h)
+    if h.shape[0]:
+        s = scalar if scalar is not None else h
+        _add_norm_kernel[(h.shape[0],)](h, y, weight, s, out, n, eps, HAS_SCALAR=scalar is not None, BLOCK=_block(n))
+    return out
+
+
+def gelu_mul(gate_up: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` from the fused product [N, 2I] -> [N, I], quantized by ``scale`` when given."""
+    inner = gate_up.shape[1] // 2
+    out = _out(gate_up, inner, scale is not None)
+    if gate_up.shape[0]:
+        grid = (gate_up.shape[0], triton.cdiv(inner, _GELU_COLUMNS))
+        _gelu_mul_kernel[grid](gate_up, out, inner, _inverse(scale), QUANT=scale is not None, BLOCK=_GELU_COLUMNS)
+    return out
+
+
+def quantize_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """The fp8s quantizer of `spinf.engine.quant.quantize` on bf16 rows [N, n]."""
+    out = _out(x, x.shape[1], True)
+    if x.shape[0]:
+        _quantize_kernel[(x.shape[0],)](x, out, x.shape[1], 1.0 / scale, BLOCK=_block(x.shape[1]))
+    return out
+
+
+def qkv_norm_weights(q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+    """The [3, D] fp32 norm weights `prepare_qkv` reads: q's, k's, and ones for v's weightless norm."""
+    return torch.stack([q_norm.float(), k_norm.float(), torch.ones_like(q_norm, dtype=torch.float32)])
+
+
+def prepare_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    k_eq_v: bool,
+    eps: float,
+):
+    """q [N, H, D], k and v [N, Hkv, D] from the fused projection: normed, q and k rotated (views of one buffer).
+
+    ``positions`` int32 [N]; ``inv_freq`` fp32 [D/2] (zeros for pairs that do not rotate); ``weights`` from
+    `qkv_norm_weights`.
+    """
+    n = qkv.shape[0]
+    out = torch.empty((n, heads + 2 * kv_heads, head_dim), dtype=torch.bfloat16, device=qkv.device)
+    if n:
+        _qkv_kernel[(n, heads + 2 * kv_heads)](
+            qkv,
+            positions,
+            inv_freq,
+            weights,
+            out,
+            qkv.shape[1],
+            eps,
+            H=heads,
+            HKV=kv_heads,
+            K_EQ_V=k_eq_v,
+            D=head_dim,
+        )
+    return out[:, :heads], out[:, heads : heads + kv_heads], out[:, heads + kv_heads :]
+
+
+assert E4M3_MAX == 448.0  # the kernels clamp to the e4m3 range as literals
