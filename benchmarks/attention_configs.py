@@ -20,13 +20,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_jobsets import job_bodies, tiny_tokenizer  # noqa: E402
 from benchmarks.gpu_probe import timed  # noqa: E402
 from spinf.engine.compiler import EngineShape  # noqa: E402
-from spinf.engine.kernels import kernel_plan, tree_attention_kernel  # noqa: E402
+from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.packing import pack  # noqa: E402
 
-CANDIDATES = {
-    256: [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (16, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2)],
-    512: [(32, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2), (16, 64, 8, 2), (32, 64, 8, 1), (64, 32, 8, 1)],
+CANDIDATES = {  # (M = query rows × heads per KV head, BN, warps, stages)
+    256: [(64, 64, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 1), (64, 32, 4, 2), (128, 32, 8, 2)],
+    512: [(64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 1), (64, 64, 8, 1)],
 }
 KINDS = {256: (16, 8, 1024), 512: (16, 1, None)}
 
@@ -48,7 +48,7 @@ def main() -> None:
         print(f"{name}: {layout.num_tokens} rows, {len(layout.spans)} jobs, deepest path {depth}", flush=True)
         for dim, candidates in CANDIDATES.items():
             heads, kv_heads, window = KINDS[dim]
-            plan = kernel_plan(layout, device, [dim], extra_tile_rows=[c[0] for c in candidates])
+            plan = kernel_plan(layout, device, [tile_rows(dim, heads // kv_heads, c) for c in candidates])
             n = layout.num_tokens
             q, k, v = (
                 torch.randn(n, h, dim, device=device, dtype=torch.bfloat16) for h in (heads, kv_heads, kv_heads)

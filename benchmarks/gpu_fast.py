@@ -64,6 +64,16 @@ def fp8_peak_tflops(device: torch.device) -> float | None:
     return 2 * m * k * n / seconds / 1e12
 
 
+def calibration_corpus() -> list[dict]:
+    """The synthetic calibration corpus: the first 4 inputs of J1, J2 and J3, whatever ``--jobs`` says, so
+    the scales (and so a recorded parity reference) do not depend on which job sets a run times."""
+    corpus = []
+    for name in ("J1", "J2", "J3"):
+        bodies, _ = job_bodies(name, 4)
+        corpus += bodies or []
+    return corpus
+
+
 def compiled(body: dict, tokenizer, shape: EngineShape):
     req = parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
     return compile_request(req, tokenizer, shape)
@@ -167,6 +177,30 @@ def profile(call, body: dict, path: Path) -> None:
     print(table[:6000], flush=True)
 
 
+def parity(args: argparse.Namespace, scorer: Scorer, tokenizer, report: Report) -> None:
+    """The built-in parity fixture (engine spec B.15) on this model: recorded, or compared with a recording."""
+    from spinf.parity import check_reference, read_fixture, run_parity, write_fixture
+
+    fixture = read_fixture(None)
+    reference = read_fixture(args.parity_reference, flag="--parity-reference") if args.parity_reference else None
+    if reference is not None:
+        check_reference(fixture, reference, "--parity-reference")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    name = f"12B-shaped random model (seed 0), fp8s from the benchmark's calibration; {gpu}"
+    found = run_parity(scorer, tokenizer, fixture, reference, passes=2, record=name if args.parity_record else None)
+    last = found["passes"][-1]
+    if args.parity_record:
+        write_fixture(found["recorded"], args.parity_record)
+    text = (
+        f"parity fixture ({len(fixture['jobs'])} jobs): last pass {last['wall_s']:.2f} s, {last['tok_s']:,.0f} tok/s"
+    )
+    if last.get("parity"):
+        text += (
+            f"; vs reference: exact share {last['parity']['lp_exact_share']}, max abs {last['parity']['lp_max_abs']}"
+        )
+    report.line(note_row("parity", text + (f"; recorded to {args.parity_record.name}" if args.parity_record else "")))
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", default="J1,J2,J3,J4")
@@ -186,6 +220,8 @@ def parse_args(argv):
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-results", action="store_true")
     p.add_argument("--profile", type=Path, default=None, help="profile one call of each job set into this folder")
+    p.add_argument("--parity-record", type=Path, default=None, help="record the built-in parity fixture here")
+    p.add_argument("--parity-reference", type=Path, default=None, help="compare the parity fixture with this file")
     return p.parse_args(argv)
 
 
@@ -234,7 +270,7 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
     if args.scheme == "fp8s":
         started = time.perf_counter()
         recorder = AmaxRecorder()
-        corpus = [{**b, "inputs": b["inputs"][:4]} if "inputs" in b else b for bs in jobs.values() for b in bs]
+        corpus = calibration_corpus()
         with model.observing(recorder.observe):
             for body in corpus:
                 compiled_body = compiled(body, tokenizer, shape)
@@ -243,7 +279,7 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
             print("live before to_fp8s:", live_cuda_tensors(), flush=True)
         model.to_fp8s(recorder.scales())
         seconds = time.perf_counter() - started
-        calibration = f"; calibrated on {len(corpus)} bodies (first 4 inputs of each job set) in {seconds:.1f} s"
+        calibration = f"; calibrated on {len(corpus)} bodies (the first 4 inputs of J1, J2 and J3) in {seconds:.1f} s"
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -271,6 +307,8 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
         for name, bodies in jobs.items():
             profile(lambda body: engine_call(scorer, tokenizer, shape, body), bodies[0], args.profile / f"{name}.txt")
     bench._run_jobs(lambda body: engine_call(scorer, tokenizer, shape, body), f"engine, {args.scheme}")
+    if args.parity_record or args.parity_reference:
+        parity(args, scorer, tokenizer, report)
     if args.invariance and "J1" in jobs:
         j2 = jobs.get("J2", [None])[0]
         invariance(scorer, tokenizer, shape, jobs["J1"][0], j2, report, args.max_alone)

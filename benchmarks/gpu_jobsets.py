@@ -10,7 +10,7 @@ sets' token counts are the tiny tokenizer's, not the real 12B tokenizer's.
 Each job's line is printed, and appended to benchmarks/RESULTS.md (``--results``), as soon as it is measured, so a
 run cut short keeps what it measured. Per job: questions, seconds (median of the timed rounds), questions/s,
 tokens run (the engine's packed tokens; the baseline's content and padded question rows), passes, peak GPU memory,
-and MFU against the bf16 GEMM peak measured in the same run. ``SPINF_REVISION`` names the revision where the working
+and MFU against the bf16 GEMM peak measured in the same run. ``GIT_SHA`` names the revision where the working
 tree has no git history. Smoke test on a CPU: ``python benchmarks/gpu_jobsets.py --device cpu --scaled``.
 """
 
@@ -170,8 +170,8 @@ def bf16_peak_tflops(device: torch.device) -> float | None:
 
 
 def revision() -> str:
-    if os.environ.get("SPINF_REVISION"):
-        return os.environ["SPINF_REVISION"]
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
         dirty = subprocess.run(

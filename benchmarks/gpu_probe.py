@@ -1,7 +1,7 @@
 """GPU facts the fast path is designed on: GEMM peaks and per-row invariance of the 12B shapes (engine spec B.19).
 
 Run on the GPU machine: ``python benchmarks/gpu_probe.py`` (appends a section to benchmarks/RESULTS.md; where the
-working tree has no git history, ``SPINF_REVISION`` names the revision).
+working tree has no git history, ``GIT_SHA`` names the revision).
 Measures the fp8 ``_scaled_mm`` peak at 16384 x 3840 x 15360 (the MFU denominator), the same product in bf16, and
 whether each 12B projection's rows are bit-identical whatever the row count M and the row's offset (fp8 with
 per-tensor scales and bf16 output; bf16; the LM head in bf16 with fp32 output).
@@ -95,7 +95,7 @@ def main() -> None:
     found = peaks()
     table = invariance()
     revision = (
-        os.environ.get("SPINF_REVISION")
+        os.environ.get("GIT_SHA")
         or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     )
     text = "\n".join(

@@ -157,7 +157,8 @@ class DecoderLayer(nn.Module):
         if name in self.fp8:
             weight, scale = self.fp8[name]
             return fp8_linear(x, weight, scale, out_dtype=x.dtype)
-        return row_stable_mm(x, getattr(self, name).weight)
+        weight = getattr(self, name).weight
+        return gpu_mm(x, weight) if x.is_cuda else row_stable_mm(x, weight)
 
 
 class Gemma4Text(nn.Module):
@@ -226,7 +227,8 @@ class Gemma4Text(nn.Module):
         The GPU head: read rows go through in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so every
         product and reduction has one shape; per chunk the bf16 head gives fp32 logits, soft-capped, and the
         full-vocabulary log-sum-exp; only the picked columns leave. ``pick_rows`` is sorted, and the picks of
-        chunk ``c`` are ``bounds[c]:bounds[c + 1]``. No fp32 tensor larger than ``[HEAD_ROWS, vocab]`` exists.
+        chunk ``c`` are ``bounds[c]:bounds[c + 1]``. The soft-capped log-sum-exp is one Triton kernel, so no fp32
+        tensor larger than the one ``[HEAD_ROWS, vocab]`` logits chunk exists.
         """
         out = []
         cap = self.cfg.final_logit_softcapping
@@ -235,12 +237,16 @@ class Gemma4Text(nn.Module):
             if chunk.shape[0] < HEAD_ROWS:
                 chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - chunk.shape[0], chunk.shape[1]))])
             x = rms_norm(chunk, self.final_norm, self.cfg.rms_norm_eps)
-            logits = torch.mm(x, self.embed.weight.t(), out_dtype=torch.float32)
-            if cap is not None:
-                logits = torch.tanh(logits / cap) * cap
-            lse = torch.logsumexp(logits, dim=-1)
+            if x.dtype == torch.float32:
+                logits = x @ self.embed.weight.t()
+            else:
+                logits = torch.mm(x, self.embed.weight.t(), out_dtype=torch.float32)
+            lse = kernels().softcap_logsumexp(logits, cap)
             rows = pick_rows[bounds[c] : bounds[c + 1]] - start
-            out.append(logits[rows, pick_cols[bounds[c] : bounds[c + 1]]] - lse[rows])
+            picked = logits[rows, pick_cols[bounds[c] : bounds[c + 1]]]
+            if cap is not None:
+                picked = torch.tanh(picked / cap) * cap
+            out.append(picked - lse[rows])
         return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -114,12 +114,13 @@ class Scorer:
                 logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
                 picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)]
             return Launched(picked, time.perf_counter() - pass_started)
-        from spinf.engine.kernels import kernel_plan, to_device
+        from spinf.engine.kernels import kernel_plan, tile_rows, to_device
 
         done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         done[0].record()
-        head_dims = sorted({layer.spec.head_dim for layer in self.model.layers})
-        kernel = kernel_plan(layout, self.device, head_dims)
+        heads = self.model.cfg.num_heads
+        sizes = {tile_rows(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.model.layers}
+        kernel = kernel_plan(layout, self.device, sizes)
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
         token_ids = to_device(np.asarray(layout.token_ids, dtype=np.int64), self.device)

@@ -44,7 +44,7 @@ def run_both(jobs, heads: int, kv_heads: int, dim: int, window: int | None, seed
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(n, h, dim, generator=gen).to(ATTENTION_DTYPE) for h in (heads, kv_heads, kv_heads))
     reference = tree_attention(q, k, v, attention_plan(layout, torch.device("cpu")), window)
-    plan = kernels.kernel_plan(layout, DEVICE, [dim])
+    plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads)])
     got = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, window)
     return layout, reference, got.cpu()
 
@@ -62,7 +62,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("prefixes", "prompts", "depth", "window"), SHAPES)
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (4, 1, 64)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (4, 1, 64), (16, 1, 32)])
 def test_tree_attention_matches_the_torch_reference(prefixes, prompts, depth, window, heads, kv_heads, dim):
     rng = random.Random(len(prefixes) * 100 + prompts)
     jobs = [random_job(rng, p, prompts, depth) for p in prefixes]
@@ -96,7 +96,7 @@ def test_a_rows_bits_do_not_depend_on_what_shares_the_pass():
         start = layout.spans[at][0]
         for full, part in ((q, tq), (k, tk), (v, tv)):
             full[start : start + rows] = part
-        plan = kernels.kernel_plan(layout, DEVICE, [dim])
+        plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads)])
         out = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, 16)
         return out[start : start + rows].cpu()
 
@@ -182,3 +182,11 @@ def test_prepare_qkv_normalises_and_rotates_like_the_model(k_eq_v):
     )
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g.cpu().float(), e.float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cap", [None, 30.0])
+def test_softcap_logsumexp_matches_torch(cap):
+    logits = torch.randn(5, 10_000) * 40  # not a multiple of the kernel's block
+    capped = logits if cap is None else torch.tanh(logits / cap) * cap
+    got = kernels.softcap_logsumexp(logits.to(DEVICE), cap).cpu()
+    torch.testing.assert_close(got, torch.logsumexp(capped, dim=-1), atol=1e-4, rtol=1e-5)

@@ -8,8 +8,16 @@ interpreter (``TRITON_INTERPRET=1``), on the CPU.
 Import this package only where Triton is needed: the CPU path never imports it.
 """
 
-from spinf.engine.kernels.attention import KernelPlan, kernel_plan, to_device, tree_attention_kernel
-from spinf.engine.kernels.rows import add_norm, gelu_mul, norm_rows, prepare_qkv, qkv_norm_weights, quantize_rows
+from spinf.engine.kernels.attention import KernelPlan, kernel_plan, tile_rows, to_device, tree_attention_kernel
+from spinf.engine.kernels.rows import (
+    add_norm,
+    gelu_mul,
+    norm_rows,
+    prepare_qkv,
+    qkv_norm_weights,
+    quantize_rows,
+    softcap_logsumexp,
+)
 
 __all__ = [
     "KernelPlan",
@@ -20,6 +28,8 @@ __all__ = [
     "prepare_qkv",
     "qkv_norm_weights",
     "quantize_rows",
+    "softcap_logsumexp",
+    "tile_rows",
     "to_device",
     "tree_attention_kernel",
 ]

@@ -28,14 +28,24 @@ import triton.language as tl
 from spinf.engine.layout import PassLayout
 
 NO_WINDOW = 1 << 30
-# (BM, BN, warps, stages) per head dimension: fixed, never tuned at run time
-# (benchmarks/attention_configs.py on the H200: J1's first pass, d=256 1.35 ms, d=512 3.16 ms per layer)
+# (M, BN, warps, stages) per head dimension, fixed, never tuned at run time. A program takes M (query row, head)
+# pairs: M // group query rows of one job times the group of query heads that share one KV head, so the group
+# shares each key and value tile it loads.
+# (benchmarks/attention_configs.py, H200, J1's first pass of 16,145 rows: d=256 1.33 ms, d=512 2.44 ms per layer)
 CONFIGS = {256: (32, 64, 4, 2), 512: (32, 32, 4, 2)}
 SMALL_CONFIG = (32, 32, 4, 1)  # head dims below 256 (test models)
 
 
 def config_for(head_dim: int) -> tuple[int, int, int, int]:
     return CONFIGS.get(head_dim, SMALL_CONFIG)
+
+
+def tile_rows(head_dim: int, group: int, config: tuple[int, int, int, int] | None = None) -> int:
+    """Query rows per program for a layer kind: the config's M over the heads that share a KV head."""
+    m = (config or config_for(head_dim))[0]
+    if m % group:
+        raise ValueError(f"a tile of {m} (row, head) pairs cannot hold whole groups of {group} heads")
+    return m // group
 
 
 @triton.jit
@@ -55,26 +65,28 @@ def _tree_attention_kernel(
     window,
     GROUP: tl.constexpr,
     D: tl.constexpr,
-    BM: tl.constexpr,
+    M: tl.constexpr,
     BN: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    kv_head = head // GROUP
+    kv_head = tl.program_id(1)
     first = tl.load(tiles_ptr + tile * 5 + 0)
     end = tl.load(tiles_ptr + tile * 5 + 1)
     job = tl.load(tiles_ptr + tile * 5 + 2).to(tl.int64)
     prefix_len = tl.load(tiles_ptr + tile * 5 + 3)
     depth = tl.load(tiles_ptr + tile * 5 + 4)
 
-    rows = (first + tl.arange(0, BM)).to(tl.int64)
+    pair = tl.arange(0, M)  # (query row, head) pairs: row-major over the group's heads
+    rows = (first + pair // GROUP).to(tl.int64)
+    heads = kv_head * GROUP + pair % GROUP
     live = rows < end
     dims = tl.arange(0, D)
-    q = tl.load(q_ptr + rows[:, None] * q_row + head * D + dims[None, :], mask=live[:, None], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * q_row + heads[:, None] * D + dims[None, :], mask=live[:, None], other=0.0)
     q_pos = tl.load(pos_ptr + rows, mask=live, other=0)
-    m = tl.full([BM], float("-inf"), tl.float32)
-    total = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
+    m = tl.full([M], float("-inf"), tl.float32)
+    total = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, D], tl.float32)
 
     # content part: prefix keys in BN-tiles counted from the job's first row
     lo = tl.maximum(tl.min(tl.where(live, q_pos, 1 << 30), axis=0) - window + 1, 0)
@@ -85,7 +97,7 @@ def _tree_attention_kernel(
         k = tl.load(
             k_ptr + (job + keys)[:, None] * k_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -96,20 +108,21 @@ def _tree_attention_kernel(
         v = tl.load(
             v_ptr + (job + keys)[:, None] * v_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
-    # path part: the row's own path, root first, one key per row and step. The gathered keys form a [BM, D]
-    # tile whose row i belongs to query row i, so the wanted scores are the diagonal of q · kᵀ and the weighted
-    # values a diagonal p times v: tensor-core products in which each row sees only its own key.
-    diagonal = tl.arange(0, BM)[:, None] == tl.arange(0, BM)[None, :]
+    # path part: the row's own path, root first, one key per pair and step. The gathered keys form an [M, D]
+    # tile whose row i belongs to pair i, so the wanted scores are the diagonal of q · kᵀ and the weighted
+    # values a diagonal p times v: tensor-core products in which each pair sees only its own key. (Fetching two
+    # steps ahead was measured slower: 1.44 against 1.33 ms at d=256, and register spills at d=512.)
+    diagonal = pair[:, None] == pair[None, :]
     for step in range(0, depth):
         at = tl.load(path_ptr + rows * path_width + step, mask=live, other=-1).to(tl.int64)
         seen = at >= 0
         k_pos = tl.load(pos_ptr + at, mask=seen, other=0)
         seen = seen & (q_pos - k_pos < window)
         k = tl.load(k_ptr + at[:, None] * k_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
-        s = tl.sum(tl.where(diagonal, tl.dot(q, tl.trans(k)), 0.0), axis=1)
+        s = tl.sum(tl.where(diagonal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0), axis=1)
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, s)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -118,12 +131,14 @@ def _tree_attention_kernel(
         total = total * alpha + p
         v = tl.load(v_ptr + at[:, None] * v_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
         weights = tl.where(diagonal, p[:, None], 0.0).to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(weights, v)
+        acc = acc * alpha[:, None] + tl.dot(weights, v, input_precision=PRECISION)
         m = m_new
 
     out = acc / total[:, None]
     tl.store(
-        o_ptr + rows[:, None] * o_row + head * D + dims[None, :], out.to(o_ptr.dtype.element_ty), mask=live[:, None]
+        o_ptr + rows[:, None] * o_row + heads[:, None] * D + dims[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=live[:, None],
     )
 
 
@@ -151,9 +166,9 @@ def _tiles(spans, depth_of_row: np.ndarray, bm: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int32).reshape(-1, 5)
 
 
-def kernel_plan(layout: PassLayout, device: torch.device, head_dims, extra_tile_rows=()) -> KernelPlan:
-    """The plan of ``layout`` for layers of the given head dimensions, copied to ``device`` without blocking
-    (``extra_tile_rows``: tile tables for other BM values, for measurements)."""
+def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
+    """The plan of ``layout`` with tile tables for each tile size in ``sizes`` (query rows per program, see
+    `tile_rows`), copied to ``device`` without blocking."""
     n = layout.num_tokens
     depth = max((len(p) for p in layout.paths), default=0)
     paths = np.full((n, max(depth, 1)), -1, dtype=np.int32)
@@ -161,9 +176,7 @@ def kernel_plan(layout: PassLayout, device: torch.device, head_dims, extra_tile_
     for row, path in zip(layout.branch_rows, layout.paths, strict=True):
         paths[row, : len(path)] = path
         depth_of_row[row] = len(path)
-    sizes = {config_for(d)[0] for d in head_dims} | set(extra_tile_rows)
-    tiles = {bm: _tiles(layout.spans, depth_of_row, bm) for bm in sorted(sizes)}
-
+    tiles = {bm: _tiles(layout.spans, depth_of_row, bm) for bm in sorted(set(sizes))}
     return KernelPlan(
         positions=to_device(np.asarray(layout.positions, dtype=np.int32), device),
         paths=to_device(paths, device),
@@ -189,19 +202,20 @@ def tree_attention_kernel(
 ) -> torch.Tensor:
     """Attention of every row of a pass (softmax scale 1). q [N, H, D]; k, v [N, Hkv, D] -> [N, H, D] in q's dtype.
 
-    q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (BM, BN, warps,
-    stages) replaces the fixed one for measurements; the plan must have tiles for its BM.
+    q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (M, BN, warps,
+    stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program.
     """
     n, heads, dim = q.shape
-    bm, bn, warps, stages = config or config_for(dim)
+    kv_heads = k.shape[1]
+    m, bn, warps, stages = config or config_for(dim)
     out = torch.empty((n, heads, dim), dtype=q.dtype, device=q.device)
-    tiles = plan.tiles[bm]
+    tiles = plan.tiles[tile_rows(dim, heads // kv_heads, config)]
     if n == 0 or tiles.shape[0] == 0:
         return out
     for t in (q, k, v):
         if t.stride(2) != 1 or t.stride(1) != dim:
             raise ValueError("tree attention needs heads laid out contiguously within a row")
-    _tree_attention_kernel[(tiles.shape[0], heads)](
+    _tree_attention_kernel[(tiles.shape[0], kv_heads)](
         q,
         k,
         v,
@@ -215,10 +229,11 @@ def tree_attention_kernel(
         out.stride(0),
         plan.paths.shape[1],
         NO_WINDOW if window is None else window,
-        GROUP=heads // k.shape[1],
+        GROUP=heads // kv_heads,
         D=dim,
-        BM=bm,
+        M=m,
         BN=bn,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not tf32
         num_warps=warps,
         num_stages=stages,
     )

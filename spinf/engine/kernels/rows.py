@@ -110,33 +110,37 @@ def _qkv_kernel(
     eps,
     H: tl.constexpr,
     HKV: tl.constexpr,
+    HB: tl.constexpr,
     K_EQ_V: tl.constexpr,
     D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    slot = tl.program_id(1)  # 0..H-1 query heads, then HKV key heads, then HKV value heads
-    kind = tl.where(slot < H, 0, tl.where(slot < H + HKV, 1, 2))
-    kv_head = tl.where(kind == 1, slot - H, slot - H - HKV)
-    src = tl.where(kind == 0, slot * D, H * D + kv_head * D)
+    kind = tl.program_id(1)  # 0: the query heads, 1: the key heads, 2: the value heads of one row
+    count = tl.where(kind == 0, H, HKV)
+    slot = tl.where(kind == 0, 0, tl.where(kind == 1, H, H + HKV))  # first head of this kind in the output
+    src = tl.where(kind == 0, 0, H * D)
     if not K_EQ_V:
-        src = tl.where(kind == 2, H * D + HKV * D + kv_head * D, src)
+        src = tl.where(kind == 2, H * D + HKV * D, src)
     half: tl.constexpr = D // 2
+    head = tl.arange(0, HB)
+    live = (head < count)[:, None]
     cols = tl.arange(0, D)
     other = (cols + half) % D  # rotate-half partner
-    x = tl.load(qkv_ptr + row * width + src + cols).to(tl.float32)
-    x_other = tl.load(qkv_ptr + row * width + src + other).to(tl.float32)
-    w = tl.load(w_ptr + kind * D + cols).to(tl.float32)
-    w_other = tl.load(w_ptr + kind * D + other).to(tl.float32)
-    mean = tl.sum(x * x, axis=0) / D
-    inv = 1.0 / tl.sqrt(mean + eps)
+    base = qkv_ptr + row * width + src + head[:, None] * D
+    x = tl.load(base + cols[None, :], mask=live, other=0.0).to(tl.float32)
+    x_other = tl.load(base + other[None, :], mask=live, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + kind * D + cols).to(tl.float32)[None, :]
+    w_other = tl.load(w_ptr + kind * D + other).to(tl.float32)[None, :]
+    inv = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]
     y = _bf16(x * inv * w)
     y_other = _bf16(x_other * inv * w_other)
     if kind < 2:
         angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_ptr + cols % half)
-        cos, sin = _bf16(tl.cos(angle)), _bf16(tl.sin(angle))
-        sign = tl.where(cols < half, -1.0, 1.0)
+        cos, sin = _bf16(tl.cos(angle))[None, :], _bf16(tl.sin(angle))[None, :]
+        sign = tl.where(cols < half, -1.0, 1.0)[None, :]
         y = _bf16(_bf16(y * cos) + _bf16(sign * y_other * sin))
-    tl.store(out_ptr + (row * (H + 2 * HKV) + slot) * D + cols, y.to(tl.bfloat16))
+    out = out_ptr + (row * (H + 2 * HKV) + slot + head[:, None]) * D + cols[None, :]
+    tl.store(out, y.to(tl.bfloat16), mask=live)
 
 
 def _inverse(scale: float | None) -> float:
@@ -215,7 +219,7 @@ def prepare_qkv(
     n = qkv.shape[0]
     out = torch.empty((n, heads + 2 * kv_heads, head_dim), dtype=torch.bfloat16, device=qkv.device)
     if n:
-        _qkv_kernel[(n, heads + 2 * kv_heads)](
+        _qkv_kernel[(n, 3)](
             qkv,
             positions,
             inv_freq,
@@ -225,6 +229,7 @@ def prepare_qkv(
             eps,
             H=heads,
             HKV=kv_heads,
+            HB=_block(max(heads, kv_heads)),
             K_EQ_V=k_eq_v,
             D=head_dim,
         )
@@ -232,3 +237,39 @@ def prepare_qkv(
 
 
 assert E4M3_MAX == 448.0  # the kernels clamp to the e4m3 range as literals
+
+
+@triton.jit
+def _softcap_lse_kernel(x_ptr, out_ptr, vocab, cap, HAS_CAP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m = float("-inf")
+    total = 0.0
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < vocab
+        x = tl.load(x_ptr + row * vocab + cols, mask=inside, other=0.0)
+        if HAS_CAP:
+            x = cap * (1.0 - 2.0 / (tl.exp(2.0 * x / cap) + 1.0))  # cap · tanh(x / cap)
+        x = tl.where(inside, x, float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    tl.store(out_ptr + row, m + tl.log(total))
+
+
+_LSE_BLOCK = 4096  # vocabulary columns per step of `softcap_logsumexp` (fixed)
+
+
+def softcap_logsumexp(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``logsumexp(cap · tanh(logits / cap))`` of every row of fp32 ``logits`` [R, V] (no soft-cap when None).
+
+    One program per row walks the vocabulary in fixed blocks, so a row's normaliser depends on that row alone and
+    no capped copy of the logits is made.
+    """
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows:
+        _softcap_lse_kernel[(rows,)](
+            logits, out, vocab, cap or 1.0, HAS_CAP=cap is not None, BLOCK=_LSE_BLOCK, num_warps=8
+        )
+    return out

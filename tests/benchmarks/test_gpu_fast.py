@@ -1,0 +1,38 @@
+"""benchmarks/gpu_fast.py end to end on a CPU with the scaled-down model: calibration, fp8s, the invariance
+check, the parity recording and comparison, and its lines in a results file."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "benchmarks/gpu_fast.py", "--device=cpu", "--scaled", "--repeats=1", "--min-seconds=0"]
+    return subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_gpu_fast_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
+    results, reference = tmp_path / "RESULTS.md", tmp_path / "reference.json.gz"
+    done = run(
+        "--jobs=J1",
+        "--max-inputs=2",
+        "--invariance",
+        "--max-alone=4",
+        f"--parity-record={reference}",
+        f"--results={results}",
+    )
+    assert done.returncode == 0, done.stderr
+    text = results.read_text()
+    assert "runner: the engine's fused GPU path, fp8s" in text
+    assert re.search(r"^\| J1 \| engine, fp8s \| 112 \| ", text, re.M)  # 2 inputs × 56 questions
+    differing = re.findall(r"invariance, [^:]+: (\d+) questions compared, (\d+) differ in any bit", text)
+    assert len(differing) == 3 and all(int(n) > 0 and d == "0" for n, d in differing)
+    assert "recorded to reference.json.gz" in text and reference.exists()
+    again = run("--jobs=J1", "--max-inputs=1", f"--parity-reference={reference}", "--no-results")
+    assert again.returncode == 0, again.stderr
+    assert "vs reference: exact share 1.0, max abs 0.0" in again.stdout  # same seed, same scales: same bits
