@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope, plan: AttentionPlan) -> torch.Tensor:
         if self.fused(h, plan):
-            return self._forward_fused(h, plan)
+            return self._forward_fused(h, plan)[0]
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
         parts = self.linear("wqkv", x).split(self.qkv_sizes, dim=-1)
@@ -112,17 +112,29 @@ class DecoderLayer(nn.Module):
         """Whether this pass takes the fused GPU path (bf16 activations, a kernel plan, no calibration observer)."""
         return plan.kernel is not None and h.dtype == torch.bfloat16 and self.observer is None
 
-    def _forward_fused(self, h: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-        """The same layer through the Triton kernels: norms fused with the fp8s quantizer, q/k/v prepared in one
-        kernel, tree attention in one kernel, GELU·up fused with the down projection's quantizer."""
+    def _forward_fused(
+        self,
+        h: torch.Tensor,
+        plan: AttentionPlan,
+        x: torch.Tensor | None = None,
+        following: DecoderLayer | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same layer through the Triton kernels: each norm fused with the residual update before it and the
+        fp8s quantizer after it, q/k/v prepared in one kernel, tree attention in one kernel that also quantizes
+        its output, GELU·up fused with the down projection's quantizer.
+
+        ``x`` is this layer's normed (and quantized) input when the layer before made it; with ``following``, the
+        last kernel also makes that layer's input, returned second.
+        """
         k_ = kernels()
         spec, eps, n = self.spec, self.eps, h.shape[0]
         if self._fused_consts is None:
             self._fused_consts = (rope_inv_freq(spec).to(h.device), k_.qkv_norm_weights(self.q_norm, self.k_norm))
         inv_freq, qkv_norms = self._fused_consts
-        qkv = self._gemm("wqkv", k_.norm_rows(h, self.input_norm, eps, self._input_scale("wqkv")))
+        if x is None:
+            x = k_.norm_rows(h, self.input_norm, eps, self._input_scale("wqkv"))
         q, k, v = k_.prepare_qkv(
-            qkv,
+            self._gemm("wqkv", x),
             plan.kernel.positions,
             inv_freq,
             qkv_norms,
@@ -132,13 +144,27 @@ class DecoderLayer(nn.Module):
             k_eq_v=spec.k_eq_v,
             eps=eps,
         )
-        a = k_.tree_attention_kernel(q, k, v, plan.kernel, self.window).view(n, -1)
-        if "wo" in self.fp8:
-            a = k_.quantize_rows(a, self.fp8["wo"][1])
-        h = k_.add_norm(h, self._gemm("wo", a), self.post_attn_norm, eps)
-        gate_up = self._gemm("w_gate_up", k_.norm_rows(h, self.pre_ff_norm, eps, self._input_scale("w_gate_up")))
-        down = self._gemm("w_down", k_.gelu_mul(gate_up, self._input_scale("w_down")))
-        return k_.add_norm(h, down, self.post_ff_norm, eps, self.layer_scalar)
+        a = k_.tree_attention_kernel(q, k, v, plan.kernel, self.window, out_scale=self._input_scale("wo"))
+        h, x = k_.add_norm(
+            h,
+            self._gemm("wo", a.view(n, -1)),
+            self.post_attn_norm,
+            eps,
+            next_weight=self.pre_ff_norm,
+            next_scale=self._input_scale("w_gate_up"),
+        )
+        down = self._gemm("w_down", k_.gelu_mul(self._gemm("w_gate_up", x), self._input_scale("w_down")))
+        if following is None:
+            return k_.add_norm(h, down, self.post_ff_norm, eps, self.layer_scalar), None
+        return k_.add_norm(
+            h,
+            down,
+            self.post_ff_norm,
+            eps,
+            self.layer_scalar,
+            next_weight=following.input_norm,
+            next_scale=following._input_scale("wqkv"),
+        )
 
     def _input_scale(self, name: str) -> float | None:
         return self.fp8[name][1] if name in self.fp8 else None
@@ -178,11 +204,15 @@ class Gemma4Text(nn.Module):
         h = self.embed(token_ids)
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
-        ropes = {}
-        if not all(layer.fused(h, plan) for layer in self.layers):  # the fused path rotates inside its kernel
-            ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
+        if all(layer.fused(h, plan) for layer in self.layers):  # each layer hands the next its normed input
+            x = None
+            for i, layer in enumerate(self.layers):
+                following = self.layers[i + 1] if i + 1 < len(self.layers) else None
+                h, x = layer._forward_fused(h, plan, x, following)
+            return h
+        ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
         for layer in self.layers:
-            h = layer(h, ropes.get(layer.spec.is_sliding), plan)
+            h = layer(h, ropes[layer.spec.is_sliding], plan)
         return h
 
     def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):

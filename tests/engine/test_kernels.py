@@ -123,6 +123,15 @@ def test_add_norm_is_the_residual_update():
     torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)  # a bf16 step or two
 
 
+def test_add_norm_can_also_open_the_next_block():
+    h, y = (torch.randn(7, 64) * 4).to(BF16).to(DEVICE), (torch.randn(7, 64) * 9).to(BF16).to(DEVICE)
+    w, w_next, scalar = (torch.rand(64) + 0.5).to(DEVICE), (torch.rand(64) + 0.5).to(DEVICE), torch.tensor([0.5])
+    plain = kernels.add_norm(h, y, w, 1e-6, scalar.to(DEVICE))
+    fused, normed = kernels.add_norm(h, y, w, 1e-6, scalar.to(DEVICE), next_weight=w_next)
+    assert torch.equal(fused, plain)
+    assert torch.equal(normed, kernels.norm_rows(plain, w_next, 1e-6))
+
+
 def test_gelu_mul_matches_torch_and_quantizes():
     gu = (torch.randn(9, 2 * 1500) * 2).to(BF16)  # more columns than one program handles
     gate, up = gu.chunk(2, dim=-1)
@@ -143,6 +152,18 @@ def test_the_fused_quantizers_round_exactly_like_the_reference():
     assert torch.equal(quantized.float(), quantize(normed, 0.25).float())  # quantized once, from the bf16 norm
     gu = (torch.randn(9, 2 * 1500) * 2).to(BF16).to(DEVICE)
     assert torch.equal(kernels.gelu_mul(gu, scale=0.5).float(), quantize(kernels.gelu_mul(gu), 0.5).float())
+    h = (torch.randn(37, 96) * 3).to(BF16).to(DEVICE)
+    _, quantized_next = kernels.add_norm(h, x, w, 1e-6, next_weight=w, next_scale=0.5)
+    _, normed_next = kernels.add_norm(h, x, w, 1e-6, next_weight=w)
+    assert torch.equal(quantized_next.float(), quantize(normed_next, 0.5).float())
+    rng = random.Random(9)
+    layout = build_pass([random_job(rng, 40, 5, 4), random_job(rng, 9, 3, 3)])
+    n = layout.num_tokens
+    q, k, v = (torch.randn(n, heads, 256, device=DEVICE).to(BF16) for heads in (4, 2, 2))
+    plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(256, 2)])
+    plain = kernels.tree_attention_kernel(q, k, v, plan, 16)
+    quantized = kernels.tree_attention_kernel(q, k, v, plan, 16, out_scale=0.25)
+    assert torch.equal(quantized.float(), quantize(plain, 0.25).float())  # the o projection's input, in the kernel
     edge = torch.tensor([[1.0, -3000.0, 0.126, 500.0, -1.9375, 2.625, 1.0625]]).to(BF16).to(DEVICE)
     assert torch.equal(kernels.quantize_rows(edge, 2.0).float(), quantize(edge, 2.0).float())
     assert torch.equal(kernels.quantize_rows(edge, 1.0).float(), quantize(edge, 1.0).float())

@@ -63,11 +63,13 @@ def _tree_attention_kernel(
     o_row,
     path_width,
     window,
+    inv_scale,
     GROUP: tl.constexpr,
     D: tl.constexpr,
     M: tl.constexpr,
     BN: tl.constexpr,
     PRECISION: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -135,6 +137,8 @@ def _tree_attention_kernel(
         m = m_new
 
     out = acc / total[:, None]
+    if QUANT:  # the fp8s quantizer of the o projection's input, applied to the rounded output
+        out = tl.minimum(tl.maximum(out.to(tl.bfloat16).to(tl.float32) * inv_scale, -448.0), 448.0)
     tl.store(
         o_ptr + rows[:, None] * o_row + heads[:, None] * D + dims[None, :],
         out.to(o_ptr.dtype.element_ty),
@@ -199,16 +203,19 @@ def tree_attention_kernel(
     plan: KernelPlan,
     window: int | None,
     config: tuple[int, int, int, int] | None = None,
+    out_scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of every row of a pass (softmax scale 1). q [N, H, D]; k, v [N, Hkv, D] -> [N, H, D] in q's dtype.
 
     q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (M, BN, warps,
-    stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program.
+    stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program. With
+    ``out_scale`` the output comes quantized to e4m3 (the o projection's fp8s input).
     """
     n, heads, dim = q.shape
     kv_heads = k.shape[1]
     m, bn, warps, stages = config or config_for(dim)
-    out = torch.empty((n, heads, dim), dtype=q.dtype, device=q.device)
+    dtype = torch.float8_e4m3fn if out_scale is not None else q.dtype
+    out = torch.empty((n, heads, dim), dtype=dtype, device=q.device)
     tiles = plan.tiles[tile_rows(dim, heads // kv_heads, config)]
     if n == 0 or tiles.shape[0] == 0:
         return out
@@ -229,11 +236,13 @@ def tree_attention_kernel(
         out.stride(0),
         plan.paths.shape[1],
         NO_WINDOW if window is None else window,
+        1.0 if out_scale is None else 1.0 / out_scale,
         GROUP=heads // kv_heads,
         D=dim,
         M=m,
         BN=bn,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not tf32
+        QUANT=out_scale is not None,
         num_warps=warps,
         num_stages=stages,
     )

@@ -63,7 +63,22 @@ def _norm_kernel(
 
 
 @triton.jit
-def _add_norm_kernel(h_ptr, y_ptr, w_ptr, s_ptr, out_ptr, n, eps, HAS_SCALAR: tl.constexpr, BLOCK: tl.constexpr):
+def _add_norm_kernel(
+    h_ptr,
+    y_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    w_next_ptr,
+    next_ptr,
+    n,
+    eps,
+    inv_scale,
+    HAS_SCALAR: tl.constexpr,
+    NEXT: tl.constexpr,
+    QUANT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -74,6 +89,9 @@ def _add_norm_kernel(h_ptr, y_ptr, w_ptr, s_ptr, out_ptr, n, eps, HAS_SCALAR: tl
     if HAS_SCALAR:
         out = _bf16(out * _bf16(tl.load(s_ptr).to(tl.float32)))
     tl.store(out_ptr + row * n + cols, out.to(tl.bfloat16), mask=mask)
+    if NEXT:  # the norm that opens the next block, on the row just written (masked lanes hold 0)
+        w_next = tl.load(w_next_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        _store_row(next_ptr + row * n, cols, mask, _rms(out, w_next, n, eps), inv_scale, QUANT)
 
 
 @triton.jit
@@ -165,15 +183,41 @@ def norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: f
 
 
 def add_norm(
-    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, scalar: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``(h + norm(y)) * scalar`` row by row, bf16 [N, n] (the residual update)."""
+    h: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    scalar: torch.Tensor | None = None,
+    *,
+    next_weight: torch.Tensor | None = None,
+    next_scale: float | None = None,
+):
+    """``(h + norm(y)) * scalar`` row by row, bf16 [N, n] (the residual update).
+
+    With ``next_weight``, also the norm that opens the next block (``norm_rows(result, next_weight, eps,
+    next_scale)``) from the same kernel, and returns ``(result, normed)``.
+    """
     n = h.shape[1]
     out = torch.empty_like(h)
+    normed = _out(h, n, next_scale is not None) if next_weight is not None else out
     if h.shape[0]:
-        s = scalar if scalar is not None else h
-        _add_norm_kernel[(h.shape[0],)](h, y, weight, s, out, n, eps, HAS_SCALAR=scalar is not None, BLOCK=_block(n))
-    return out
+        _add_norm_kernel[(h.shape[0],)](
+            h,
+            y,
+            weight,
+            scalar if scalar is not None else h,
+            out,
+            next_weight if next_weight is not None else weight,
+            normed,
+            n,
+            eps,
+            _inverse(next_scale),
+            HAS_SCALAR=scalar is not None,
+            NEXT=next_weight is not None,
+            QUANT=next_scale is not None,
+            BLOCK=_block(n),
+        )
+    return (out, normed) if next_weight is not None else out
 
 
 def gelu_mul(gate_up: torch.Tensor, scale: float | None = None) -> torch.Tensor:
