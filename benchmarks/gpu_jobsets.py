@@ -44,9 +44,9 @@ from benchmarks.gemma12b import (  # noqa: E402
     decoder_linear_params,
     scaled,
 )
-from spinf.engine.compiler import EngineShape, compile_request  # noqa: E402
+from spinf.engine.compiler import EngineShape  # noqa: E402
 from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
-from spinf.engine.results import input_results  # noqa: E402
+from spinf.engine.pipeline import score_streamed  # noqa: E402
 from spinf.engine.scorer import Scorer  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
@@ -99,12 +99,12 @@ def job_bodies(name: str, max_inputs: int | None) -> tuple[list[dict] | None, st
 
 
 def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, body: dict) -> Call:
-    """One body through the engine as `Engine.score` runs it: parse, compile, run, read the option log-probs."""
+    """One body through the engine as `Engine.score` runs it (parse, then `score_streamed`: compile, run and read
+    back overlapped); the option log-probs."""
     started = time.perf_counter()
     req = parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
-    compiled = compile_request(req, tokenizer, shape)
-    (values,), stats = scorer.run_many([compiled.jobs])
-    results, _ = input_results(compiled, values)
+    scored = score_streamed(scorer, tokenizer, shape, req)
+    compiled, results, stats = scored.compiled, scored.results, scored.stats
     seconds = time.perf_counter() - started
     logprobs = [
         [[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results

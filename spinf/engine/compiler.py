@@ -73,27 +73,64 @@ class EngineShape:
 
 
 def compile_request(req: ScoreRequest, tk: TextTokenizer, shape: EngineShape) -> CompiledRequest:
-    for i, inp in enumerate(req.inputs):
-        if any(isinstance(s, MediaPart) for s in inp.segments):
-            raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
-    cache: dict[str, CompiledQuery] = {}
-    warnings: list[dict] = []
-    floors: dict[tuple, Prompt] = {}
-    inputs = [_compile_input(req, i, tk, shape, cache, floors, warnings) for i in range(len(req.inputs))]
-    jobs: list[Job] = []
-    for ci in inputs:
-        _lay_out_input(ci, shape, jobs)
-    _lay_out(tk.bos, list(floors.values()), shape.token_budget, shape.engine_max, jobs)
-    compiled = CompiledRequest(req, inputs, floors, jobs, warnings)
-    if compiled.processed_tokens > req.limits.max_processed_tokens:
-        raise ApiError(
-            413,
-            "request_too_large",
-            None,
-            f"the request needs {compiled.processed_tokens} processed tokens; the limit is "
-            f"{req.limits.max_processed_tokens}",
-        )
-    return compiled
+    stream = CompileStream(req, tk, shape)
+    for _ in stream:
+        pass
+    return stream.result()
+
+
+class CompileStream:
+    """`compile_request` one input at a time, so a runner can start on an input's jobs while later inputs compile.
+
+    Iterating yields ``(input index, job indices)`` as each input is compiled and laid out, then ``(None, job
+    indices)`` for the floor jobs; ``jobs`` grows as it goes. `result` gives the `CompiledRequest` (or raises what
+    `compile_request` raises). Errors come in the same per-input order. Once the jobs pass the request's processed-
+    token limit nothing more is yielded (the rest is still compiled, so the 413 names the full count).
+    """
+
+    def __init__(self, req: ScoreRequest, tk: TextTokenizer, shape: EngineShape):
+        for i, inp in enumerate(req.inputs):
+            if any(isinstance(s, MediaPart) for s in inp.segments):
+                raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
+        self.req, self.tk, self.shape = req, tk, shape
+        self.inputs: list[CompiledInput] = []
+        self.jobs: list[Job] = []
+        self.floors: dict[tuple, Prompt] = {}
+        self.warnings: list[dict] = []
+        self._queries: dict[str, CompiledQuery] = {}
+        self._done = False
+
+    def __iter__(self):
+        req, shape, jobs = self.req, self.shape, self.jobs
+        tokens = 0
+        for i in range(len(req.inputs)):
+            ci = _compile_input(req, i, self.tk, shape, self._queries, self.floors, self.warnings)
+            self.inputs.append(ci)
+            start = len(jobs)
+            _lay_out_input(ci, shape, jobs)
+            tokens += sum(job.num_tokens for job in jobs[start:])
+            if tokens <= req.limits.max_processed_tokens:
+                yield i, range(start, len(jobs))
+        start = len(jobs)
+        _lay_out(self.tk.bos, list(self.floors.values()), shape.token_budget, shape.engine_max, jobs)
+        tokens += sum(job.num_tokens for job in jobs[start:])
+        self._done = True
+        if tokens <= req.limits.max_processed_tokens:
+            yield None, range(start, len(jobs))
+
+    def result(self) -> CompiledRequest:
+        if not self._done:
+            raise RuntimeError("the compile stream was not run to its end")
+        compiled = CompiledRequest(self.req, self.inputs, self.floors, self.jobs, self.warnings)
+        if compiled.processed_tokens > self.req.limits.max_processed_tokens:
+            raise ApiError(
+                413,
+                "request_too_large",
+                None,
+                f"the request needs {compiled.processed_tokens} processed tokens; the limit is "
+                f"{self.req.limits.max_processed_tokens}",
+            )
+        return compiled
 
 
 def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:

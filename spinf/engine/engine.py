@@ -21,6 +21,7 @@ from spinf.catalog import Checkpoint, ResolvedModel, find_checkpoint, resolve_mo
 from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
+from spinf.engine.pipeline import score_streamed
 from spinf.engine.results import Values, input_results, usage
 from spinf.engine.scales import CALIBRATE_COMMAND, find_table, load_scale_table, missing_table_error
 from spinf.engine.scorer import RunStats, Scorer
@@ -30,6 +31,7 @@ from spinf.engine.trie import Job
 from spinf.errors import ModelError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
+from spinf.protocol.types import ScoreRequest
 from spinf.settings import Features, Limits
 
 log = logging.getLogger(__name__)
@@ -254,7 +256,12 @@ class Engine:
     ) -> Prepared:
         """Parse and compile a body (CPU work, any thread): the jobs to run and what the answer needs."""
         started = time.perf_counter()
-        req = parse_score_request(
+        compiled = compile_request(self.parse(body, chat=chat, trusted=trusted), self.tokenizer, self.shape)
+        return Prepared(request_id or new_request_id(), compiled, time.perf_counter() - started)
+
+    def parse(self, body: object, *, chat: bool = False, trusted: bool = False) -> ScoreRequest:
+        """The checked request of a body (api spec §4), or `ApiError`."""
+        return parse_score_request(
             body,
             chat=chat,
             served_names=self.served_names,
@@ -262,17 +269,24 @@ class Engine:
             features=SCORING_FEATURES,
             trusted=trusted,
         )
-        compiled = compile_request(req, self.tokenizer, self.shape)
-        return Prepared(request_id or new_request_id(), compiled, time.perf_counter() - started)
 
     def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
         """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
         return self.scorer.run_many(job_lists)
 
-    def respond(self, prepared: Prepared, values: Values, stats: RunStats, *, internals: bool = False) -> dict:
-        """The response body of api spec §5.1 for a prepared request and its read log-probs."""
+    def respond(
+        self,
+        prepared: Prepared,
+        values: Values | None,
+        stats: RunStats,
+        *,
+        internals: bool = False,
+        results: tuple[list[dict], list[dict]] | None = None,
+    ) -> dict:
+        """The response body of api spec §5.1 for a prepared request and its read log-probs (or its ``results``
+        and ``low_option_mass`` warnings, already made from them)."""
         req, compiled = prepared.compiled.request, prepared.compiled
-        results, mass_warnings = input_results(compiled, values)
+        results, mass_warnings = results if results is not None else input_results(compiled, values)
         response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
         response["model"] = req.model if req.model is not None else self.served_name
         if req.endpoint is not None:
@@ -355,6 +369,11 @@ class Engine:
         ``trusted`` honours the body's per-call ``limits`` and ``features`` (capped by the engine's own);
         ``debug`` adds the engine internals to the answer.
         """
-        prepared = self.prepare(body, trusted=trusted)
-        (values,), stats = self.run([prepared.compiled.jobs])
-        return self.respond(prepared, values, stats, internals=debug)
+        started = time.perf_counter()
+        request_id = new_request_id()
+        req = self.parse(body, trusted=trusted)
+        parse_s = time.perf_counter() - started
+        scored = score_streamed(self.scorer, self.tokenizer, self.shape, req)  # compile, run and read overlapped
+        prepared = Prepared(request_id, scored.compiled, parse_s + scored.compile_s)
+        stats = attrs.evolve(scored.stats, wall_s=time.perf_counter() - started)
+        return self.respond(prepared, None, stats, internals=debug, results=(scored.results, scored.warnings))

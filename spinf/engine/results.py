@@ -24,11 +24,13 @@ def logsumexp(xs: list[float]) -> float:
 
 def option_logprobs(prompt: Prompt, values: Values) -> list[float]:
     """Each option's log-probability at this prompt (engine spec A.7, A.8)."""
-    spelling_lp = [math.fsum(values[read] for read in reads) for reads in prompt.reads]
+    # one-token spellings and one-spelling options are the common case: fsum([x]) and logsumexp([x]) are x exactly
+    spelling_lp = [values[r[0]] if len(r) == 1 else math.fsum(values[read] for read in r) for r in prompt.reads]
     out, at = [], 0
     for per_option in prompt.spellings:
-        out.append(logsumexp(spelling_lp[at : at + len(per_option)]))
-        at += len(per_option)
+        n = len(per_option)
+        out.append(spelling_lp[at] if n == 1 else logsumexp(spelling_lp[at : at + n]))
+        at += n
     return out
 
 
@@ -44,15 +46,34 @@ def r6(x: float) -> float:
     return round(x, 6)
 
 
-def scored_query(ci: CompiledInput, qi: int, values: Values) -> tuple[dict, float]:
-    """The result entry of one chosen scored query, and its mean residual (for ``low_option_mass``)."""
+FloorCache = dict[int, tuple[list[float], float]]  # id of a floor prompt -> its option ps and residual
+
+
+def _floor(floor: Prompt, values: Values, cache: FloorCache) -> tuple[list[float], float]:
+    """A floor prompt's ps and residual; floor prompts are shared by every input of a request, so computed once."""
+    found = cache.get(id(floor))
+    if found is None:
+        found = cache[id(floor)] = softmax_and_residual(option_logprobs(floor, values))
+    return found
+
+
+def scored_query(
+    ci: CompiledInput, qi: int, values: Values, floors: FloorCache | None = None, deferred: list | None = None
+) -> tuple[dict, float]:
+    """The result entry of one chosen scored query, and its mean residual (for ``low_option_mass``).
+
+    With ``deferred``, floor fields are left None and what `fill_floors` needs to set them is appended to it (a
+    streamed call reads the floor jobs last).
+    """
     cq = ci.queries[qi]
+    floors = {} if floors is None else floors
     combinations, residuals = [], []
     for k, combo in enumerate(cq.combos):
         lps = option_logprobs(ci.prompts[qi][k], values)
         ps, residual = softmax_and_residual(lps)
         floor = ci.floors[qi][k]
-        floor_ps, floor_residual = softmax_and_residual(option_logprobs(floor, values)) if floor else (None, None)
+        later = floor is not None and deferred is not None
+        floor_ps, floor_residual = _floor(floor, values, floors) if floor and not later else (None, None)
         options = [
             {
                 "text": text,
@@ -62,37 +83,57 @@ def scored_query(ci: CompiledInput, qi: int, values: Values) -> tuple[dict, floa
             }
             for j, (text, lp, p) in enumerate(zip(cq.spec.options, lps, ps, strict=True))
         ]
-        combinations.append(
-            {
-                "values": dict(combo),
-                "options": options,
-                "residual": r6(residual),
-                "floor_residual": None if floor_residual is None else r6(floor_residual),
-            }
-        )
+        combination = {
+            "values": dict(combo),
+            "options": options,
+            "residual": r6(residual),
+            "floor_residual": None if floor_residual is None else r6(floor_residual),
+        }
+        combinations.append(combination)
+        if later:
+            deferred.append((floor, options, combination))
         residuals.append(residual)
     return {"id": cq.spec.id, "combinations": combinations}, sum(residuals) / len(residuals)
+
+
+def fill_floors(deferred: list, values: Values, floors: FloorCache) -> None:
+    """Set the floor fields `scored_query` deferred, now that the floor jobs' values are in ``values``."""
+    for floor, options, combination in deferred:
+        ps, residual = _floor(floor, values, floors)
+        for option, p in zip(options, ps, strict=True):
+            option["floor_p"] = r6(p)
+        combination["floor_residual"] = r6(residual)
+
+
+def input_result(
+    ci: CompiledInput, values: Values, floors: FloorCache, deferred: list | None = None
+) -> tuple[dict, list[dict]]:
+    """One input's ``results`` entry and its ``low_option_mass`` warnings."""
+    queries, warnings = [], []
+    for qi, cq in enumerate(ci.queries):
+        entry, mean_residual = scored_query(ci, qi, values, floors, deferred)
+        queries.append(entry)
+        if cq.reads_one_row and mean_residual > LOW_MASS_RESIDUAL:
+            warnings.append(
+                {
+                    "code": "low_option_mass",
+                    "input_id": ci.spec.id,
+                    "query_id": cq.spec.id,
+                    "message": f"the options of query {cq.spec.id!r} hold {100 * (1 - mean_residual):.1f}% of "
+                    "the next-token mass on average; check the template's wording and the options' spelling",
+                }
+            )
+    return {"input_id": ci.spec.id, "queries": queries}, warnings
 
 
 def input_results(compiled: CompiledRequest, values: Values) -> tuple[list[dict], list[dict]]:
     """``results`` in input order, and the ``low_option_mass`` warnings."""
     results, warnings = [], []
+    floors: FloorCache = {}
     for ci in compiled.inputs:
-        queries = []
-        for qi, cq in enumerate(ci.queries):
-            entry, mean_residual = scored_query(ci, qi, values)
-            queries.append(entry)
-            if cq.reads_one_row and mean_residual > LOW_MASS_RESIDUAL:
-                warnings.append(
-                    {
-                        "code": "low_option_mass",
-                        "input_id": ci.spec.id,
-                        "query_id": cq.spec.id,
-                        "message": f"the options of query {cq.spec.id!r} hold {100 * (1 - mean_residual):.1f}% of "
-                        "the next-token mass on average; check the template's wording and the options' spelling",
-                    }
-                )
-        results.append({"input_id": ci.spec.id, "queries": queries})
+        result, found = input_result(ci, values, floors)
+        results.append(result)
+        warnings += found
     return results, warnings
 
 

@@ -84,20 +84,95 @@ class Scorer:
         started = time.perf_counter()
         owners = [(r, j) for r, jobs in enumerate(job_lists) for j in range(len(jobs))]
         jobs = [job for jobs in job_lists for job in jobs]
+        group = self._launch_group(jobs, pack([job.num_tokens for job in jobs], self.token_budget))
+        found, busy = self._finish(group)
         values: list[dict[tuple[int, int, int], float]] = [{} for _ in job_lists]
-        passes = pack([job.num_tokens for job in jobs], self.token_budget)
-        launched, packed = [], 0
-        for members in passes:
-            layout = build_pass([jobs[i] for i in members])
-            packed += layout.num_tokens
-            launched.append((members, layout, self.launch(layout)))
-        picks, busy = self._collect([found for _, _, found in launched])
-        for (members, layout, _), found in zip(launched, picks, strict=True):
+        for (j, node, token), value in found.items():
+            request, local = owners[j]
+            values[request][(local, node, token)] = value
+        stats = RunStats(len(group.layouts), sum(layout.num_tokens for layout in group.layouts), busy, 0.0)
+        return values, attrs.evolve(stats, wall_s=time.perf_counter() - started)
+
+    def stream(self, jobs: list[Job], arrivals, stats: list[RunStats] | None = None):
+        """Run jobs as they arrive, keeping the device busy while the caller makes more and reads what finished.
+
+        ``arrivals`` yields lists of indices into ``jobs`` (which may grow meanwhile). Jobs wait until a pass's
+        worth has arrived (two passes' worth after the first window); then they are packed, and every pass but
+        the least full one is launched (its jobs wait for the next window). Each window's values are read back
+        only after the next window is launched, so the device never waits for the host. Yields ``(finished job
+        indices, values keyed (job, node, token))``; appends one `RunStats` per window to ``stats``. Packing never
+        changes a score (tree attention), so the values are those `run_many` gives.
+        """
+        waiting: list[int] = []
+        in_flight: list[_Group] = []
+        launched = False
+        for indices in arrivals:
+            waiting.extend(indices)
+            window = 2 * self.token_budget if launched else self.token_budget  # the first one starts the device
+            if sum(jobs[i].num_tokens for i in waiting) < window:
+                continue
+            launched = True
+            passes = [
+                [waiting[k] for k in members]
+                for members in pack([jobs[i].num_tokens for i in waiting], self.token_budget)
+            ]
+            held = min(range(len(passes)), key=lambda p: (sum(jobs[i].num_tokens for i in passes[p]), p))
+            waiting = passes.pop(held)
+            in_flight.append(self._launch_group(jobs, passes))
+            while len(in_flight) > 1:
+                yield self._finished(in_flight.pop(0), stats)
+        if waiting:
+            in_flight.append(
+                self._launch_group(
+                    jobs,
+                    [
+                        [waiting[k] for k in members]
+                        for members in pack([jobs[i].num_tokens for i in waiting], self.token_budget)
+                    ],
+                )
+            )
+        while in_flight:
+            yield self._finished(in_flight.pop(0), stats)
+
+    def _finished(self, group: _Group, stats: list[RunStats] | None):
+        found, busy = self._finish(group)
+        if stats is not None:
+            stats.append(RunStats(len(group.layouts), sum(layout.num_tokens for layout in group.layouts), busy, 0.0))
+        return [i for members in group.members for i in members], found
+
+    def _launch_group(self, jobs: list[Job], passes: list[list[int]]) -> _Group:
+        """Lay out and launch ``passes`` (lists of indices into ``jobs``); on a GPU their picks are copied to pinned
+        host memory behind them, with an event to wait on."""
+        layouts = [build_pass([jobs[i] for i in members]) for members in passes]
+        launched = [self.launch(layout) for layout in layouts]
+        group = _Group(passes, layouts, launched)
+        if self.device.type == "cuda" and launched:
+            flat = torch.cat([item.picked for item in launched])
+            group.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            group.host.copy_(flat, non_blocking=True)
+            group.ready = torch.cuda.Event()
+            group.ready.record()
+        return group
+
+    def _finish(self, group: _Group) -> tuple[dict[tuple[int, int, int], float], float]:
+        """Wait for a launched group; its values keyed ``(index into jobs, node, token)`` and its busy seconds."""
+        if group.ready is not None:
+            group.ready.synchronize()
+            flat = group.host.double().tolist()
+            busy = sum(start.elapsed_time(end) for start, end in (item.timing for item in group.launched)) / 1000
+            picks, at = [], 0
+            for item in group.launched:
+                picks.append(flat[at : at + item.picked.numel()])
+                at += item.picked.numel()
+        else:
+            picks = [item.picked.double().tolist() for item in group.launched]
+            busy = sum(item.timing for item in group.launched)
+        values: dict[tuple[int, int, int], float] = {}
+        for members, layout, found in zip(group.members, group.layouts, picks, strict=True):
             offsets = _pick_offsets(layout)
             for (j, node, token), (row, col) in layout.read_index.items():
-                request, local = owners[members[j]]
-                values[request][(local, node, token)] = found[offsets[row] + col]
-        return values, RunStats(len(passes), packed, busy, time.perf_counter() - started)
+                values[(members[j], node, token)] = found[offsets[row] + col]
+        return values, busy
 
     @torch.inference_mode()
     def launch(self, layout: PassLayout) -> Launched:
@@ -137,24 +212,10 @@ class Scorer:
         done[1].record()
         return Launched(picked, done)
 
-    def _collect(self, launched: list[Launched]) -> tuple[list[list[float]], float]:
-        """Every pass's picked log-probs as float lists, and the time the passes kept the device busy."""
-        if not launched:
-            return [], 0.0
-        if self.device.type != "cuda":
-            return [item.picked.double().tolist() for item in launched], sum(item.timing for item in launched)
-        sizes = [item.picked.numel() for item in launched]
-        flat = torch.cat([item.picked for item in launched]).cpu().double().tolist()  # the one wait on the GPU
-        busy = sum(start.elapsed_time(end) for start, end in (item.timing for item in launched)) / 1000
-        out, at = [], 0
-        for size in sizes:
-            out.append(flat[at : at + size])
-            at += size
-        return out, busy
-
     def run_pass(self, layout: PassLayout) -> list[list[float]]:
         """Log-probs of each read row's wanted tokens, as nested lists in ``layout.read_columns`` order."""
-        (flat,), _ = self._collect([self.launch(layout)])
+        item = self.launch(layout)
+        flat = item.picked.double().tolist()
         offsets = _pick_offsets(layout)
         return [flat[offsets[r] : offsets[r] + len(cols)] for r, cols in enumerate(layout.read_columns)]
 
@@ -166,6 +227,17 @@ class Launched:
 
     picked: torch.Tensor
     timing: object
+
+
+@attrs.define
+class _Group:
+    """Passes launched together (`Scorer._launch_group`)."""
+
+    members: list[list[int]]  # per pass, the indices of its jobs
+    layouts: list[PassLayout]
+    launched: list[Launched]
+    host: torch.Tensor | None = None  # pinned copy of every pass's picks (GPU)
+    ready: torch.cuda.Event | None = None  # recorded after that copy
 
 
 def _pick_offsets(layout: PassLayout) -> list[int]:
