@@ -23,7 +23,7 @@ from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.pipeline import score_streamed
 from spinf.engine.results import Values, input_results, usage
-from spinf.engine.scales import CALIBRATE_COMMAND, find_table, load_scale_table, missing_table_error
+from spinf.engine.scales import CALIBRATE_COMMAND, find_table, missing_table_error, read_scale_table
 from spinf.engine.scorer import RunStats, Scorer
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
@@ -185,12 +185,22 @@ class Engine:
         longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
         self.shape = EngineShape(round_up(budget), round_up(longest))
         self.tokenizer = TextTokenizer.from_folder(self.folder)
-        self.model = load_gemma4_text(self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant])
         # the id of the fp8s scale table, part 8 of the fingerprint (api spec §11); None under the other schemes
         self.scale_table: str | None = None
-        if self.quant == "fp8s":
-            table_key = (self.served_name, self.model_id, self.revision, self.folder)
-            self.scale_table = load_scale_table(self.model, *table_key)
+        scales = None
+        if self.quant == "fp8s":  # quantized layer by layer while loading: the bf16 weights never all sit on the GPU
+            path, table, self.scale_table = read_scale_table(
+                self.served_name, self.model_id, self.revision, self.folder
+            )
+            scales = table["scales"]
+        try:
+            self.model = load_gemma4_text(
+                self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant], scales=scales
+            )
+        except ModelError as exc:
+            if scales is None:
+                raise
+            raise ModelError(f"{path}: {exc}") from exc
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
         self.system_fingerprint = self._fingerprint()
         log.info(

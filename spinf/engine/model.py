@@ -166,6 +166,13 @@ class DecoderLayer(nn.Module):
             next_scale=following._input_scale("wqkv"),
         )
 
+    def to_fp8s(self, scales: Mapping[str, float]) -> None:
+        """This layer's linears to e4m3 with their static input scales (see `Gemma4Text.to_fp8s`)."""
+        for name in LINEARS:
+            module = getattr(self, name)
+            self.fp8[name] = (Fp8Weight.from_float(module.weight), float(scales[self.prefix + name]))
+            module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+
     def _input_scale(self, name: str) -> float | None:
         return self.fp8[name][1] if name in self.fp8 else None
 
@@ -240,14 +247,14 @@ class Gemma4Text(nn.Module):
 
         The float weights are released; the embedding, norms and head stay in the model dtype.
         """
+        self.check_scales(scales)
+        for layer in self.layers:
+            layer.to_fp8s(scales)
+
+    def check_scales(self, scales: Mapping[str, float]) -> None:
         missing = [name for name in self.linear_names() if name not in scales]
         if missing:
             raise ModelError(f"the scale table has no scale for {len(missing)} linears, e.g. {missing[0]}")
-        for layer in self.layers:
-            for name in LINEARS:
-                module = getattr(layer, name)
-                layer.fp8[name] = (Fp8Weight.from_float(module.weight), float(scales[layer.prefix + name]))
-                module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
     def option_logprobs(
         self, hidden_rows: torch.Tensor, pick_rows: torch.Tensor, pick_cols: torch.Tensor, bounds: list[int]
@@ -329,20 +336,36 @@ def _layer_state(raw: dict[str, torch.Tensor], i: int, spec: LayerSpec) -> dict[
     }
 
 
-def load_gemma4_text(folder: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Gemma4Text:
-    """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors)."""
+def load_gemma4_text(
+    folder: str | Path,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    scales: Mapping[str, float] | None = None,
+) -> Gemma4Text:
+    """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors), layer by
+    layer; with fp8s ``scales`` each layer is quantized as soon as it is on the device, so the float weights of
+    the whole model never sit there at once."""
     folder = Path(folder)
     cfg, prefix = read_text_config(folder)
-    raw = _read_tensors(folder, prefix)
-    state = {"embed.weight": raw.pop("embed_tokens.weight"), "final_norm": raw.pop("norm.weight")}
-    try:
-        for i, spec in enumerate(cfg.layers):
-            state.update({f"layers.{i}.{k}": v for k, v in _layer_state(raw, i, spec).items()})
-    except KeyError as exc:
-        raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
-    raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
     with torch.device("meta"):
         model = Gemma4Text(cfg)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-    model.load_state_dict(state, assign=True, strict=True)
-    return model.eval()
+    if scales is not None:
+        model.check_scales(scales)
+    raw = _read_tensors(folder, prefix)
+    raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
+
+    def placed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+
+    try:
+        top = placed({"embed.weight": raw.pop("embed_tokens.weight"), "final_norm": raw.pop("norm.weight")})
+        model.embed.load_state_dict({"weight": top["embed.weight"]}, assign=True)
+        model.final_norm = nn.Parameter(top["final_norm"], requires_grad=False)
+        for i, (layer, spec) in enumerate(zip(model.layers, cfg.layers, strict=True)):
+            layer.load_state_dict(placed(_layer_state(raw, i, spec)), assign=True, strict=True)
+            if scales is not None:
+                layer.to_fp8s(scales)
+    except KeyError as exc:
+        raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
+    return model.eval().requires_grad_(False)

@@ -64,11 +64,11 @@ def missing_table_error(name: str, model_id: str, revision: str, folder: str | P
     )
 
 
-def load_scale_table(model, name: str, model_id: str, revision: str, folder: str | Path) -> str:
-    """Find the table of the checkpoint revision, check it, quantize ``model`` to fp8s with it; return its id.
+def read_scale_table(name: str, model_id: str, revision: str, folder: str | Path) -> tuple[Path, dict, str]:
+    """Find and check the table of a checkpoint revision: its path, its content and its id.
 
-    ``model`` is a float `Gemma4Text` (its ``to_fp8s`` refuses a table that misses one of its linears), ``name``
-    the served name the messages use. Raises `ModelError` when there is no table or it does not fit.
+    ``name`` is the served name the messages use. Raises `ModelError` when there is none or it names another
+    checkpoint revision; whether it covers every linear is checked where it is applied (``to_fp8s``).
     """
     path = find_table(model_id, revision, folder)
     if path is None:
@@ -80,11 +80,20 @@ def load_scale_table(model, name: str, model_id: str, revision: str, folder: str
             f"the scale table {path} is for {table.get('model')} at revision {table.get('revision')}, not "
             f"{model_id} at {revision}; recalibrate with `SPINF_MODEL={name} {CALIBRATE_COMMAND}`"
         )
+    return path, table, table_id(data)
+
+
+def load_scale_table(model, name: str, model_id: str, revision: str, folder: str | Path) -> str:
+    """Quantize a loaded float ``model`` to fp8s with the checkpoint revision's table (`read_scale_table`); its id.
+
+    The engine instead passes the scales to `load_gemma4_text`, which quantizes layer by layer as it loads.
+    """
+    path, table, found = read_scale_table(name, model_id, revision, folder)
     try:
         model.to_fp8s(table["scales"])
     except ModelError as exc:
         raise ModelError(f"{path}: {exc}") from exc
-    return table_id(data)
+    return found
 
 
 def _parse_table(data: bytes, path: Path) -> dict:

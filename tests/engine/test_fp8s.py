@@ -45,3 +45,29 @@ def test_a_scale_table_missing_a_linear_is_refused(tiny_cache):
     scales = dict.fromkeys(engine.model.linear_names()[1:], 1.0)
     with pytest.raises(Exception, match=r"^the scale table has no scale for 1 linears, e\.g\. layers\.0\.wqkv$"):
         engine.model.to_fp8s(scales)
+
+
+def test_loading_with_scales_quantizes_each_layer_as_to_fp8s_does(tiny_engine):
+    import torch
+
+    from spinf.engine.model import load_gemma4_text
+
+    scales = dict.fromkeys(tiny_engine.model.linear_names(), 0.5)
+    while_loading = load_gemma4_text(tiny_engine.folder, scales=scales)
+    afterwards = load_gemma4_text(tiny_engine.folder)
+    afterwards.to_fp8s(scales)
+    for a, b in zip(while_loading.layers, afterwards.layers, strict=True):
+        assert a.fp8.keys() == b.fp8.keys() == {"wqkv", "wo", "w_gate_up", "w_down"}
+        for name, (weight, scale) in a.fp8.items():
+            other, other_scale = b.fp8[name]
+            assert torch.equal(weight.data.view(torch.uint8), other.data.view(torch.uint8))
+            assert (torch.equal(weight.scale, other.scale), scale) == (True, other_scale)
+            assert getattr(a, name).weight.numel() == 0
+
+
+def test_a_table_missing_a_linear_is_refused_before_loading(tiny_engine):
+    from spinf.engine.model import load_gemma4_text
+
+    scales = dict.fromkeys(tiny_engine.model.linear_names()[:-1], 0.5)
+    with pytest.raises(Exception, match=r"^the scale table has no scale for 1 linears"):
+        load_gemma4_text(tiny_engine.folder, scales=scales)
