@@ -19,8 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from spinf.engine.quant import E4M3_MAX
-
 _GELU_COLUMNS = 1024  # columns per program of `gelu_mul` (fixed)
 
 
@@ -41,6 +39,7 @@ def _rms(x, w, n, eps):
     return _bf16(x * (1.0 / tl.sqrt(mean + eps)) * w)
 
 
+# Stores a row in bf16, or quantized: ``y / scale`` clamped to ±448 (`spinf.engine.quant.E4M3_MAX`), cast to e4m3.
 @triton.jit
 def _store_row(out_ptr, offs, mask, y, inv_scale, QUANT: tl.constexpr):
     if QUANT:
@@ -278,9 +277,6 @@ def prepare_qkv(
             D=head_dim,
         )
     return out[:, :heads], out[:, heads : heads + kv_heads], out[:, heads + kv_heads :]
-
-
-assert E4M3_MAX == 448.0  # the kernels clamp to the e4m3 range as literals
 
 
 @triton.jit
