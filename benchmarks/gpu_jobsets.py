@@ -1,8 +1,9 @@
-"""The job sets J1–J4 on the 12B-shaped random model: the engine as it is now, and optionally the baseline.
+"""The job sets J1–J4 on the 12B-shaped random model in bf16, and optionally the baseline (shared pieces too).
 
 Run on the GPU machine: ``python benchmarks/gpu_jobsets.py [--jobs J1,J2,J3,J4] [--baseline]``. It builds our
-`Gemma4Text` in the 12B shape of engine spec B.19 with random weights on the GPU in bf16 (the fp8s path does not
-exist yet), scores each job set with the current engine code (parse, compile, `Scorer`), and with ``--baseline``
+`Gemma4Text` in the 12B shape of engine spec B.19 with random weights on the GPU in bf16 (the fp8s measurement of
+issue 5 is benchmarks/gpu_fast.py, which reuses this module's pieces), scores each job set as `Engine.score` does
+(parse, then `spinf.engine.pipeline.score_streamed`), and with ``--baseline``
 frees it, builds transformers' model with the same weights and times `benchmarks.baseline` on the same bodies.
 Token ids come from the built-in tiny tokenizer (8,192 ids, all valid in the 262,144-id vocabulary), so the job
 sets' token counts are the tiny tokenizer's, not the real 12B tokenizer's.
