@@ -24,9 +24,9 @@ from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel  
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.packing import pack  # noqa: E402
 
-CANDIDATES = {  # (M = query rows × heads per KV head, BN, warps, stages)
-    256: [(64, 64, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 1), (64, 32, 4, 2), (128, 32, 8, 2)],
-    512: [(64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 1), (64, 64, 8, 1)],
+CANDIDATES = {  # (M = query rows × heads per KV head, BN, warps, stages); the first is the fixed configuration
+    256: [(32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 3), (32, 32, 4, 3), (16, 64, 4, 2)],
+    512: [(32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 4, 3), (32, 16, 4, 2), (16, 16, 4, 2)],
 }
 KINDS = {256: (16, 8, 1024), 512: (16, 1, None)}
 
