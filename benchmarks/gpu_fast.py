@@ -32,7 +32,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, build_random_engine_model, scaled  # noqa: E402
 from benchmarks.gpu_jobsets import (  # noqa: E402
     RESULTS,
@@ -41,15 +40,15 @@ from benchmarks.gpu_jobsets import (  # noqa: E402
     engine_call,
     job_bodies,
     note_row,
+    parse_body,
     tiny_tokenizer,
 )
 from benchmarks.gpu_probe import timed  # noqa: E402
 from spinf.engine.compiler import EngineShape, compile_request  # noqa: E402
-from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
+from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, round_up  # noqa: E402
 from spinf.engine.quant import AmaxRecorder  # noqa: E402
 from spinf.engine.results import input_results  # noqa: E402
 from spinf.engine.scorer import Scorer  # noqa: E402
-from spinf.protocol.request import parse_score_request  # noqa: E402
 
 
 def fp8_peak_tflops(device: torch.device) -> float | None:
@@ -75,8 +74,7 @@ def calibration_corpus() -> list[dict]:
 
 
 def compiled(body: dict, tokenizer, shape: EngineShape):
-    req = parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
-    return compile_request(req, tokenizer, shape)
+    return compile_request(parse_body(body), tokenizer, shape)
 
 
 def keyed(body: dict, results: list[dict]) -> dict:

@@ -99,12 +99,16 @@ def job_bodies(name: str, max_inputs: int | None) -> tuple[list[dict] | None, st
     return bodies, note
 
 
+def parse_body(body: dict):
+    """A job-set body parsed as a trusted call with the benchmarks' limits (`BENCH_LIMITS`)."""
+    return parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
+
+
 def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, body: dict) -> Call:
     """One body through the engine as `Engine.score` runs it (parse, then `score_streamed`: compile, run and read
     back overlapped); the option log-probs."""
     started = time.perf_counter()
-    req = parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
-    scored = score_streamed(scorer, tokenizer, shape, req)
+    scored = score_streamed(scorer, tokenizer, shape, parse_body(body))
     compiled, results, stats = scored.compiled, scored.results, scored.stats
     seconds = time.perf_counter() - started
     logprobs = [

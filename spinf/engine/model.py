@@ -21,7 +21,7 @@ from torch import nn
 from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
 from spinf.engine.gemm import gpu_mm, row_stable_mm
-from spinf.engine.quant import Fp8Weight, fp8_linear, fp8_matmul
+from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.errors import ModelError
 
 
@@ -176,22 +176,21 @@ class DecoderLayer(nn.Module):
     def _input_scale(self, name: str) -> float | None:
         return self.fp8[name][1] if name in self.fp8 else None
 
-    def _gemm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """A linear on an input already prepared by a fused kernel: e4m3 under fp8s, else bf16."""
+    def _gemm(self, name: str, x: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """A linear on an input already prepared for it: e4m3 (quantized by its static scale) under fp8s, else
+        in the input's dtype, row-stable on either device."""
         if name in self.fp8:
             weight, scale = self.fp8[name]
-            return fp8_matmul(x, weight, scale)
-        return gpu_mm(x, getattr(self, name).weight)
-
-    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """One of the layer's linears: fp8 with its static input scale once quantized, else in the model dtype."""
-        if self.observer is not None:
-            self.observer(self.prefix + name, x)
-        if name in self.fp8:
-            weight, scale = self.fp8[name]
-            return fp8_linear(x, weight, scale, out_dtype=x.dtype)
+            return fp8_matmul(x, weight, scale, out_dtype=out_dtype)
         weight = getattr(self, name).weight
         return gpu_mm(x, weight) if x.is_cuda else row_stable_mm(x, weight)
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One of the layer's linears on a model-dtype input: the plain path (and calibration, which observes it)."""
+        if self.observer is not None:
+            self.observer(self.prefix + name, x)
+        scale = self._input_scale(name)
+        return self._gemm(name, x if scale is None else quantize(x, scale), out_dtype=x.dtype)
 
 
 class Gemma4Text(nn.Module):

@@ -74,6 +74,9 @@ class Scorer:
         self.model = model
         self.device = device
         self.token_budget = token_budget
+        # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
+        heads = model.cfg.num_heads
+        self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
 
     def run_many(self, job_lists: list[list[Job]]) -> tuple[list[dict[tuple[int, int, int], float]], RunStats]:
         """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices.
@@ -84,14 +87,13 @@ class Scorer:
         started = time.perf_counter()
         owners = [(r, j) for r, jobs in enumerate(job_lists) for j in range(len(jobs))]
         jobs = [job for jobs in job_lists for job in jobs]
-        group = self._launch_group(jobs, pack([job.num_tokens for job in jobs], self.token_budget))
+        group = self._launch_group(jobs, self._pack(jobs, range(len(jobs))))
         found, busy = self._finish(group)
         values: list[dict[tuple[int, int, int], float]] = [{} for _ in job_lists]
         for (j, node, token), value in found.items():
             request, local = owners[j]
             values[request][(local, node, token)] = value
-        stats = RunStats(len(group.layouts), sum(layout.num_tokens for layout in group.layouts), busy, 0.0)
-        return values, attrs.evolve(stats, wall_s=time.perf_counter() - started)
+        return values, attrs.evolve(group.stats(busy), wall_s=time.perf_counter() - started)
 
     def stream(self, jobs: list[Job], arrivals, stats: list[RunStats] | None = None):
         """Run jobs as they arrive, keeping the device busy while the caller makes more and reads what finished.
@@ -104,40 +106,39 @@ class Scorer:
         changes a score (tree attention), so the values are those `run_many` gives.
         """
         waiting: list[int] = []
+        waiting_tokens = 0
         in_flight: list[_Group] = []
         launched = False
         for indices in arrivals:
             waiting.extend(indices)
+            waiting_tokens += sum(jobs[i].num_tokens for i in indices)
             window = 2 * self.token_budget if launched else self.token_budget  # the first one starts the device
-            if sum(jobs[i].num_tokens for i in waiting) < window:
+            if waiting_tokens < window:
                 continue
             launched = True
-            passes = [
-                [waiting[k] for k in members]
-                for members in pack([jobs[i].num_tokens for i in waiting], self.token_budget)
-            ]
+            passes = self._pack(jobs, waiting)
             held = min(range(len(passes)), key=lambda p: (sum(jobs[i].num_tokens for i in passes[p]), p))
             waiting = passes.pop(held)
+            waiting_tokens = sum(jobs[i].num_tokens for i in waiting)
             in_flight.append(self._launch_group(jobs, passes))
             while len(in_flight) > 1:
                 yield self._finished(in_flight.pop(0), stats)
         if waiting:
-            in_flight.append(
-                self._launch_group(
-                    jobs,
-                    [
-                        [waiting[k] for k in members]
-                        for members in pack([jobs[i].num_tokens for i in waiting], self.token_budget)
-                    ],
-                )
-            )
+            in_flight.append(self._launch_group(jobs, self._pack(jobs, waiting)))
         while in_flight:
             yield self._finished(in_flight.pop(0), stats)
+
+    def _pack(self, jobs: list[Job], indices) -> list[list[int]]:
+        """The passes (lists of indices into ``jobs``) that ``indices`` pack into."""
+        indices = list(indices)
+        return [
+            [indices[k] for k in members] for members in pack([jobs[i].num_tokens for i in indices], self.token_budget)
+        ]
 
     def _finished(self, group: _Group, stats: list[RunStats] | None):
         found, busy = self._finish(group)
         if stats is not None:
-            stats.append(RunStats(len(group.layouts), sum(layout.num_tokens for layout in group.layouts), busy, 0.0))
+            stats.append(group.stats(busy))
         return [i for members in group.members for i in members], found
 
     def _launch_group(self, jobs: list[Job], passes: list[list[int]]) -> _Group:
@@ -176,7 +177,7 @@ class Scorer:
 
     @torch.inference_mode()
     def launch(self, layout: PassLayout) -> Launched:
-        """Start one pass; the wanted log-probs, flat in ``layout.read_columns`` order, come with `_collect`."""
+        """Start one pass; its wanted log-probs, flat in ``layout.read_columns`` order (`_finish` reads them)."""
         flat_rows = [r for r, cols in enumerate(layout.read_columns) for _ in cols]
         flat_cols = [c for cols in layout.read_columns for c in cols]
         if self.device.type != "cuda":
@@ -193,9 +194,7 @@ class Scorer:
 
         done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         done[0].record()
-        heads = self.model.cfg.num_heads
-        sizes = {tile_rows(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.model.layers}
-        kernel = kernel_plan(layout, self.device, sizes)
+        kernel = kernel_plan(layout, self.device, {tile_rows(dim, group) for dim, group in self._tile_sizes})
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
         token_ids = to_device(np.asarray(layout.token_ids, dtype=np.int64), self.device)
@@ -211,13 +210,6 @@ class Scorer:
         )
         done[1].record()
         return Launched(picked, done)
-
-    def run_pass(self, layout: PassLayout) -> list[list[float]]:
-        """Log-probs of each read row's wanted tokens, as nested lists in ``layout.read_columns`` order."""
-        item = self.launch(layout)
-        flat = item.picked.double().tolist()
-        offsets = _pick_offsets(layout)
-        return [flat[offsets[r] : offsets[r] + len(cols)] for r, cols in enumerate(layout.read_columns)]
 
 
 @attrs.frozen
@@ -238,6 +230,9 @@ class _Group:
     launched: list[Launched]
     host: torch.Tensor | None = None  # pinned copy of every pass's picks (GPU)
     ready: torch.cuda.Event | None = None  # recorded after that copy
+
+    def stats(self, busy: float) -> RunStats:
+        return RunStats(len(self.layouts), sum(layout.num_tokens for layout in self.layouts), busy, 0.0)
 
 
 def _pick_offsets(layout: PassLayout) -> list[int]:
