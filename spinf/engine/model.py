@@ -3,7 +3,9 @@
 Written as plain modules (gpt-fast style) and checked against transformers' definitions by the tests. Weights are
 loaded from memory-mapped safetensors onto modules built on the ``meta`` device; q/k/v and gate/up are fused at
 load so the forward stays a handful of GEMMs per layer. The forward returns hidden states; only the rows where an
-option token is read go through the final norm and the LM head (`Gemma4Text.read_logprobs`).
+option token is read go through the final norm and the LM head (`Gemma4Text.read_logprobs` on the CPU,
+`Gemma4Text.option_logprobs` on a GPU). On a GPU with bf16 activations each layer runs `_forward_fused`, the same
+arithmetic through the Triton kernels of `spinf.engine.kernels`.
 """
 
 from __future__ import annotations
