@@ -2,7 +2,7 @@
 
 Run on the GPU machine: ``python benchmarks/attention_configs.py``. For the 12B's two layer kinds (sliding: head dim
 256, 16 query heads over 8 KV heads, window 1024; full: head dim 512, 16 query heads over one KV head) it times one
-kernel call per (BM, BN, warps, stages) candidate on random q/k/v and prints milliseconds per call. The fixed
+kernel call per (M, HG, BN, BP, warps, stages) candidate on random q/k/v and prints milliseconds per call. The fixed
 configuration in `spinf.engine.kernels.attention.CONFIGS` is chosen from these figures (every candidate gives each
 row the same bits wherever it sits; they differ only in speed and in low bits between configurations).
 """
@@ -24,9 +24,21 @@ from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel  
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.packing import pack  # noqa: E402
 
-CANDIDATES = {  # (M = query rows × heads per KV head, BN, warps, stages); the first is the fixed configuration
-    256: [(32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 3), (32, 32, 4, 3), (16, 64, 4, 2)],
-    512: [(32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 4, 3), (32, 16, 4, 2), (16, 16, 4, 2)],
+CANDIDATES = {  # (M = query rows × heads per program, HG, BN, BP, warps, stages); the first is the fixed one
+    256: [
+        (64, 0, 32, 16, 4, 2),
+        (64, 0, 32, 32, 4, 2),
+        (64, 1, 32, 16, 4, 2),
+        (32, 0, 64, 16, 4, 2),
+        (64, 0, 16, 16, 4, 2),
+    ],
+    512: [
+        (32, 0, 32, 32, 4, 2),
+        (32, 0, 32, 16, 4, 2),
+        (32, 8, 32, 32, 4, 2),
+        (64, 4, 32, 16, 8, 1),
+        (32, 4, 32, 16, 4, 2),
+    ],
 }
 KINDS = {256: (16, 8, 1024), 512: (16, 1, None)}
 
@@ -64,7 +76,7 @@ def main() -> None:
                 reference = out if reference is None else reference
                 diff = (out.float() - reference.float()).abs().max().item()
                 print(
-                    f"  d={dim} BM,BN,warps,stages={config}: {seconds * 1000:.3f} ms (max |Δ| vs first {diff:.2e})",
+                    f"  d={dim} {config}: {seconds * 1000:.3f} ms (max |Δ| vs first {diff:.2e})",
                     flush=True,
                 )
 

@@ -218,6 +218,7 @@ def parse_args(argv):
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-results", action="store_true")
     p.add_argument("--profile", type=Path, default=None, help="profile one call of each job set into this folder")
+    p.add_argument("--timeline", type=Path, default=None, help="host/device timeline of one call per job set, here")
     p.add_argument("--parity-record", type=Path, default=None, help="record the built-in parity fixture here")
     p.add_argument("--parity-reference", type=Path, default=None, help="compare the parity fixture with this file")
     return p.parse_args(argv)
@@ -304,6 +305,20 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
         args.profile.mkdir(parents=True, exist_ok=True)
         for name, bodies in jobs.items():
             profile(lambda body: engine_call(scorer, tokenizer, shape, body), bodies[0], args.profile / f"{name}.txt")
+    if args.timeline is not None:
+        from benchmarks.timeline import Timeline
+
+        args.timeline.mkdir(parents=True, exist_ok=True)
+        for name, bodies in jobs.items():
+            with Timeline(scorer) as timeline:
+                engine_call(scorer, tokenizer, shape, bodies[0])
+            text = timeline.report(name)
+            (args.timeline / f"{name}.txt").write_text(text + "\n")
+            lines = text.splitlines()
+            print(
+                "\n".join(lines[:1] + [line for line in lines if line.lstrip().startswith(("gap", "tail"))]),
+                flush=True,
+            )
     bench._run_jobs(lambda body: engine_call(scorer, tokenizer, shape, body), f"engine, {args.scheme}")
     if args.parity_record or args.parity_reference:
         parity(args, scorer, tokenizer, report)

@@ -25,6 +25,23 @@ if not torch.cuda.is_available():
             scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
         _interpreter._patch_lang_tensor = _patch_lang_tensor
+    if _interpreter is not None and hasattr(_interpreter, "InterpreterBuilder"):
+        # The interpreter's tl.dot is numpy's matmul, whose BLAS gives an element low bits that depend on where it
+        # sits in the product (edge blocks take other code paths). A GPU tensor-core product does not, and the
+        # kernels' invariance rests on that, so on the CPU every element is summed the same way: in k order.
+        import numpy as _np
+
+        def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            a_data, b_data = a.data, b.data
+            if (a.dtype.primitive_bitwidth == 8 and a.dtype.is_floating()) or (
+                b.dtype.primitive_bitwidth == 8 and b.dtype.is_floating()
+            ):
+                raise NotImplementedError("fp8 tile products are checked on the GPU only")
+            dtype = d.data.dtype
+            products = a_data.astype(dtype)[:, :, None] * b_data.astype(dtype)[None, :, :]
+            return _interpreter.TensorHandle(_np.add.reduce(products, axis=1) + d.data, d.dtype.scalar)
+
+        _interpreter.InterpreterBuilder.create_dot = _create_dot
 
 
 def pytest_collection_modifyitems(config, items):

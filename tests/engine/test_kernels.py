@@ -38,14 +38,14 @@ def random_job(rng: random.Random, prefix_len: int, prompts: int, depth: int) ->
     return job
 
 
-def run_both(jobs, heads: int, kv_heads: int, dim: int, window: int | None, seed: int = 0):
+def run_both(jobs, heads: int, kv_heads: int, dim: int, window: int | None, seed: int = 0, config=None):
     layout = build_pass(jobs)
     n = layout.num_tokens
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(n, h, dim, generator=gen).to(ATTENTION_DTYPE) for h in (heads, kv_heads, kv_heads))
     reference = tree_attention(q, k, v, attention_plan(layout, torch.device("cpu")), window)
-    plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads)])
-    got = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, window)
+    plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads, config)])
+    got = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, window, config)
     return layout, reference, got.cpu()
 
 
@@ -68,6 +68,16 @@ def test_tree_attention_matches_the_torch_reference(prefixes, prompts, depth, wi
     jobs = [random_job(rng, p, prompts, depth) for p in prefixes]
     _, reference, got = run_both(jobs, heads, kv_heads, dim, window)
     assert torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(16, 1), (8, 2)])
+@pytest.mark.parametrize("config", [(32, 4, 32, 16, 4, 1), (16, 2, 16, 32, 4, 1)])
+def test_a_program_can_take_part_of_a_kv_heads_group(heads, kv_heads, config):
+    """With HG below the group size, a KV head's query heads are spread over several programs."""
+    rng = random.Random(5)
+    jobs = [random_job(rng, 40, 7, 6), random_job(rng, 9, 3, 3)]
+    _, reference, got = run_both(jobs, heads, kv_heads, 32, 12, config=config)
     torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)
 
 
@@ -103,6 +113,42 @@ def test_a_rows_bits_do_not_depend_on_what_shares_the_pass():
     alone = target_out([target], 0)
     assert torch.equal(alone, target_out([crowd[0], target, crowd[1]], 1))
     assert torch.equal(alone, target_out([crowd[1], crowd[0], target], 2))
+
+
+def test_a_questions_bits_do_not_depend_on_its_siblings():
+    """Per-question invariance inside a job: a prompt's rows get the same bits alone, among siblings that fork
+    off its path at various depths, and after siblings that shift it to other tile offsets."""
+    prefix = tuple(range(11, 11 + 29))
+    target = [7, 8, 9, 30, 31, 32, 33, 34, 35, 36]
+    siblings = [[7, 8, 9, 40, 41], [7, 8, 50], [7, 8, 9, 30, 31, 32, 60, 61, 62], [70] * 23, [7, 80, 81, 82]]
+    heads, kv_heads, dim = 4, 2, 32
+
+    def values(key, h):  # the same q/k/v for the same node (prefix position or token path), wherever it sits
+        gen = torch.Generator().manual_seed(hash(key) % (1 << 31))
+        return torch.randn(h, dim, generator=gen).to(ATTENTION_DTYPE)
+
+    def target_out(prompts):
+        job = Job(prefix=prefix)
+        for prompt in prompts:
+            job.trie.insert(prompt)
+        layout = build_pass([job])
+        keys = [("p", i) for i in range(len(prefix))]
+        keys += [("b", tuple(layout.token_ids[r] for r in path)) for path in layout.paths]
+        q, k, v = (
+            torch.stack([values((key, name), h) for key in keys])
+            for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads))
+        )
+        plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads)])
+        out = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, 32).cpu()
+        wanted = {tuple(target[: d + 1]) for d in range(len(target))}
+        return {key: out[r] for r, key in enumerate(keys) if key[0] == "b" and key[1] in wanted}
+
+    alone = target_out([target])
+    for prompts in ([*siblings, target], [siblings[3], target, *siblings[:3]], [siblings[2], target]):
+        crowd = target_out(prompts)
+        assert alone.keys() == crowd.keys()
+        for key, out in alone.items():
+            assert torch.equal(out, crowd[key]), (key, (out - crowd[key]).abs().max().item())
 
 
 def test_norm_rows_matches_rms_norm_and_the_quantizer():

@@ -1,18 +1,21 @@
 """Tree attention in one Triton kernel: the content part in key tiles anchored at the job's start, then the
-question's own path in root-first order, as one running softmax (engine spec C.1).
+question's own path in tiles anchored at the path's root, as one running softmax (engine spec C.1).
 
 The plain torch version is `spinf.engine.attention.tree_attention`; this kernel computes the same attention. A
-program takes a tile of ``BM`` query rows of one job and one query head:
+program takes a tile of query rows of one job and the query heads (all, or a fixed set) of one KV head:
 
 1. **Content part.** Keys are the job's prefix, visited in tiles of ``BN`` keys numbered from the job's first row,
    in ascending order. A query row sees key ``i`` when ``i <= pos`` (causal inside the prefix; a branch row's
    position is past the prefix, so it sees all of it) and, on sliding layers, ``pos - i < window``. The tiles a row
    visits, and the keys in each, depend on the content and the row's position alone.
-2. **Path part.** Then the row's path (ancestors root first, then itself) one key at a time, gathered through the
-   plan's path table, in fp32.
+2. **Path part.** A branch row's path (its ancestors root first, then itself) in tiles of ``BP`` path steps numbered
+   from the root: step ``s`` is the path's node at depth ``s``, so the steps a tile holds, and where, depend on the
+   row's own path alone. The tile's branch rows come in *segments*: runs of rows each the child of the one before
+   (a question's tokens), so every row of a segment has a prefix of the segment's last row's path. A segment's path
+   tiles are loaded once and serve all its rows, each row masking the steps deeper than itself.
 
-Every step updates the row's running maximum, normaliser and output. A step in which a row sees nothing (a tile
-outside its window, a path slot past its depth) leaves all three bit for bit unchanged, so which other rows share
+Every tile updates each row's running maximum, normaliser and output. A tile in which a row sees nothing (outside
+its window, past its depth, another segment's path) leaves all three bit for bit unchanged, so which other rows share
 the program, and how deep they go, never changes a row's result. One fixed configuration per head dimension; no
 autotuning.
 """
@@ -28,24 +31,48 @@ import triton.language as tl
 from spinf.engine.layout import PassLayout
 
 NO_WINDOW = 1 << 30
-# (M, BN, warps, stages) per head dimension, fixed, never tuned at run time. A program takes M (query row, head)
-# pairs: M // group query rows of one job times the group of query heads that share one KV head, so the group
-# shares each key and value tile it loads.
-# (benchmarks/attention_configs.py, H200, J1's first pass of 16,145 rows: d=256 1.33 ms, d=512 2.44 ms per layer)
-CONFIGS = {256: (32, 64, 4, 2), 512: (32, 32, 4, 2)}
-SMALL_CONFIG = (32, 32, 4, 1)  # head dims below 256 (test models)
+# (M, HG, BN, BP, warps, stages) per head dimension, fixed, never tuned at run time. A program takes M (query row,
+# head) pairs: M // HG query rows of one job times HG of the query heads that share one KV head (0: all of them),
+# so those heads share each key and value tile it loads. BN keys per content tile, BP steps per path tile.
+CONFIGS = {256: (64, 0, 32, 16, 4, 2), 512: (32, 0, 32, 32, 4, 2)}
+SMALL_CONFIG = (32, 0, 32, 16, 4, 1)  # head dims below 256 (test models)
+TILE_COLUMNS = 6  # first row, end row, job start, prefix length, first segment, segment count
+SEGMENT_COLUMNS = 4  # first row, end row, last row, that row's path length
 
 
-def config_for(head_dim: int) -> tuple[int, int, int, int]:
+def config_for(head_dim: int) -> tuple[int, int, int, int, int, int]:
     return CONFIGS.get(head_dim, SMALL_CONFIG)
 
 
-def tile_rows(head_dim: int, group: int, config: tuple[int, int, int, int] | None = None) -> int:
-    """Query rows per program for a layer kind: the config's M over the heads that share a KV head."""
-    m = (config or config_for(head_dim))[0]
-    if m % group:
-        raise ValueError(f"a tile of {m} (row, head) pairs cannot hold whole groups of {group} heads")
-    return m // group
+def heads_per_program(group: int, config: tuple[int, ...]) -> int:
+    """The query heads a program takes: the config's HG, or the whole group of a KV head."""
+    hg = config[1] or group
+    if group % hg:
+        raise ValueError(f"{hg} heads per program do not divide a group of {group} heads")
+    return hg
+
+
+def tile_rows(head_dim: int, group: int, config: tuple[int, ...] | None = None) -> int:
+    """Query rows per program for a layer kind: the config's M over the heads a program takes."""
+    config = config or config_for(head_dim)
+    hg = heads_per_program(group, config)
+    if config[0] % hg:
+        raise ValueError(f"a tile of {config[0]} (row, head) pairs cannot hold whole sets of {hg} heads")
+    return config[0] // hg
+
+
+@triton.jit
+def _softmax_step(q, k, v, seen, m, total, acc, PRECISION: tl.constexpr):
+    """One key tile into the running softmax; a row that sees none of it keeps its state bit for bit."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_use)
+    p = tl.exp(s - m_use[:, None])
+    total = total * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, total, acc
 
 
 @triton.jit
@@ -57,6 +84,7 @@ def _tree_attention_kernel(
     pos_ptr,
     path_ptr,
     tiles_ptr,
+    segs_ptr,
     q_row,
     k_row,
     v_row,
@@ -65,23 +93,27 @@ def _tree_attention_kernel(
     window,
     inv_scale,
     GROUP: tl.constexpr,
+    HG: tl.constexpr,
     D: tl.constexpr,
     M: tl.constexpr,
     BN: tl.constexpr,
+    BP: tl.constexpr,
     PRECISION: tl.constexpr,
     QUANT: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    first = tl.load(tiles_ptr + tile * 5 + 0)
-    end = tl.load(tiles_ptr + tile * 5 + 1)
-    job = tl.load(tiles_ptr + tile * 5 + 2).to(tl.int64)
-    prefix_len = tl.load(tiles_ptr + tile * 5 + 3)
-    depth = tl.load(tiles_ptr + tile * 5 + 4)
+    kv_head = tl.program_id(1) // (GROUP // HG)
+    head_set = tl.program_id(1) % (GROUP // HG)
+    first = tl.load(tiles_ptr + tile * 6 + 0)
+    end = tl.load(tiles_ptr + tile * 6 + 1)
+    job = tl.load(tiles_ptr + tile * 6 + 2).to(tl.int64)
+    prefix_len = tl.load(tiles_ptr + tile * 6 + 3)
+    seg_first = tl.load(tiles_ptr + tile * 6 + 4)
+    seg_count = tl.load(tiles_ptr + tile * 6 + 5)
 
-    pair = tl.arange(0, M)  # (query row, head) pairs: row-major over the group's heads
-    rows = (first + pair // GROUP).to(tl.int64)
-    heads = kv_head * GROUP + pair % GROUP
+    pair = tl.arange(0, M)  # (query row, head) pairs: row-major over the program's heads
+    rows = (first + pair // HG).to(tl.int64)
+    heads = kv_head * GROUP + head_set * HG + pair % HG
     live = rows < end
     dims = tl.arange(0, D)
     q = tl.load(q_ptr + rows[:, None] * q_row + heads[:, None] * D + dims[None, :], mask=live[:, None], other=0.0)
@@ -99,42 +131,34 @@ def _tree_attention_kernel(
         k = tl.load(
             k_ptr + (job + keys)[:, None] * k_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
         )
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_use)
-        p = tl.exp(s - m_use[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_ptr + (job + keys)[:, None] * v_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
+        m, total, acc = _softmax_step(q, k, v, seen, m, total, acc, PRECISION)
 
-    # path part: the row's own path, root first, one key per pair and step. The gathered keys form an [M, D]
-    # tile whose row i belongs to pair i, so the wanted scores are the diagonal of q · kᵀ and the weighted
-    # values a diagonal p times v: tensor-core products in which each pair sees only its own key. (Fetching two
-    # steps ahead was measured slower: 1.44 against 1.33 ms at d=256, and register spills at d=512.)
-    diagonal = pair[:, None] == pair[None, :]
-    for step in range(0, depth):
-        at = tl.load(path_ptr + rows * path_width + step, mask=live, other=-1).to(tl.int64)
-        seen = at >= 0
-        k_pos = tl.load(pos_ptr + at, mask=seen, other=0)
-        seen = seen & (q_pos - k_pos < window)
-        k = tl.load(k_ptr + at[:, None] * k_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
-        s = tl.sum(tl.where(diagonal, tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0), axis=1)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, s)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_use)
-        p = tl.exp(s - m_use)
-        total = total * alpha + p
-        v = tl.load(v_ptr + at[:, None] * v_row + kv_head * D + dims[None, :], mask=seen[:, None], other=0.0)
-        weights = tl.where(diagonal, p[:, None], 0.0).to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(weights, v, input_precision=PRECISION)
-        m = m_new
+    # path part: per segment, its last row's path in BP-step tiles counted from the root; a row sees the steps up
+    # to its own depth (its position past the prefix). Step s sits at position prefix_len + s.
+    depth = q_pos - prefix_len
+    for g in range(seg_first, seg_first + seg_count):
+        seg_start = tl.load(segs_ptr + g * 4 + 0)
+        seg_end = tl.load(segs_ptr + g * 4 + 1)
+        last = tl.load(segs_ptr + g * 4 + 2).to(tl.int64)
+        path_len = tl.load(segs_ptr + g * 4 + 3)
+        member = live & (rows >= seg_start) & (rows < seg_end)
+        for block in range(0, tl.cdiv(path_len, BP)):
+            steps = block * BP + tl.arange(0, BP)
+            on_path = steps < path_len
+            at = tl.load(path_ptr + last * path_width + steps, mask=on_path, other=0).to(tl.int64)
+            k = tl.load(k_ptr + at[:, None] * k_row + kv_head * D + dims[None, :], mask=on_path[:, None], other=0.0)
+            v = tl.load(v_ptr + at[:, None] * v_row + kv_head * D + dims[None, :], mask=on_path[:, None], other=0.0)
+            seen = (
+                member[:, None]
+                & on_path[None, :]
+                & (steps[None, :] <= depth[:, None])
+                & (q_pos[:, None] - prefix_len - steps[None, :] < window)
+            )
+            m, total, acc = _softmax_step(q, k, v, seen, m, total, acc, PRECISION)
 
     out = acc / total[:, None]
     if QUANT:  # the fp8s quantizer of the o projection's input, applied to the rounded output
@@ -151,23 +175,40 @@ class KernelPlan:
     """What the kernel reads about a pass, on the device.
 
     ``paths[r]`` lists row ``r``'s path as stream rows (root first, the row itself last), then -1; prefix rows
-    have no path. ``tiles[bm]`` holds one ``(first row, end row, job start, prefix length, deepest path)`` per
-    tile of ``bm`` query rows; tiles never cross a job.
+    have no path. ``tiles[bm]`` holds one row of `TILE_COLUMNS` per tile of ``bm`` query rows (tiles never cross a
+    job) and ``segments[bm]`` the tiles' segments, one row of `SEGMENT_COLUMNS` each: a run of branch rows, each the
+    child of the one before, inside one tile.
     """
 
     positions: torch.Tensor  # [N] int32
     paths: torch.Tensor  # [N, depth] int32
-    tiles: dict[int, torch.Tensor]  # BM -> [T, 5] int32
+    tiles: dict[int, torch.Tensor]  # BM -> [T, 6] int32
+    segments: dict[int, torch.Tensor]  # BM -> [S, 4] int32
 
 
-def _tiles(spans, depth_of_row: np.ndarray, bm: int) -> np.ndarray:
-    out = []
+def _tiles(spans, parent: np.ndarray, path_len: np.ndarray, bm: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tile and segment tables for tiles of ``bm`` rows. ``parent[r]`` is branch row r's parent row (-1 at the
+    root or for prefix rows); ``path_len[r]`` its path length (0 for prefix rows)."""
+    tiles, segments = [], []
     for start, prefix_len, branches in spans:
         end = start + prefix_len + branches
         for first in range(start, end, bm):
             last = min(first + bm, end)
-            out.append((first, last, start, prefix_len, int(depth_of_row[first:last].max(initial=0))))
-    return np.asarray(out, dtype=np.int32).reshape(-1, 5)
+            seg_first = len(segments)
+            rows = np.arange(max(first, start + prefix_len), last)
+            if len(rows):
+                breaks = np.flatnonzero(parent[rows] != rows - 1)
+                opens = rows[np.union1d([0], breaks)]
+                closes = np.append(opens[1:], last)
+                for a, b in zip(opens.tolist(), closes.tolist(), strict=True):
+                    segments.append((a, b, b - 1, int(path_len[b - 1])))
+            tiles.append((first, last, start, prefix_len, seg_first, len(segments) - seg_first))
+    if not segments:
+        segments.append((0, 0, 0, 0))  # no tile refers to it; the kernel gets a real pointer
+    return (
+        np.asarray(tiles, dtype=np.int32).reshape(-1, TILE_COLUMNS),
+        np.asarray(segments, dtype=np.int32).reshape(-1, SEGMENT_COLUMNS),
+    )
 
 
 def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
@@ -176,15 +217,19 @@ def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
     n = layout.num_tokens
     depth = max((len(p) for p in layout.paths), default=0)
     paths = np.full((n, max(depth, 1)), -1, dtype=np.int32)
-    depth_of_row = np.zeros(n, dtype=np.int32)
+    parent = np.full(n, -1, dtype=np.int64)
+    path_len = np.zeros(n, dtype=np.int32)
     for row, path in zip(layout.branch_rows, layout.paths, strict=True):
         paths[row, : len(path)] = path
-        depth_of_row[row] = len(path)
-    tiles = {bm: _tiles(layout.spans, depth_of_row, bm) for bm in sorted(set(sizes))}
+        path_len[row] = len(path)
+        if len(path) > 1:
+            parent[row] = path[-2]
+    tables = {bm: _tiles(layout.spans, parent, path_len, bm) for bm in sorted(set(sizes))}
     return KernelPlan(
         positions=to_device(np.asarray(layout.positions, dtype=np.int32), device),
         paths=to_device(paths, device),
-        tiles={bm: to_device(t, device) for bm, t in tiles.items()},
+        tiles={bm: to_device(t, device) for bm, (t, _) in tables.items()},
+        segments={bm: to_device(s, device) for bm, (_, s) in tables.items()},
     )
 
 
@@ -202,27 +247,30 @@ def tree_attention_kernel(
     v: torch.Tensor,
     plan: KernelPlan,
     window: int | None,
-    config: tuple[int, int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
     out_scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of every row of a pass (softmax scale 1). q [N, H, D]; k, v [N, Hkv, D] -> [N, H, D] in q's dtype.
 
-    q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (M, BN, warps,
-    stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program. With
+    q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (M, HG, BN, BP,
+    warps, stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program. With
     ``out_scale`` the output comes quantized to e4m3 (the o projection's fp8s input).
     """
     n, heads, dim = q.shape
     kv_heads = k.shape[1]
-    m, bn, warps, stages = config or config_for(dim)
+    config = config or config_for(dim)
+    m, _, bn, bp, warps, stages = config
+    hg = heads_per_program(heads // kv_heads, config)
     dtype = torch.float8_e4m3fn if out_scale is not None else q.dtype
     out = torch.empty((n, heads, dim), dtype=dtype, device=q.device)
-    tiles = plan.tiles[tile_rows(dim, heads // kv_heads, config)]
+    bm = tile_rows(dim, heads // kv_heads, config)
+    tiles = plan.tiles[bm]
     if n == 0 or tiles.shape[0] == 0:
         return out
     for t in (q, k, v):
         if t.stride(2) != 1 or t.stride(1) != dim:
             raise ValueError("tree attention needs heads laid out contiguously within a row")
-    _tree_attention_kernel[(tiles.shape[0], kv_heads)](
+    _tree_attention_kernel[(tiles.shape[0], heads // hg)](
         q,
         k,
         v,
@@ -230,6 +278,7 @@ def tree_attention_kernel(
         plan.positions,
         plan.paths,
         tiles,
+        plan.segments[bm],
         q.stride(0),
         k.stride(0),
         v.stride(0),
@@ -238,9 +287,11 @@ def tree_attention_kernel(
         NO_WINDOW if window is None else window,
         1.0 if out_scale is None else 1.0 / out_scale,
         GROUP=heads // kv_heads,
+        HG=hg,
         D=dim,
         M=m,
         BN=bn,
+        BP=bp,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not tf32
         QUANT=out_scale is not None,
         num_warps=warps,
