@@ -2,8 +2,8 @@
 
 Within a job the prefix comes first (positions ``0 … P-1``), then the trie's nodes in pre-order; a node at depth
 ``d`` gets position ``P + d``, so siblings reuse positions and every prompt sees exactly its solo positions
-(engine spec A.6). For each branch token the layout lists its path (ancestors root first, then itself) as stream
-rows; tree attention reads nothing else of the branch part of the pass.
+(engine spec A.6). For each branch token the layout lists its parent's stream row, which gives its path (ancestors
+root first, then itself); tree attention reads nothing else of the branch part of the pass.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class PassLayout:
     positions: list[int]
     spans: list[tuple[int, int, int]]  # per job: (start row, prefix length, branch count)
     branch_rows: list[int]
-    paths: list[list[int]]  # per branch row: the stream rows of its path, root first
+    parents: list[int]  # per branch row: its parent's stream row, -1 for a child of the prefix
     read_rows: list[int]  # distinct rows whose next-token distribution is read
     read_columns: list[list[int]]  # per read row: the token ids read there
     read_index: dict[tuple[int, int, int], tuple[int, int]]  # (job, node, token) -> (read row no., column no.)
@@ -28,12 +28,24 @@ class PassLayout:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def paths(self) -> list[list[int]]:
+        """Per branch row, the stream rows of its path, root first (built on demand; pre-order puts every parent
+        before its children)."""
+        path_of: dict[int, list[int]] = {}
+        out = []
+        for row, parent in zip(self.branch_rows, self.parents, strict=True):
+            path = [*path_of[parent], row] if parent >= 0 else [row]
+            path_of[row] = path
+            out.append(path)
+        return out
+
 
 def build_pass(jobs: list[Job]) -> PassLayout:
     """Lay out ``jobs`` in order; ``read_index`` maps each job's reads to where the scorer finds them."""
     token_ids: list[int] = []
     positions: list[int] = []
-    spans, branch_rows, paths = [], [], []
+    spans, branch_rows, parents = [], [], []
     read_rows: list[int] = []
     read_columns: list[list[int]] = []
     read_index: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -43,21 +55,21 @@ def build_pass(jobs: list[Job]) -> PassLayout:
             raise ValueError("a read at the end of an empty prefix has nothing to condition on")
         token_ids.extend(job.prefix)
         positions.extend(range(prefix_len))
-        row_of = {PREFIX_END: start + prefix_len - 1}
-        path_of: dict[int, list[int]] = {PREFIX_END: []}
         trie = job.trie
-        for node in trie.preorder():
-            row = len(token_ids)
-            row_of[node] = row
-            token_ids.append(trie.tokens[node])
-            positions.append(prefix_len + trie.depth[node])
-            path_of[node] = [*path_of[trie.parent[node]], row]
-            branch_rows.append(row)
-            paths.append(path_of[node])
-        spans.append((start, prefix_len, len(trie)))
+        order = trie.preorder()
+        base = start + prefix_len
+        row_of = [0] * len(order)
+        for k, node in enumerate(order):
+            row_of[node] = base + k
+        tokens, depth, parent = trie.tokens, trie.depth, trie.parent
+        token_ids.extend([tokens[node] for node in order])
+        positions.extend([prefix_len + depth[node] for node in order])
+        parents.extend([-1 if parent[node] == PREFIX_END else row_of[parent[node]] for node in order])
+        branch_rows.extend(range(base, base + len(order)))
+        spans.append((start, prefix_len, len(order)))
         by_row: dict[int, int] = {}
         for node, token in sorted(job.reads):
-            row = row_of[node]
+            row = base - 1 if node == PREFIX_END else row_of[node]
             if row not in by_row:
                 by_row[row] = len(read_rows)
                 read_rows.append(row)
@@ -65,4 +77,4 @@ def build_pass(jobs: list[Job]) -> PassLayout:
             k = by_row[row]
             read_index[(j, node, token)] = (k, len(read_columns[k]))
             read_columns[k].append(token)
-    return PassLayout(token_ids, positions, spans, branch_rows, paths, read_rows, read_columns, read_index)
+    return PassLayout(token_ids, positions, spans, branch_rows, parents, read_rows, read_columns, read_index)

@@ -58,8 +58,8 @@ def score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape,
     entries: dict[int, tuple[dict, list[dict]]] = {}
     floors: FloorCache = {}
     deferred: list = []
-    windows: list[RunStats] = []
-    for finished, found in scorer.stream(stream.jobs, arrivals(), windows):
+    per_pass: list[RunStats] = []
+    for finished, found in scorer.stream(stream.jobs, arrivals(), per_pass):
         values.update(found)
         for j in finished:
             i = owner[j]
@@ -73,9 +73,9 @@ def score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape,
             entries[i] = input_result(ci, values, floors, deferred)
     fill_floors(deferred, values, floors)
     stats = RunStats(
-        passes=sum(w.passes for w in windows),
-        packed_tokens=sum(w.packed_tokens for w in windows),
-        busy_s=sum(w.busy_s for w in windows),
+        passes=sum(w.passes for w in per_pass),
+        packed_tokens=sum(w.packed_tokens for w in per_pass),
+        busy_s=sum(w.busy_s for w in per_pass),
         wall_s=time.perf_counter() - started,
     )
     results = [entries[i][0] for i in range(len(compiled.inputs))]

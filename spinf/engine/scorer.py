@@ -99,11 +99,13 @@ class Scorer:
         """Run jobs as they arrive, keeping the device busy while the caller makes more and reads what finished.
 
         ``arrivals`` yields lists of indices into ``jobs`` (which may grow meanwhile). Jobs wait until a pass's
-        worth has arrived (two passes' worth after the first window); then they are packed, and every pass but
-        the least full one is launched (its jobs wait for the next window). Each window's values are read back
-        only after the next window is launched, so the device never waits for the host. Yields ``(finished job
-        indices, values keyed (job, node, token))``; appends one `RunStats` per window to ``stats``. Packing never
-        changes a score (tree attention), so the values are those `run_many` gives.
+        worth has arrived (two passes' worth after the first launch); then they are packed, the fullest pass is
+        launched and the rest wait. Launching one pass at a time lets the caller's work overlap the device: a GPU
+        queues about one pass of kernels, and launching a second one blocks the host until the first nearly ends.
+        Each pass is read back once the next one is launched; when arrivals end, the rest is packed and launched
+        pass by pass the same way. Yields ``(finished job indices, values keyed (job, node, token))``; appends one
+        `RunStats` per pass to ``stats``. Packing never changes a score (tree attention), so the values are those
+        `run_many` gives.
         """
         waiting: list[int] = []
         waiting_tokens = 0
@@ -112,19 +114,21 @@ class Scorer:
         for indices in arrivals:
             waiting.extend(indices)
             waiting_tokens += sum(jobs[i].num_tokens for i in indices)
-            window = 2 * self.token_budget if launched else self.token_budget  # the first one starts the device
-            if waiting_tokens < window:
+            if waiting_tokens < (2 if launched else 1) * self.token_budget:
                 continue
             launched = True
             passes = self._pack(jobs, waiting)
-            held = min(range(len(passes)), key=lambda p: (sum(jobs[i].num_tokens for i in passes[p]), p))
-            waiting = passes.pop(held)
-            waiting_tokens = sum(jobs[i].num_tokens for i in waiting)
-            in_flight.append(self._launch_group(jobs, passes))
+            sizes = [sum(jobs[i].num_tokens for i in members) for members in passes]
+            chosen = passes.pop(max(range(len(passes)), key=lambda p: (sizes[p], -p)))
+            waiting = [i for members in passes for i in members]
+            waiting_tokens -= sum(jobs[i].num_tokens for i in chosen)
+            in_flight.append(self._launch_group(jobs, [chosen]))
             while len(in_flight) > 1:
                 yield self._finished(in_flight.pop(0), stats)
-        if waiting:
-            in_flight.append(self._launch_group(jobs, self._pack(jobs, waiting)))
+        for members in self._pack(jobs, waiting):
+            in_flight.append(self._launch_group(jobs, [members]))
+            while len(in_flight) > 1:
+                yield self._finished(in_flight.pop(0), stats)
         while in_flight:
             yield self._finished(in_flight.pop(0), stats)
 

@@ -186,47 +186,58 @@ class KernelPlan:
     segments: dict[int, torch.Tensor]  # BM -> [S, 4] int32
 
 
-def _tiles(spans, parent: np.ndarray, path_len: np.ndarray, bm: int) -> tuple[np.ndarray, np.ndarray]:
-    """The tile and segment tables for tiles of ``bm`` rows. ``parent[r]`` is branch row r's parent row (-1 at the
-    root or for prefix rows); ``path_len[r]`` its path length (0 for prefix rows)."""
-    tiles, segments = [], []
-    for start, prefix_len, branches in spans:
-        end = start + prefix_len + branches
-        for first in range(start, end, bm):
-            last = min(first + bm, end)
-            seg_first = len(segments)
-            rows = np.arange(max(first, start + prefix_len), last)
-            if len(rows):
-                breaks = np.flatnonzero(parent[rows] != rows - 1)
-                opens = rows[np.union1d([0], breaks)]
-                closes = np.append(opens[1:], last)
-                for a, b in zip(opens.tolist(), closes.tolist(), strict=True):
-                    segments.append((a, b, b - 1, int(path_len[b - 1])))
-            tiles.append((first, last, start, prefix_len, seg_first, len(segments) - seg_first))
-    if not segments:
-        segments.append((0, 0, 0, 0))  # no tile refers to it; the kernel gets a real pointer
-    return (
-        np.asarray(tiles, dtype=np.int32).reshape(-1, TILE_COLUMNS),
-        np.asarray(segments, dtype=np.int32).reshape(-1, SEGMENT_COLUMNS),
-    )
+def _tiles(spans: np.ndarray, parent: np.ndarray, path_len: np.ndarray, bm: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tile and segment tables for tiles of ``bm`` rows. ``spans`` [jobs, 3] as in `PassLayout`; ``parent[r]``
+    is row r's parent row (-1 for prefix rows and children of the prefix); ``path_len[r]`` its path length."""
+    start, prefix_len, branches = spans[:, 0], spans[:, 1], spans[:, 2]
+    length = prefix_len + branches
+    count = -(-length // bm)  # tiles per job
+    offset = np.cumsum(count) - count  # each job's first tile
+    job = np.repeat(np.arange(len(spans)), count)
+    first = start[job] + (np.arange(count.sum()) - offset[job]) * bm
+    end = np.minimum(first + bm, (start + length)[job])
+    # a segment opens at a tile's first branch row and wherever a branch row is not the child of the row before
+    rows = np.arange(len(parent))
+    row_job = np.repeat(np.arange(len(spans)), length)
+    in_job = rows - start[row_job]
+    branch = in_job >= prefix_len[row_job]
+    opens = np.flatnonzero(branch & ((parent != rows - 1) | (in_job % bm == 0) | (in_job == prefix_len[row_job])))
+    seg_tile = offset[row_job[opens]] + in_job[opens] // bm
+    seg_end = np.minimum(np.append(opens[1:], len(parent)), end[seg_tile])
+    segments = np.stack([opens, seg_end, seg_end - 1, path_len[seg_end - 1]], axis=1)
+    tile_ids = np.arange(len(first))
+    seg_first = np.searchsorted(seg_tile, tile_ids, side="left")
+    seg_count = np.searchsorted(seg_tile, tile_ids, side="right") - seg_first
+    tiles = np.stack([first, end, start[job], prefix_len[job], seg_first, seg_count], axis=1)
+    if not len(segments):
+        segments = np.zeros((1, SEGMENT_COLUMNS), dtype=np.int64)  # no tile refers to it; the kernel gets a pointer
+    return tiles.astype(np.int32).reshape(-1, TILE_COLUMNS), segments.astype(np.int32)
 
 
 def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
     """The plan of ``layout`` with tile tables for each tile size in ``sizes`` (query rows per program, see
     `tile_rows`), copied to ``device`` without blocking."""
     n = layout.num_tokens
-    depth = max((len(p) for p in layout.paths), default=0)
-    paths = np.full((n, max(depth, 1)), -1, dtype=np.int32)
+    spans = np.asarray(layout.spans, dtype=np.int64).reshape(-1, 3)
+    positions = np.asarray(layout.positions, dtype=np.int64)
+    branch = np.asarray(layout.branch_rows, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
-    path_len = np.zeros(n, dtype=np.int32)
-    for row, path in zip(layout.branch_rows, layout.paths, strict=True):
-        paths[row, : len(path)] = path
-        path_len[row] = len(path)
-        if len(path) > 1:
-            parent[row] = path[-2]
-    tables = {bm: _tiles(layout.spans, parent, path_len, bm) for bm in sorted(set(sizes))}
+    parent[branch] = layout.parents
+    # a branch row's depth is its position past its job's prefix; its path has depth + 1 rows
+    prefix_of_row = np.repeat(spans[:, 1], spans[:, 1] + spans[:, 2])
+    path_len = np.zeros(n, dtype=np.int64)
+    depth = positions[branch] - prefix_of_row[branch]
+    path_len[branch] = depth + 1
+    width = int(path_len.max(initial=0))
+    paths = np.full((n, max(width, 1)), -1, dtype=np.int32)
+    for level in range(width):  # level by level: a row's path is its parent's, then itself
+        at = branch[depth == level]
+        if level:
+            paths[at, :level] = paths[parent[at], :level]
+        paths[at, level] = at
+    tables = {bm: _tiles(spans, parent, path_len, bm) for bm in sorted(set(sizes))}
     return KernelPlan(
-        positions=to_device(np.asarray(layout.positions, dtype=np.int32), device),
+        positions=to_device(positions.astype(np.int32), device),
         paths=to_device(paths, device),
         tiles={bm: to_device(t, device) for bm, (t, _) in tables.items()},
         segments={bm: to_device(s, device) for bm, (_, s) in tables.items()},
