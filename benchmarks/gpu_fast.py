@@ -44,6 +44,7 @@ from benchmarks.gpu_jobsets import (  # noqa: E402
     tiny_tokenizer,
 )
 from benchmarks.gpu_probe import timed  # noqa: E402
+from spinf.engine import hostgc  # noqa: E402
 from spinf.engine.compiler import EngineShape, compile_request  # noqa: E402
 from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, round_up  # noqa: E402
 from spinf.engine.quant import AmaxRecorder  # noqa: E402
@@ -292,6 +293,7 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     warm = time.perf_counter() - started
+    hostgc.settle()  # as the server does once warm
     report.line(
         note_row(
             "setup",

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from spinf.engine import hostgc
 from spinf.serving import ExecJob, ServerState, submit
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Warmup:
         if self.mode != "none":
             self.state.boot["warmup_s"] = round(trio.current_time() - started, 3)
         self.state.boot.update(warm=True, idle_gib=engine.idle_gib())
+        hostgc.settle()  # the model and libraries leave the collector's scans (spinf.engine.hostgc)
         self.state.warm = True
         log.info("warm-up (%s) done in %.1f s: ready", self.mode, trio.current_time() - started)
 

@@ -18,6 +18,7 @@ import torch
 
 from spinf._version import __version__
 from spinf.catalog import Checkpoint, ResolvedModel, find_checkpoint, resolve_model
+from spinf.engine import hostgc
 from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
@@ -266,7 +267,8 @@ class Engine:
     ) -> Prepared:
         """Parse and compile a body (CPU work, any thread): the jobs to run and what the answer needs."""
         started = time.perf_counter()
-        compiled = compile_request(self.parse(body, chat=chat, trusted=trusted), self.tokenizer, self.shape)
+        with hostgc.paused():
+            compiled = compile_request(self.parse(body, chat=chat, trusted=trusted), self.tokenizer, self.shape)
         return Prepared(request_id or new_request_id(), compiled, time.perf_counter() - started)
 
     def parse(self, body: object, *, chat: bool = False, trusted: bool = False) -> ScoreRequest:
@@ -282,7 +284,8 @@ class Engine:
 
     def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
         """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
-        return self.scorer.run_many(job_lists)
+        with hostgc.paused():
+            return self.scorer.run_many(job_lists)
 
     def respond(
         self,
@@ -296,7 +299,10 @@ class Engine:
         """The response body of api spec §5.1 for a prepared request and its read log-probs (or its ``results``
         and ``low_option_mass`` warnings, already made from them)."""
         req, compiled = prepared.compiled.request, prepared.compiled
-        results, mass_warnings = results if results is not None else input_results(compiled, values)
+        if results is None:
+            with hostgc.paused():
+                results = input_results(compiled, values)
+        results, mass_warnings = results
         response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
         response["model"] = req.model if req.model is not None else self.served_name
         if req.endpoint is not None:

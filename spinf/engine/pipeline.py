@@ -14,6 +14,7 @@ import time
 
 import attrs
 
+from spinf.engine import hostgc
 from spinf.engine.compiler import CompiledRequest, CompileStream, EngineShape
 from spinf.engine.results import FloorCache, fill_floors, input_result
 from spinf.engine.scorer import RunStats, Scorer
@@ -31,7 +32,13 @@ class Scored:
 
 
 def score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, req: ScoreRequest) -> Scored:
-    """Compile, run and read ``req`` as one pipeline; raises what `compile_request` raises."""
+    """Compile, run and read ``req`` as one pipeline, the cyclic collector paused (`hostgc`); raises what
+    `compile_request` raises."""
+    with hostgc.paused():
+        return _score_streamed(scorer, tokenizer, shape, req)
+
+
+def _score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, req: ScoreRequest) -> Scored:
     started = time.perf_counter()
     stream = CompileStream(req, tokenizer, shape)
     owner: dict[int, int | None] = {}  # job index -> its input (None: a floor job)
