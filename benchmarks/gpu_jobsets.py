@@ -45,6 +45,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     decoder_linear_params,
     scaled,
 )
+from spinf.engine import hostgc  # noqa: E402
 from spinf.engine.compiler import EngineShape  # noqa: E402
 from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
 from spinf.engine.pipeline import score_streamed  # noqa: E402
@@ -108,13 +109,15 @@ def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, bo
     """One body through the engine as `Engine.score` runs it (parse, then `score_streamed`: compile, run and read
     back overlapped); the option log-probs."""
     started = time.perf_counter()
-    scored = score_streamed(scorer, tokenizer, shape, parse_body(body))
-    compiled, results, stats = scored.compiled, scored.results, scored.stats
+    with hostgc.paused():  # as Engine.score: everything but the answer is freed before the collector resumes
+        scored = score_streamed(scorer, tokenizer, shape, parse_body(body))
+        compiled, results, stats = scored.compiled, scored.results, scored.stats
+        questions = sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries)
+        del scored, compiled
     seconds = time.perf_counter() - started
     logprobs = [
         [[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results
     ]
-    questions = sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries)
     return Call(seconds, questions, stats.packed_tokens, stats.passes, logprobs, stats.busy_s)
 
 

@@ -383,8 +383,13 @@ class Engine:
         """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one).
 
         ``trusted`` honours the body's per-call ``limits`` and ``features`` (capped by the engine's own);
-        ``debug`` adds the engine internals to the answer.
+        ``debug`` adds the engine internals to the answer. The cyclic collector is paused for the whole call, and
+        everything but the response is freed before it resumes (`spinf.engine.hostgc`).
         """
+        with hostgc.paused():
+            return self._score(body, debug=debug, trusted=trusted)
+
+    def _score(self, body: object, *, debug: bool, trusted: bool) -> dict:
         started = time.perf_counter()
         request_id = new_request_id()
         req = self.parse(body, trusted=trusted)

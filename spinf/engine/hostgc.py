@@ -8,7 +8,9 @@ with keeping the device fed. So:
 
 - `paused()` pauses the cyclic collector while a call's host work runs and restores it afterwards (nested and
   concurrent uses are counted; the state before the outermost use is what comes back). Reference counting still
-  frees almost everything at once; cycles made meanwhile wait for the next collection.
+  frees almost everything at once; cycles made meanwhile wait for the next collection. The first collection after
+  the pause traverses every young object still alive, so a caller frees what it no longer needs (the compiled
+  request) before the pause ends: `Engine.score` holds it for the whole call and lets only the response out.
 - `settle()` collects once and moves every surviving object into the permanent generation (`gc.freeze`), so later
   collections no longer traverse the model and the libraries: the server calls it once its model is warm.
 """

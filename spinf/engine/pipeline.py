@@ -14,7 +14,6 @@ import time
 
 import attrs
 
-from spinf.engine import hostgc
 from spinf.engine.compiler import CompiledRequest, CompileStream, EngineShape
 from spinf.engine.results import FloorCache, fill_floors, input_result
 from spinf.engine.scorer import RunStats, Scorer
@@ -32,13 +31,8 @@ class Scored:
 
 
 def score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, req: ScoreRequest) -> Scored:
-    """Compile, run and read ``req`` as one pipeline, the cyclic collector paused (`hostgc`); raises what
-    `compile_request` raises."""
-    with hostgc.paused():
-        return _score_streamed(scorer, tokenizer, shape, req)
-
-
-def _score_streamed(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, req: ScoreRequest) -> Scored:
+    """Compile, run and read ``req`` as one pipeline; raises what `compile_request` raises. Call it with the cyclic
+    collector paused (`hostgc.paused`), dropping the result before the pause ends, as `Engine.score` does."""
     started = time.perf_counter()
     stream = CompileStream(req, tokenizer, shape)
     owner: dict[int, int | None] = {}  # job index -> its input (None: a floor job)
