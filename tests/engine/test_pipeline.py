@@ -13,7 +13,7 @@ INPUTS = [(f"i{k}", f"Message {k}. " + CONTENT[: 80 + 37 * k]) for k in range(9)
 
 @pytest.fixture(scope="module")
 def small_budget(tiny_cache):
-    return Engine("tiny", device="cpu", cache_dir=tiny_cache, token_budget=256)  # many windows, held bins
+    return Engine("tiny", device="cpu", cache_dir=tiny_cache, token_budget=256)  # many passes, jobs held back
 
 
 def sequential(engine: Engine, request: dict, **flags) -> dict:
