@@ -12,11 +12,13 @@ with keeping the device fed. So:
   the pause traverses every young object still alive, so a caller frees what it no longer needs (the compiled
   request) before the pause ends: `Engine.score` holds it for the whole call and lets only the response out.
 - `settle()` collects once and moves every surviving object into the permanent generation (`gc.freeze`), so later
-  collections no longer traverse the model and the libraries: the server calls it once its model is warm.
+  collections no longer traverse the model and the libraries: the server calls it once its model is warm. The heap
+  is unfrozen at exit, so the interpreter's last collection still frees its cycles.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import threading
@@ -24,6 +26,7 @@ import threading
 _lock = threading.Lock()
 _users = 0
 _was_enabled = False
+_release_at_exit = False
 
 
 @contextlib.contextmanager
@@ -46,3 +49,7 @@ def paused():
 def settle() -> None:
     gc.collect()
     gc.freeze()
+    global _release_at_exit
+    if not _release_at_exit:  # so that the collection at interpreter exit still sees the frozen objects
+        atexit.register(gc.unfreeze)
+        _release_at_exit = True
