@@ -30,13 +30,15 @@ if not torch.cuda.is_available():
         # sits in the product (edge blocks take other code paths). A GPU tensor-core product does not, and the
         # kernels' invariance rests on that, so on the CPU every element is summed the same way: in k order.
         import numpy as _np
+        import triton.language as tl
 
         def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
             a_data, b_data = a.data, b.data
             if (a.dtype.primitive_bitwidth == 8 and a.dtype.is_floating()) or (
                 b.dtype.primitive_bitwidth == 8 and b.dtype.is_floating()
-            ):
-                raise NotImplementedError("fp8 tile products are checked on the GPU only")
+            ):  # as the interpreter's own dot: fp8 operands through fp16
+                a_data = _interpreter._convert_float(a_data, a.dtype, tl.float16, None).view(_np.float16)
+                b_data = _interpreter._convert_float(b_data, b.dtype, tl.float16, None).view(_np.float16)
             dtype = d.data.dtype
             products = a_data.astype(dtype)[:, :, None] * b_data.astype(dtype)[None, :, :]
             return _interpreter.TensorHandle(_np.add.reduce(products, axis=1) + d.data, d.dtype.scalar)

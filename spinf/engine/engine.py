@@ -302,13 +302,13 @@ class Engine:
         if results is None:
             with hostgc.paused():
                 results = input_results(compiled, values)
-        results, mass_warnings = results
+        input_entries, mass_warnings = results
         response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
         response["model"] = req.model if req.model is not None else self.served_name
         if req.endpoint is not None:
             response["endpoint"] = req.endpoint
         response["system_fingerprint"] = self.system_fingerprint
-        response["results"] = results
+        response["results"] = input_entries
         response["warnings"] = compiled.warnings + mass_warnings
         response["usage"] = usage(compiled)
         if internals:

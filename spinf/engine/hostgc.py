@@ -47,9 +47,9 @@ def paused():
 
 
 def settle() -> None:
+    global _release_at_exit
     gc.collect()
     gc.freeze()
-    global _release_at_exit
     if not _release_at_exit:  # so that the collection at interpreter exit still sees the frozen objects
         atexit.register(gc.unfreeze)
         _release_at_exit = True

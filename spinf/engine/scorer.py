@@ -110,25 +110,26 @@ class Scorer:
         waiting: list[int] = []
         waiting_tokens = 0
         in_flight: list[_Group] = []
-        launched = False
+
+        def launch(members: list[int]):
+            in_flight.append(self._launch_group(jobs, [members]))
+            while len(in_flight) > 1:  # the pass before the one just launched
+                yield self._finished(in_flight.pop(0), stats)
+
         for indices in arrivals:
             waiting.extend(indices)
             waiting_tokens += sum(jobs[i].num_tokens for i in indices)
-            if waiting_tokens < (2 if launched else 1) * self.token_budget:
+            if waiting_tokens < (2 if in_flight else 1) * self.token_budget:
                 continue
-            launched = True
             passes = self._pack(jobs, waiting)
             sizes = [sum(jobs[i].num_tokens for i in members) for members in passes]
-            chosen = passes.pop(max(range(len(passes)), key=lambda p: (sizes[p], -p)))
+            fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
+            chosen = passes.pop(fullest)
             waiting = [i for members in passes for i in members]
-            waiting_tokens -= sum(jobs[i].num_tokens for i in chosen)
-            in_flight.append(self._launch_group(jobs, [chosen]))
-            while len(in_flight) > 1:
-                yield self._finished(in_flight.pop(0), stats)
+            waiting_tokens -= sizes[fullest]
+            yield from launch(chosen)
         for members in self._pack(jobs, waiting):
-            in_flight.append(self._launch_group(jobs, [members]))
-            while len(in_flight) > 1:
-                yield self._finished(in_flight.pop(0), stats)
+            yield from launch(members)
         while in_flight:
             yield self._finished(in_flight.pop(0), stats)
 

@@ -186,9 +186,11 @@ class KernelPlan:
     segments: dict[int, torch.Tensor]  # BM -> [S, 4] int32
 
 
-def _tiles(spans: np.ndarray, parent: np.ndarray, path_len: np.ndarray, bm: int) -> tuple[np.ndarray, np.ndarray]:
-    """The tile and segment tables for tiles of ``bm`` rows. ``spans`` [jobs, 3] as in `PassLayout`; ``parent[r]``
-    is row r's parent row (-1 for prefix rows and children of the prefix); ``path_len[r]`` its path length."""
+def _tiles(
+    spans: np.ndarray, row_job: np.ndarray, parent: np.ndarray, path_len: np.ndarray, bm: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tile and segment tables for tiles of ``bm`` rows. ``spans`` [jobs, 3] as in `PassLayout`; per row, its
+    job (``row_job``), its parent row (-1 for prefix rows and children of the prefix) and its path length."""
     start, prefix_len, branches = spans[:, 0], spans[:, 1], spans[:, 2]
     length = prefix_len + branches
     count = -(-length // bm)  # tiles per job
@@ -198,7 +200,6 @@ def _tiles(spans: np.ndarray, parent: np.ndarray, path_len: np.ndarray, bm: int)
     end = np.minimum(first + bm, (start + length)[job])
     # a segment opens at a tile's first branch row and wherever a branch row is not the child of the row before
     rows = np.arange(len(parent))
-    row_job = np.repeat(np.arange(len(spans)), length)
     in_job = rows - start[row_job]
     branch = in_job >= prefix_len[row_job]
     opens = np.flatnonzero(branch & ((parent != rows - 1) | (in_job % bm == 0) | (in_job == prefix_len[row_job])))
@@ -224,9 +225,9 @@ def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
     parent = np.full(n, -1, dtype=np.int64)
     parent[branch] = layout.parents
     # a branch row's depth is its position past its job's prefix; its path has depth + 1 rows
-    prefix_of_row = np.repeat(spans[:, 1], spans[:, 1] + spans[:, 2])
+    row_job = np.repeat(np.arange(len(spans)), spans[:, 1] + spans[:, 2])
     path_len = np.zeros(n, dtype=np.int64)
-    depth = positions[branch] - prefix_of_row[branch]
+    depth = positions[branch] - spans[row_job[branch], 1]
     path_len[branch] = depth + 1
     width = int(path_len.max(initial=0))
     paths = np.full((n, max(width, 1)), -1, dtype=np.int32)
@@ -235,7 +236,7 @@ def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
         if level:
             paths[at, :level] = paths[parent[at], :level]
         paths[at, level] = at
-    tables = {bm: _tiles(spans, parent, path_len, bm) for bm in sorted(set(sizes))}
+    tables = {bm: _tiles(spans, row_job, parent, path_len, bm) for bm in sorted(set(sizes))}
     return KernelPlan(
         positions=to_device(positions.astype(np.int32), device),
         paths=to_device(paths, device),
