@@ -44,10 +44,6 @@ class TextConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
 
 def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
     """The text config of the checkpoint in ``folder`` and the weight-name prefix of its text model."""

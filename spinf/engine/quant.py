@@ -3,8 +3,9 @@
 Weights are e4m3 with one fp32 scale per tensor (``amax / 448``). Activations use a **static** per-linear scale, a
 power of two at least ``headroom`` times the largest input seen in calibration, so no statistic is ever shared
 between rows: a row's quantized value depends on that row alone, which per-question invariance needs. Quantizing
-is ``x / scale``, clamped to ±448, cast, all in fp32. `fp8_linear` runs ``torch._scaled_mm`` on a GPU; elsewhere it
-computes the same product from the dequantized operands, which is what the CPU tests compare against.
+is ``x / scale``, clamped to ±448, cast, all in fp32. `fp8_matmul` runs ``torch._scaled_mm`` on a GPU on an input so
+quantized; elsewhere it computes the same product from the dequantized operands, which is what the CPU tests compare
+against.
 """
 
 from __future__ import annotations
@@ -72,11 +73,6 @@ def fp8_matmul(xq: torch.Tensor, weight: Fp8Weight, x_scale: float, out_dtype=to
         scale_a = _scale_tensor(x_scale, xq.device)
         return torch._scaled_mm(xq, weight.data.t(), scale_a=scale_a, scale_b=weight.scale, out_dtype=out_dtype)
     return row_stable_mm(xq.float() * x_scale, weight.dequantized()).to(out_dtype)
-
-
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, x_scale: float, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """``x @ W.T`` with ``x`` quantized by its static scale (see `fp8_matmul`)."""
-    return fp8_matmul(quantize(x, x_scale), weight, x_scale, out_dtype)
 
 
 @attrs.define

@@ -83,19 +83,6 @@ def read_scale_table(name: str, model_id: str, revision: str, folder: str | Path
     return path, table, table_id(data)
 
 
-def load_scale_table(model, name: str, model_id: str, revision: str, folder: str | Path) -> str:
-    """Quantize a loaded float ``model`` to fp8s with the checkpoint revision's table (`read_scale_table`); its id.
-
-    The engine instead passes the scales to `load_gemma4_text`, which quantizes layer by layer as it loads.
-    """
-    path, table, found = read_scale_table(name, model_id, revision, folder)
-    try:
-        model.to_fp8s(table["scales"])
-    except ModelError as exc:
-        raise ModelError(f"{path}: {exc}") from exc
-    return found
-
-
 def _parse_table(data: bytes, path: Path) -> dict:
     """The table in ``data``, checked for what loading needs: its format, scheme and scales."""
     try:

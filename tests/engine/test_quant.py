@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from spinf.engine.quant import E4M3_MAX, AmaxRecorder, Fp8Weight, activation_scale, fp8_linear, quantize
+from spinf.engine.quant import E4M3_MAX, AmaxRecorder, Fp8Weight, activation_scale, fp8_matmul, quantize
+
+
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight, x_scale: float, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``x @ W.T`` with ``x`` quantized by its static scale, as the model's linears run it."""
+    return fp8_matmul(quantize(x, x_scale), weight, x_scale, out_dtype)
 
 
 @pytest.mark.parametrize("amax", [1e-3, 0.5, 12.6, 447.0, 448.0, 6592.0])

@@ -19,7 +19,7 @@ from spinf.engine import engine as engine_module
 from spinf.engine.calibrate import calibrate
 from spinf.engine.hardware import GIB, DeviceFacts
 from spinf.engine.model import load_gemma4_text
-from spinf.engine.scales import SHIPPED_TABLE, find_table, load_scale_table, store_path, table_id, write_table
+from spinf.engine.scales import SHIPPED_TABLE, find_table, read_scale_table, store_path, table_id, write_table
 from spinf.errors import ConfigError, ModelError
 
 from ..catalog.hub import write_snapshot
@@ -156,6 +156,17 @@ def tiny_table(tiny_engine) -> dict:
 
 def fresh_model(tiny_engine):
     return load_gemma4_text(tiny_engine.folder)
+
+
+def load_scale_table(model, name: str, model_id: str, revision: str, folder) -> str:
+    """Quantize a loaded float ``model`` to fp8s with the checkpoint revision's table, as the engine does while
+    loading (`read_scale_table`, then the scales, a failure naming the table); the table's id."""
+    path, table, found = read_scale_table(name, model_id, revision, folder)
+    try:
+        model.to_fp8s(table["scales"])
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from exc
+    return found
 
 
 def load(model, tiny_engine):
