@@ -12,7 +12,9 @@ Run on the GPU machine: ``python benchmarks/gpu_fast.py [--jobs J1,J2,J3,J4] [--
    and p99 over 100 calls, peak GPU memory.
 5. ``--invariance``: every J1 question's log-probs alone, with its input's other questions, in all of J1, in J1
    shuffled, and in J1 scored in the same passes as J2; the number of differing bits is reported.
-6. ``--baseline``: the engine model is freed and transformers' model with the same weights scores the same bodies
+6. ``--timeline DIR``: one extra call per job set with the host's steps and the device's passes on one clock
+   (`benchmarks/timeline.py`): where the device waited for the host.
+7. ``--baseline``: the engine model is freed and transformers' model with the same weights scores the same bodies
    with each content's KV cache reused (`benchmarks.baseline`).
 
 Lines go to stdout and are appended to benchmarks/RESULTS.md (``--results``) as they are measured.
