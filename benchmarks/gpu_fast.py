@@ -224,7 +224,10 @@ def parse_args(argv):
     p.add_argument("--timeline", type=Path, default=None, help="host/device timeline of one call per job set, here")
     p.add_argument("--parity-record", type=Path, default=None, help="record the built-in parity fixture here")
     p.add_argument("--parity-reference", type=Path, default=None, help="compare the parity fixture with this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.timeline is not None and not args.device.startswith("cuda"):
+        p.error("--timeline times device passes with CUDA events: it needs --device cuda")
+    return args
 
 
 def main(argv=None) -> None:

@@ -2,9 +2,9 @@
 
 A large call builds hundreds of thousands of small objects (tries, prompts, result dicts), next to none of them in
 reference cycles, and each of CPython's older-generation collections traverses the whole heap, the model's modules
-and the libraries included. Measured on the CPU with J2 (256 inputs × 106 questions, device work faked), the host
-work of one call took 1.9 s with the collector running and 1.0 s with it paused; on the GPU that host time competes
-with keeping the device fed. So:
+and the libraries included. With the device faked (`python benchmarks/host_work.py`), J2's host work (256 inputs ×
+106 questions) took about twice as long with the collector running as with it paused; on the GPU that host time
+competes with keeping the device fed. So:
 
 - `paused()` pauses the cyclic collector while a call's host work runs and restores it afterwards (nested and
   concurrent uses are counted; the state before the outermost use is what comes back). Reference counting still

@@ -36,3 +36,17 @@ def test_gpu_fast_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     again = run("--jobs=J1", "--max-inputs=1", f"--parity-reference={reference}", "--no-results")
     assert again.returncode == 0, again.stderr
     assert "vs reference: exact share 1.0, max abs 0.0" in again.stdout  # same seed, same scales: same bits
+
+
+def test_the_timeline_asks_for_a_gpu():
+    done = run("--jobs=J3", "--no-results", "--timeline=/tmp/nowhere")
+    assert done.returncode == 2
+    assert "--timeline times device passes with CUDA events" in done.stderr
+
+
+def test_host_work_compares_the_collector_running_and_paused():
+    command = [sys.executable, "benchmarks/host_work.py", "--jobs=J3", "--repeats=1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = r"J3: host work \d+\.\d\dx as long with the collector running as with it paused\n"
+    assert re.fullmatch(line, done.stdout)
