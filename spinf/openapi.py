@@ -295,6 +295,7 @@ def _usage() -> dict:
             "generation?": obj(same(INT, "slots sequences max_tokens generated_tokens")),
             "packs?": obj(same(INT, "count query_tokens")),
             "processed_tokens": INT,
+            "billed_tokens": integer(1000, description="max(prompt_tokens, 1000), as the hosted API bills (D10)"),
             **{f"{key}?": described(INT, "trusted or --debug only") for key in internals.split()},
         }
     )

@@ -12,6 +12,8 @@ import math
 from spinf.engine.compiler import CompiledInput, CompiledRequest, Prompt
 
 LOW_MASS_RESIDUAL = 0.9
+# The hosted API bills at least this many prompt tokens per call (api spec §5.7, D10).
+MIN_BILLED_TOKENS = 1000
 Values = dict[tuple[int, int, int], float]
 
 
@@ -138,7 +140,11 @@ def input_results(compiled: CompiledRequest, values: Values) -> tuple[list[dict]
 
 
 def usage(compiled: CompiledRequest) -> dict:
-    """The ``usage`` block: every count defined by the request alone (api spec §5.7)."""
+    """The ``usage`` block: every count defined by the request alone (api spec §5.7).
+
+    ``billed_tokens`` is what the hosted API would bill: the prompt tokens (generated tokens are not billed), at
+    least `MIN_BILLED_TOKENS`. It is informational here, present because real clients read it (D10).
+    """
     content = sum(len(ci.content_tokens) for ci in compiled.inputs)
     query_tokens = sum(
         sum(map(len, cq.filled_tokens)) + len(cq.combos) * cq.extra_option_tokens
@@ -179,4 +185,5 @@ def usage(compiled: CompiledRequest) -> dict:
             "floor_tokens": floor_tokens,
         },
         "processed_tokens": compiled.processed_tokens,
+        "billed_tokens": max(prompt_tokens, MIN_BILLED_TOKENS),
     }

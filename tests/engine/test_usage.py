@@ -172,6 +172,7 @@ def test_usage_counts(tiny_engine, tok):
         "content",
         "scoring",
         "processed_tokens",
+        "billed_tokens",
     }  # no extraction, generation or packs; packed_tokens only with debug
     content, query_tokens, floor_tokens = exp["content"], exp["query_tokens"], exp["floor_tokens"]
     prompt_tokens = content + query_tokens + floor_tokens
@@ -186,6 +187,7 @@ def test_usage_counts(tiny_engine, tok):
         0,
         prompt_tokens,
     )
+    assert usage["billed_tokens"] == max(prompt_tokens, 1000)
     assert usage["inputs"] == 3
     assert usage["content"] == {
         "tokens": content,
@@ -285,3 +287,17 @@ def test_floor_reads_are_keyed_by_text_options_and_case_rule(tiny_engine, tok):
     usage, exp = tiny_engine.score(request)["usage"], expected(request, tok)
     assert exp["floor_prompts"] == 2
     assert (usage["scoring"]["floor_prompts"], usage["scoring"]["floor_tokens"]) == (2, exp["floor_tokens"])
+
+
+@pytest.mark.parametrize(("sentences", "billed_above_the_floor"), [(1, False), (80, True)])
+def test_billed_tokens_are_the_prompt_tokens_with_a_floor_of_1000(tiny_engine, tok, sentences, billed_above_the_floor):
+    """§5.7 (D10): ``billed_tokens`` = max(prompt_tokens, 1000), whether the call is small or large."""
+    text = "The parcel never arrived, so I ask for a refund. " * sentences
+    request = {"inputs": [{"id": "a", "messages": [{"content": text}]}], "scoring": {"queries": [POS, RATE]}}
+    exp = expected(request, tok)
+    prompt_tokens = exp["content"] + exp["query_tokens"] + exp["floor_tokens"]
+    assert (prompt_tokens > 1000) == billed_above_the_floor  # each case is on the side of the floor it claims
+    for debug in (False, True):
+        usage = tiny_engine.score(request, debug=debug)["usage"]
+        assert usage["prompt_tokens"] == prompt_tokens
+        assert usage["billed_tokens"] == (prompt_tokens if billed_above_the_floor else 1000)

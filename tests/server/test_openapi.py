@@ -192,7 +192,10 @@ async def test_a_score_answer_with_an_extra_key_does_not_validate(server):
     body = (await server.post("/v1/score", json=RICH_BODY)).json()
     _, validator = declared("/v1/score", "post", 200)
     assert not validator.is_valid({**body, "choices": []})
-    assert not validator.is_valid({**body, "usage": {**body["usage"], "billed_tokens": 1}})
+    assert not validator.is_valid({**body, "usage": {**body["usage"], "price": 1}})  # api spec §5.1: no price field
+    usage = dict(body["usage"])
+    assert usage.pop("billed_tokens") == 1000  # a small call is billed the minimum (§5.7, D10)
+    assert not validator.is_valid({**body, "usage": usage})
 
 
 async def test_error_envelopes_validate(server):
