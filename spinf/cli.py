@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--device", default=None, help="the torch device (default: the device setting)")
     parity = command("parity", "score the parity fixture on the model in SPINF_MODEL (etc.), compare with a reference")
     parity.add_argument("--fixture", default=None, metavar="F", help="JSON or gzip (SPINF_FIXTURE, else built-in)")
-    parity.add_argument("--reference", default=None, metavar="R", help="a recorded run; exit 1 unless bit-identical")
+    parity.add_argument("--reference", default=None, metavar="R", help="a recorded run; exit 1 unless it matches")
     parity.add_argument("--passes", type=_positive, default=2, metavar="N", help="runs of the whole fixture (2)")
     parity.add_argument("--record", default=None, metavar="OUT", help="write the fixture with this run's values")
     parity.add_argument("--device", default=None, help="the torch device (default: the device setting)")
@@ -156,7 +156,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    """JSON on stdout; exit 1 when a given ``--reference`` is not matched bit for bit (api spec §10, engine B.15)."""
+    """JSON on stdout (api spec §10, engine B.15). With ``--reference``, two lines on stderr: both platforms, then
+    the verdict (`spinf.parity.judge`); exit 1 when it failed."""
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
     from spinf.engine.engine import Engine
@@ -166,12 +167,13 @@ def _parity(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = Engine.from_settings(settings)
     load_s = time.perf_counter() - started
-    report, failure = run_engine(engine, files, passes=args.passes, record=args.record, load_s=load_s)
+    report, verdict = run_engine(engine, files, passes=args.passes, record=args.record, load_s=load_s)
     print(json.dumps(report, indent=1))
-    if failure:
-        print(f"{PROG}: {failure}", file=sys.stderr)
-        return 1
-    return 0
+    if verdict is None:
+        return 0
+    for line in verdict.lines:
+        print(f"{PROG}: parity: {line}", file=sys.stderr)
+    return 0 if verdict.passed else 1
 
 
 _COMMANDS = {

@@ -4,13 +4,16 @@ A fixture is JSON, optionally gzip: ``{"day", "reference", "jobs": [{"id", "text
 "pair": [pos, neg], "lp_pos", "lp_neg"}]}]}``. A cell's prompt is its template with ``{X}`` = the job's text, ``{F}``
 = the phrase and ``{CTX}`` = empty; its options are ``" " + pos`` and ``" " + neg``; ``lp_pos``/``lp_neg`` are their
 full log-probs after the prompt. A fixture holds values in every cell or in none (``null``); a reference is a
-fixture with values, recorded by a run, whose ``reference`` string names the model, scheme, LM-head mode and device.
+fixture with values, recorded by a run, whose ``reference`` string names the model, scheme, LM-head mode and device,
+and whose ``platform`` object names what else its bits depend on (`engine_platform`; ``null`` or absent in files
+recorded before it existed, which count as recorded elsewhere).
 
 This module owns reading and checking those files, the whole-prompt path (every prompt tokenized whole with BOS;
 the longest common token prefix of a job's prompts is its shared prefix and each prompt keeps at least one token
 of its own as its branch; an option's log-prob is the float64 sum of its tokens' log-probs, the chain rule), the
-passes, the metrics and the recorded reference. It takes a `Scorer` and a `TextTokenizer` rather than an `Engine`,
-so a benchmark can run it on a model built in memory.
+passes, the metrics, the recorded reference and the verdict against it (`judge`: bit for bit on the platform it
+was recorded on, within `CROSS_PLATFORM_BOUNDS` elsewhere). It takes a `Scorer` and a `TextTokenizer` rather than
+an `Engine`, so a benchmark can run it on a model built in memory.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ _BUILTIN_FILE = ("data", "parity-fixture.json.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 _PLACEHOLDER = re.compile(r"\{(X|F|CTX)\}")
 _CELL_KEYS = ("template", "phrase", "pair")
+_NAMED_PLATFORM = re.compile(r"; device (.+); torch (\S+)$")  # the end of a `reference_name`
+
+# The largest difference of one log-prob accepted against a reference recorded on another platform, by this run's
+# quant scheme. fp32 only: its values move by reordered sums alone (the vector width of the CPU kernels, the BLAS
+# code path), about ten fp32 ulps of the largest values (|lp| up to about 50 on the built-in fixture, where an ulp is
+# 3.8e-6). Measured on the tiny model against its AVX-512 reference: 4.1e-5 on AVX2 kernels, 3.6e-5 on the scalar
+# ones. The low-precision schemes have no bound: their values depend on the GPU's kernels by far more, and none
+# has been measured, so they pass only against a reference recorded on the same platform.
+CROSS_PLATFORM_BOUNDS = {"fp32": 1e-4}
 
 LpPair = tuple[float, float]  # (lp_pos, lp_neg) of one cell
 
@@ -71,6 +83,11 @@ def _fixture_problem(data: object) -> str | None:
         return 'expected {"day", "reference", "jobs": [...]} with at least one job'
     if not isinstance(data.get("reference"), str | None):
         return "reference: expected a string or null"
+    recorded_on = data.get("platform")
+    if recorded_on is not None and not (
+        isinstance(recorded_on, dict) and all(isinstance(v, str | None) for v in recorded_on.values())
+    ):
+        return "platform: expected an object of strings, or null"
     for j, job in enumerate(data["jobs"]):
         if not (isinstance(job, dict) and isinstance(job.get("id"), str) and isinstance(job.get("text"), str)):
             return f'jobs.{j}: expected {{"id": string, "text": string, "cells": [...]}}'
@@ -205,8 +222,9 @@ def cell_values(fixture: Mapping) -> list[LpPair]:
     return [(cell["lp_pos"], cell["lp_neg"]) for job in fixture["jobs"] for cell in job["cells"]]
 
 
-def with_values(fixture: Mapping, lps: list[LpPair], reference: str) -> dict:
-    """A copy of ``fixture`` holding ``lps`` (in `cell_values` order) under the ``reference`` name.
+def with_values(fixture: Mapping, lps: list[LpPair], reference: str, platform: Mapping | None = None) -> dict:
+    """A copy of ``fixture`` holding ``lps`` (in `cell_values` order) under the ``reference`` name, recorded on
+    ``platform`` (`engine_platform`; None: not known, as for a model built in memory).
 
     Every cell is a new dict: a fixture built in memory may share one cell object between jobs.
     """
@@ -221,7 +239,7 @@ def with_values(fixture: Mapping, lps: list[LpPair], reference: str) -> dict:
         }
         for job in fixture["jobs"]
     ]
-    return {**fixture, "reference": reference, "jobs": jobs}
+    return {**fixture, "reference": reference, "platform": dict(platform) if platform else None, "jobs": jobs}
 
 
 def reference_name(*, model: str, scheme: str, device: str, torch_version: str, lm_head: str = "fp32") -> str:
@@ -229,20 +247,63 @@ def reference_name(*, model: str, scheme: str, device: str, torch_version: str, 
     return f"{model}; quant {scheme}; lm-head {lm_head}; device {device}; torch {torch_version}"
 
 
-def engine_reference_name(info: Mapping, device_type: str) -> str:
-    """The `reference_name` of a run on an engine whose `Engine.info` is ``info``.
+def engine_reference_name(info: Mapping, platform: Mapping) -> str:
+    """The `reference_name` of a run on an engine whose `Engine.info` is ``info``, on `engine_platform` ``platform``.
 
     On the CPU the device is named with the vector instruction set torch dispatches to: the bits differ between,
     say, AVX2 and AVX-512 kernels.
     """
+    if platform["device"] == "cpu":
+        device = f"cpu {platform['isa']}"
+    else:
+        device = f"{platform['gpu']} (capability {platform['capability']})"
+    model = f"{info['model']}@{info['revision']}"
+    return reference_name(model=model, scheme=info["quant"], device=device, torch_version=info["torch"])
+
+
+def engine_platform(info: Mapping, device_type: str) -> dict[str, str | None]:
+    """What the bits of a run depend on besides the model and the scheme: the torch build and, on the CPU, the
+    CPU's model and the instruction set torch dispatches to, or the GPU's name, capability and CUDA version."""
     import torch
 
     if device_type == "cpu":
-        device = f"cpu {torch.backends.cpu.get_cpu_capability()}"
+        return {
+            "device": "cpu",
+            "cpu": cpu_model(),
+            "isa": torch.backends.cpu.get_cpu_capability(),
+            "torch": info["torch"],
+        }
+    return {
+        "device": device_type,
+        "gpu": info["gpu"],
+        "capability": info["capability"],
+        "torch": info["torch"],
+        "cuda": info["cuda"],
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name: Linux's ``/proc/cpuinfo``, else what the `platform` module knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass  # not Linux: the processor string is the best there is
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def describe_platform(platform: Mapping) -> str:
+    """A platform in words: ``cpu AVX512 (AMD EPYC), torch 2.13.0+cpu`` or ``NVIDIA H200 (capability 9.0), …``."""
+    if platform.get("device") == "cpu":
+        where = f"cpu {platform.get('isa')} ({platform.get('cpu')})"
     else:
-        device = f"{info['gpu']} (capability {info['capability']})"
-    model = f"{info['model']}@{info['revision']}"
-    return reference_name(model=model, scheme=info["quant"], device=device, torch_version=info["torch"])
+        where = f"{platform.get('gpu')} (capability {platform.get('capability')}, CUDA {platform.get('cuda')})"
+    return f"{where}, torch {platform.get('torch')}"
 
 
 def write_fixture(data: Mapping, path: str | Path) -> None:
@@ -265,12 +326,14 @@ def run_parity(
     passes: int = 2,
     record: str | None = None,
     engine: Mapping | None = None,
+    platform: Mapping | None = None,
 ) -> dict:
     """Score ``fixture`` ``passes`` times and compare each pass with ``reference``.
 
     Without a reference, the fixture's own values are the reference when it has them; otherwise each pass reports
     speed only (``parity`` null). ``reference`` must match the fixture (`check_reference`). With ``record`` (a
-    `reference_name`), the report's ``recorded`` is the fixture holding the last pass's values under that name.
+    `reference_name`), the report's ``recorded`` is the fixture holding the last pass's values under that name and
+    ``platform`` (`engine_platform`, or None when unknown).
     """
     if passes < 1:
         raise ValueError(f"passes must be at least 1, got {passes}")
@@ -297,9 +360,13 @@ def run_parity(
     }
     if against is not None:
         source = "fixture" if reference is None else "reference"
-        report["reference"] = {"source": source, "reference": against.get("reference")}
+        report["reference"] = {
+            "source": source,
+            "reference": against.get("reference"),
+            "platform": against.get("platform"),
+        }
     if record is not None:
-        report["recorded"] = with_values(fixture, lps, record)
+        report["recorded"] = with_values(fixture, lps, record, platform)
     return report
 
 
@@ -343,11 +410,12 @@ def read_files(fixture_path: str | None, reference_path: str | None) -> ParityFi
 
 def run_engine(
     engine: Engine, files: ParityFiles, *, passes: int, record: str | None, load_s: float
-) -> tuple[dict, str | None]:
-    """The report of ``spinf-serve parity`` on a loaded `Engine`, and a failure line when a given ``--reference``
-    is not matched bit for bit on the last pass. With ``record``, the recorded reference is written there."""
+) -> tuple[dict, Verdict | None]:
+    """The report of ``spinf-serve parity`` on a loaded `Engine`, and, when a ``--reference`` was given, the
+    `Verdict` of the last pass against it. With ``record``, the recorded reference is written there."""
     info = engine.info()
-    name = engine_reference_name(info, engine.device.type)
+    platform = engine_platform(info, engine.device.type)
+    name = engine_reference_name(info, platform)
     try:
         report = run_parity(
             engine.scorer,
@@ -357,20 +425,70 @@ def run_engine(
             passes=passes,
             record=name if record else None,
             engine=info,
+            platform=platform,
         )
     except ConfigError as exc:  # a cell this model's tokenizer cannot read as the fixture means
         raise ConfigError(f"--fixture {files.fixture_path}: {exc}") from exc
     report["boot"] = {"load_s": round(load_s, 3), **report["boot"]}
     report["fixture"]["path"] = files.fixture_path
+    report["platform"] = platform
     if report["reference"] is not None:
         report["reference"]["path"] = files.reference_path or files.fixture_path
     if record:
         write_fixture(report.pop("recorded"), record)
         report["recorded"] = {"path": str(record), "reference": name}
-    last = report["passes"][-1]["parity"]
-    if files.reference is None or last["lp_exact_share"] == 1:
+    if files.reference is None:
+        report["check"] = None
         return report, None
-    return report, (
-        f"parity: lp_exact_share {last['lp_exact_share']:.6f} < 1 on the last pass against {files.reference_path} "
-        f"(lp_max_abs {last['lp_max_abs']:.3g} over {last['n']} cells)"
+    verdict = judge(report["passes"][-1]["parity"], files.reference, files.reference_path, platform, info["quant"])
+    report["check"] = verdict.as_json()
+    return report, verdict
+
+
+@attrs.frozen
+class Verdict:
+    """How the last pass compares with a reference: whose platform, the rule applied, and the outcome in words."""
+
+    platform: str  # "same", "different", or "unknown" (a reference that records none, taken for another platform)
+    bound: float | None  # the lp_max_abs allowed; None: bit for bit on the same platform, else no bound stated
+    passed: bool
+    lines: tuple[str, str]  # what was compared with what, then the outcome
+
+    def as_json(self) -> dict:
+        rule = "bit for bit" if self.platform == "same" else None if self.bound is None else "lp_max_abs <= bound"
+        return {"platform": self.platform, "rule": rule, "bound": self.bound, "passed": self.passed}
+
+
+def judge(last: Mapping, reference: Mapping, path: str, platform: Mapping, scheme: str) -> Verdict:
+    """The verdict of a pass's ``parity`` metrics against ``reference`` (read from ``path``) for a run on
+    ``platform`` in ``scheme``: bit for bit where the reference records this very platform; elsewhere, where bits
+    are not expected to agree, ``lp_max_abs`` within the scheme's `CROSS_PLATFORM_BOUNDS`, and a failure when the
+    scheme has none."""
+    theirs, here = reference.get("platform"), describe_platform(platform)
+    share, worst, n = last["lp_exact_share"], last["lp_max_abs"], last["n"]
+    if theirs is not None and dict(theirs) == dict(platform):
+        compared = f"{path} was recorded on this platform ({here}): every log-prob must match bit for bit"
+        if share == 1:
+            return Verdict("same", None, True, (compared, f"passed: bit for bit over {n} cells"))
+        failed = f"failed: lp_exact_share {share:.6f} < 1 on the last pass (lp_max_abs {worst:.3g} over {n} cells)"
+        return Verdict("same", None, False, (compared, failed))
+    if theirs is None:
+        named = _NAMED_PLATFORM.search(reference.get("reference") or "")
+        said = f" (an older file; its name says {named[1]}, torch {named[2]})" if named else ""
+        kind, recorded = "unknown", f"records no platform{said}, so it is taken for another one"
+    else:
+        kind, recorded = "different", f"was recorded on {describe_platform(theirs)}"
+    compared = f"{path} {recorded}; this run is on {here}: bitwise parity is not expected across platforms"
+    bound = CROSS_PLATFORM_BOUNDS.get(scheme)
+    if bound is None:
+        outcome = (
+            f"failed: no bound is stated for quant {scheme} across platforms (lp_max_abs {worst:.3g} over {n} "
+            "cells); record a reference on this platform with --record"
+        )
+        return Verdict(kind, None, False, (compared, outcome))
+    passed = worst <= bound  # NaN fails
+    outcome = (
+        f"{'passed' if passed else 'failed'}: lp_max_abs {worst:.3g} {'<=' if passed else '>'} {bound:g}, the "
+        f"bound for quant {scheme} across platforms (over {n} cells; lp_exact_share {share:.6f})"
     )
+    return Verdict(kind, bound, passed, (compared, outcome))

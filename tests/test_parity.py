@@ -1,5 +1,6 @@
-"""Parity runs (engine spec B.15, api spec §10): the metrics, the whole-prompt path, the files, ``spinf-serve parity``,
-and the parity gate on the CPU: the recorded tiny-model reference matches a fresh run bit for bit."""
+"""Parity runs (engine spec B.15, api spec §10): the metrics, the whole-prompt path, the files, ``spinf-serve parity``
+and its verdict (bit for bit on the recorded platform, within a bound elsewhere), and the parity gate on the CPU:
+the recorded tiny-model reference matches a fresh run."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from spinf.cli import main
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ConfigError
 from spinf.parity import (
+    CROSS_PLATFORM_BOUNDS,
     build_jobs,
     check_reference,
     compare,
+    describe_platform,
+    engine_platform,
     engine_reference_name,
     fill,
+    judge,
     read_fixture,
     run_parity,
     with_values,
@@ -177,6 +182,8 @@ BAD_SHAPES = [
         {"jobs": [{"id": "a", "text": "t", "cells": [{**CELLS[0], "lp_pos": -1.0, "lp_neg": -2.0}, CELLS[1]]}]},
         "some cells have lp_pos/lp_neg values and others do not",
     ),
+    ({"platform": "cpu", "jobs": [{"id": "a", "text": "t", "cells": CELLS}]}, "platform: expected an object of"),
+    ({"platform": {"isa": 2}, "jobs": [{"id": "a", "text": "t", "cells": CELLS}]}, "platform: expected an object"),
 ]
 
 
@@ -206,37 +213,158 @@ def test_a_reference_must_hold_the_fixture_s_cells():
 # -- spinf-serve parity ---------------------------------------------------------------------------------------------
 
 
-def test_record_then_compare_then_a_perturbed_reference(tmp_path, capsys, monkeypatch, tiny_env):
+@pytest.fixture
+def recorded(tmp_path, capsys, monkeypatch, tiny_env) -> tuple[Path, dict]:
+    """The small fixture as ``SPINF_FIXTURE`` and a reference of it recorded by ``spinf-serve parity --record``,
+    with the report of the recording run."""
     fixture = tmp_path / "fixture.json"
     write_fixture(small_fixture(), fixture)
     monkeypatch.setenv("SPINF_FIXTURE", str(fixture))  # the default of --fixture
-    recorded = tmp_path / "ref.json.gz"
-    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--record", str(recorded))
+    path = tmp_path / "ref.json.gz"
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--record", str(path))
     assert (code, err) == (0, "")
-    assert report["fixture"] == {"day": "2026-11-29", "reference": None, "jobs": 2, "cells": 5, "path": str(fixture)}
-    assert report["reference"] is None and report["passes"][0]["parity"] is None
-    assert report["engine"]["model"] == "spinf/tiny-gemma4" and report["boot"]["load_s"] > 0
-    name = read_fixture(recorded)["reference"]
-    assert report["recorded"] == {"path": str(recorded), "reference": name}
-    assert "quant fp32; lm-head fp32; device cpu" in name
+    return path, report
 
-    code, report, err = run(capsys, "parity", "--device", "cpu", "--reference", str(recorded))
-    assert (code, err) == (0, "")
+
+def test_a_recorded_reference_names_its_run_and_its_platform(recorded, tmp_path, tiny_engine):
+    path, report = recorded
+    fixture = {"day": "2026-11-29", "reference": None, "jobs": 2, "cells": 5, "path": str(tmp_path / "fixture.json")}
+    assert report["fixture"] == fixture
+    assert report["reference"] is None and report["passes"][0]["parity"] is None and report["check"] is None
+    assert report["engine"]["model"] == "spinf/tiny-gemma4" and report["boot"]["load_s"] > 0
+    written = read_fixture(path)
+    platform = engine_platform(tiny_engine.info(), "cpu")
+    assert written["platform"] == report["platform"] == platform
+    assert platform["device"] == "cpu" and platform["isa"] and platform["cpu"] and platform["torch"]
+    assert report["recorded"] == {"path": str(path), "reference": written["reference"]}
+    assert written["reference"] == engine_reference_name(tiny_engine.info(), platform)
+    assert "quant fp32; lm-head fp32; device cpu " + platform["isa"] in written["reference"]
+
+
+def test_on_the_recorded_platform_the_reference_must_match_bit_for_bit(recorded, tmp_path, capsys):
+    path, _ = recorded
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--reference", str(path))
+    here = describe_platform(report["platform"])
+    assert (code, err) == (
+        0,
+        f"spinf-serve: parity: {path} was recorded on this platform ({here}): every log-prob must match bit for bit\n"
+        "spinf-serve: parity: passed: bit for bit over 5 cells\n",
+    )
     assert [p["parity"]["lp_exact_share"] for p in report["passes"]] == [1.0, 1.0]
-    assert report["reference"] == {"source": "reference", "reference": name, "path": str(recorded)}
+    platform = read_fixture(path)["platform"]
+    assert report["reference"] == {
+        "source": "reference",
+        "reference": read_fixture(path)["reference"],
+        "platform": platform,
+        "path": str(path),
+    }
+    assert report["check"] == {"platform": "same", "rule": "bit for bit", "bound": None, "passed": True}
     speed = report["passes"][1]
     assert speed["tokens"] > 0 and speed["wall_s"] >= speed["gpu_busy_s"] > 0 and speed["tok_s"] > 0
 
-    perturbed = read_fixture(recorded)
+    perturbed = read_fixture(path)
     cell = perturbed["jobs"][1]["cells"][0]
-    cell["lp_pos"] = math.nextafter(cell["lp_pos"], 0.0)
+    cell["lp_pos"] = math.nextafter(cell["lp_pos"], 0.0)  # one ulp: far inside any bound, still not bit for bit
     write_fixture(perturbed, tmp_path / "perturbed.json")
     code, report, err = run(
         capsys, "parity", "--device", "cpu", "--passes", "1", "--reference", f"{tmp_path}/perturbed.json"
     )
-    assert code == 1 and err.count("\n") == 1
-    assert err.startswith("spinf-serve: parity: lp_exact_share 0.900000 < 1 on the last pass against ")
-    assert report["passes"][0]["parity"]["lp_exact_share"] == 0.9
+    assert code == 1 and err.splitlines()[1] == (
+        "spinf-serve: parity: failed: lp_exact_share 0.900000 < 1 on the last pass (lp_max_abs "
+        f"{report['passes'][0]['parity']['lp_max_abs']:.3g} over 5 cells)"
+    )
+    assert report["check"] == {"platform": "same", "rule": "bit for bit", "bound": None, "passed": False}
+
+
+def elsewhere(path: Path, shift: float, tmp_path: Path) -> tuple[Path, dict]:
+    """``path``'s reference as if recorded on an AVX2 machine of another make, every value moved by ``shift``."""
+    reference = read_fixture(path)
+    reference["platform"] = {**reference["platform"], "cpu": "Other CPU 9000", "isa": "AVX2"}
+    for job in reference["jobs"]:
+        for cell in job["cells"]:
+            cell["lp_pos"] += shift
+            cell["lp_neg"] -= shift
+    moved = tmp_path / f"elsewhere-{shift}.json"
+    write_fixture(reference, moved)
+    return moved, reference["platform"]
+
+
+def test_on_another_platform_a_difference_within_the_bound_passes(recorded, tmp_path, capsys):
+    moved, theirs = elsewhere(recorded[0], 3e-5, tmp_path)
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--reference", str(moved))
+    here = describe_platform(report["platform"])
+    assert theirs["isa"] == "AVX2" and "AVX2 (Other CPU 9000)" in describe_platform(theirs)
+    worst = report["passes"][0]["parity"]["lp_max_abs"]
+    assert worst == pytest.approx(3e-5, rel=1e-6)
+    assert (code, err) == (
+        0,
+        f"spinf-serve: parity: {moved} was recorded on {describe_platform(theirs)}; this run is on {here}: bitwise "
+        "parity is not expected across platforms\n"
+        f"spinf-serve: parity: passed: lp_max_abs {worst:.3g} <= 0.0001, the bound for quant fp32 across platforms "
+        "(over 5 cells; lp_exact_share 0.000000)\n",
+    )
+    assert report["check"] == {"platform": "different", "rule": "lp_max_abs <= bound", "bound": 1e-4, "passed": True}
+
+
+def test_on_another_platform_a_difference_over_the_bound_fails(recorded, tmp_path, capsys):
+    moved, theirs = elsewhere(recorded[0], 2e-4, tmp_path)
+    code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--reference", str(moved))
+    worst = report["passes"][0]["parity"]["lp_max_abs"]
+    assert code == 1 and err.count("\n") == 2
+    assert f"was recorded on {describe_platform(theirs)}; this run is on " in err.splitlines()[0]
+    assert err.splitlines()[1] == (
+        f"spinf-serve: parity: failed: lp_max_abs {worst:.3g} > 0.0001, the bound for quant fp32 across platforms "
+        "(over 5 cells; lp_exact_share 0.000000)"
+    )
+    assert report["check"]["passed"] is False
+
+
+def test_a_reference_that_records_no_platform_is_taken_for_another_one(recorded, tmp_path, capsys):
+    """Files recorded before the platform was: the tiny reference in fixtures/ is one; it must still load."""
+    old = read_fixture(recorded[0])
+    del old["platform"]
+    write_fixture(old, tmp_path / "old.json")
+    code, report, err = run(
+        capsys, "parity", "--device", "cpu", "--passes", "1", "--reference", f"{tmp_path}/old.json"
+    )
+    isa = report["platform"]["isa"]
+    assert code == 0 and err.splitlines() == [
+        f"spinf-serve: parity: {tmp_path}/old.json records no platform (an older file; its name says cpu {isa}, torch "
+        f"{report['platform']['torch']}), so it is taken for another one; this run is on "
+        f"{describe_platform(report['platform'])}: bitwise parity is not expected across platforms",
+        "spinf-serve: parity: passed: lp_max_abs 0 <= 0.0001, the bound for quant fp32 across platforms (over 5 "
+        "cells; lp_exact_share 1.000000)",
+    ]
+    assert report["reference"]["platform"] is None and report["check"]["platform"] == "unknown"
+    assert "platform" not in read_fixture(TINY_REFERENCE)
+
+
+PLATFORM = {"device": "cuda", "gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.13.0+cu130", "cuda": "13.0"}
+METRICS = {"n": 1344, "lp_max_abs": 2e-3, "lp_exact_share": 0.25}
+
+
+def test_a_scheme_without_a_bound_fails_across_platforms_and_says_to_record_one():
+    reference = {"platform": {**PLATFORM, "gpu": "NVIDIA H100 80GB HBM3"}, "jobs": []}
+    assert "fp8s" not in CROSS_PLATFORM_BOUNDS
+    verdict = judge(METRICS, reference, "ref.json.gz", PLATFORM, "fp8s")
+    assert (verdict.platform, verdict.bound, verdict.passed) == ("different", None, False)
+    assert verdict.lines == (
+        "ref.json.gz was recorded on NVIDIA H100 80GB HBM3 (capability 9.0, CUDA 13.0), torch 2.13.0+cu130; this "
+        "run is on NVIDIA H200 (capability 9.0, CUDA 13.0), torch 2.13.0+cu130: bitwise parity is not expected "
+        "across platforms",
+        "failed: no bound is stated for quant fp8s across platforms (lp_max_abs 0.002 over 1344 cells); record a "
+        "reference on this platform with --record",
+    )
+    assert verdict.as_json() == {"platform": "different", "rule": None, "bound": None, "passed": False}
+    same = judge({**METRICS, "lp_exact_share": 1.0, "lp_max_abs": 0.0}, {"platform": PLATFORM}, "r", PLATFORM, "fp8s")
+    assert same.passed and same.lines[1] == "passed: bit for bit over 1344 cells"
+
+
+def test_a_nan_difference_fails_the_bound():
+    verdict = judge(
+        {**METRICS, "lp_max_abs": math.nan}, {"platform": {**PLATFORM, "torch": "2.11"}}, "r", PLATFORM, "fp32"
+    )
+    assert not verdict.passed and verdict.lines[1].startswith("failed: lp_max_abs nan > 0.0001")
 
 
 def test_without_a_reference_the_fixture_s_own_values_are_reported_not_enforced(tmp_path, capsys, tiny_env):
@@ -244,7 +372,8 @@ def test_without_a_reference_the_fixture_s_own_values_are_reported_not_enforced(
     write_fixture(with_values(small_fixture(), [(-1.0, -2.0)] * 5, "made up"), nudged)
     code, report, err = run(capsys, "parity", "--device", "cpu", "--passes", "1", "--fixture", str(nudged))
     assert (code, err) == (0, "")
-    assert report["reference"] == {"source": "fixture", "reference": "made up", "path": str(nudged)}
+    assert report["reference"] == {"source": "fixture", "reference": "made up", "platform": None, "path": str(nudged)}
+    assert report["check"] is None
     assert report["passes"][0]["parity"]["lp_exact_share"] == 0.0
 
 
@@ -283,7 +412,8 @@ def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
     report = run_parity(tiny_engine.scorer, tiny_engine.tokenizer, subset[0], subset[1], passes=1)
     parity = report["passes"][0]["parity"]
     assert parity["n"] == 3 * 56 and parity["raw_sign_agree"] == 1.0
-    if reference["reference"] == engine_reference_name(tiny_engine.info(), "cpu"):
+    info = tiny_engine.info()
+    if reference["reference"] == engine_reference_name(info, engine_platform(info, "cpu")):
         assert (parity["lp_exact_share"], parity["lp_max_abs"]) == (1.0, 0.0)
     else:
         assert parity["lp_max_abs"] < 1e-4, reference["reference"]
