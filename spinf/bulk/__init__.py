@@ -13,13 +13,14 @@ Importing this package does not import torch: the engine is built only when ``sc
 from spinf.bulk.command import main
 from spinf.bulk.errors import BatchFailed, BulkError, BulkInputError, RemoteApiError
 from spinf.bulk.remote import http_scorers
-from spinf.bulk.run import BulkStats, run_bulk
+from spinf.bulk.run import BulkStats, Interrupted, run_bulk
 
 __all__ = [
     "BatchFailed",
     "BulkError",
     "BulkInputError",
     "BulkStats",
+    "Interrupted",
     "RemoteApiError",
     "http_scorers",
     "main",

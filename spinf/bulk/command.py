@@ -9,7 +9,10 @@ is unset or empty).
 
 Exit status: 0 done; 1 an API error (its envelope, without ``rejected``, on stderr; in bulk mode its ``param``
 counts inputs over the whole inputs file), or a run that could not go on (retries spent); 2 a bad argument, request
-file, inputs file or output file (one line on stderr naming the file and line).
+file, inputs file or output file (one line on stderr naming the file, or for an inputs file one line per bad line);
+130 Ctrl-C: one line on stderr saying what was done, where the results are and how to go on, and no traceback.
+When Ctrl-C leaves a batch running in a worker thread, the process ends at once (``os._exit``) rather than wait at
+exit for a call that can take minutes; its result would be dropped anyway, and the output file is already closed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -25,10 +29,11 @@ from spinf.bulk.inputs import check_shared, read_json_object
 from spinf.bulk.output import dumps
 from spinf.bulk.progress import ProgressBar
 from spinf.bulk.remote import http_scorers
-from spinf.bulk.run import run_bulk
+from spinf.bulk.run import Interrupted, run_bulk
 from spinf.errors import ApiError, SpinfError
 
 _PREFIX = "spinf-serve score"
+_INTERRUPTED = 128 + signal.SIGINT  # the shell's status for a command ended by Ctrl-C
 
 
 def _default_engine(settings):
@@ -97,6 +102,26 @@ def _run_file(args, request: dict, scorers: list, remote: bool) -> None:
     )
 
 
+def _interrupted(args, exc: KeyboardInterrupt) -> int:
+    """The one line of a Ctrl-C, and its exit status; see the module docstring for ``os._exit``."""
+    if isinstance(exc, Interrupted):
+        stats, again = exc.stats, "the same command" if args.resume else "the same command with --resume"
+        line = (
+            f"interrupted: {stats.skipped + stats.scored:,} of {stats.total:,} inputs have their results in "
+            f"{args.output} ({stats.scored:,} written by this run); run {again} to score the rest"
+        )
+    elif args.inputs is not None:
+        line = f"interrupted before scoring began: nothing was written to {args.output}"
+    else:
+        line = f"interrupted: {args.request} was not scored"
+    print(f"{_PREFIX}: {line}", file=sys.stderr)
+    if isinstance(exc, Interrupted) and exc.running:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_INTERRUPTED)
+    return _INTERRUPTED
+
+
 def main(args, settings, *, make_engine: Callable[[], object] | None = None) -> int:
     """Runs ``score`` for parsed ``args``; ``make_engine`` replaces building the engine from ``settings``."""
     try:
@@ -124,3 +149,5 @@ def main(args, settings, *, make_engine: Callable[[], object] | None = None) -> 
     except SpinfError as exc:  # a model that cannot load, a bad setting
         print(f"{_PREFIX}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        return _interrupted(args, exc)

@@ -4,7 +4,8 @@ The inputs file is JSON Lines: one input object per line, as in api spec §4.2, 
 (a string or a list of content parts) that becomes ``messages: [{"role": "user", "content": ...}]`` here, the way
 spinf-client does it. Whitespace-only lines are skipped; line numbers in errors count every physical line. The file
 is read twice: `scan_inputs` checks every line and the ids before anything is scored (a typo on line 900,000 must
-not surface after hours of work), then `read_items` streams it again, so memory holds ids, not inputs.
+not surface after hours of work) and reports every bad line, the first `MAX_LISTED` by number and what is wrong,
+then `read_items` streams it again, so memory holds ids, not inputs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from spinf.bulk.errors import BulkInputError
 MAX_BATCH_BYTES = 1_000_000
 MAX_BODY_BYTES = 2_097_152
 _BODY_SLACK = 4096  # the envelope around the inputs: keys, brackets, commas
+MAX_LISTED = 20  # bad lines named one by one in the error; the rest are counted
 
 
 @attrs.frozen
@@ -80,53 +82,80 @@ def batch_budget(request: dict, max_batch_bytes: int = MAX_BATCH_BYTES) -> int:
     return budget
 
 
-def _fail(path: Path, line: int, problem: str) -> BulkInputError:
-    return BulkInputError(f"{path} line {line}: {problem}")
+class _BadLine(ValueError):
+    """What is wrong with one line; `read_items` and `scan_inputs` add the file and the line number."""
 
 
-def _item(raw: bytes, path: Path, line: int, index: int) -> Item:
+def _item(raw: bytes, line: int, index: int) -> Item:
     try:
-        obj = json.loads(raw)
-    except ValueError as exc:
-        raise _fail(path, line, f"not valid JSON ({exc})") from exc
+        obj = json.loads(raw.rstrip())  # without its line break, a JSON error's column is the line's
+    except json.JSONDecodeError as exc:
+        raise _BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    except ValueError as exc:  # bytes that are not UTF-8
+        raise _BadLine(f"not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):
-        raise _fail(path, line, f"an input must be a JSON object, not {type(obj).__name__}")
+        raise _BadLine(f"an input must be a JSON object, not {type(obj).__name__}")
     input_id = obj.get("id")
     if not isinstance(input_id, str):
-        raise _fail(path, line, f"'id' must be a string, got {json.dumps(input_id)}")
+        raise _BadLine(f"'id' must be a string, got {json.dumps(input_id)}")
     if ("content" in obj) == ("messages" in obj):
-        raise _fail(path, line, "give exactly one of 'content' (a string or content parts) and 'messages'")
+        raise _BadLine("give exactly one of 'content' (a string or content parts) and 'messages'")
     body = {"id": input_id}
     if "content" in obj:
         if not isinstance(obj["content"], str | list):
-            raise _fail(path, line, "'content' must be a string or a list of content parts")
+            raise _BadLine("'content' must be a string or a list of content parts")
         body["messages"] = [{"role": "user", "content": obj["content"]}]
     body.update((k, v) for k, v in obj.items() if k not in ("id", "content"))
     return Item(index, line, input_id, body, len(json.dumps(body)) + 1)
 
 
-def read_items(path: str | Path) -> Iterator[Item]:
-    """The inputs of a JSON Lines file, in order; a bad line raises `BulkInputError` naming it."""
-    path = Path(path)
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of every line that is not blank."""
     try:
         file = path.open("rb")
     except OSError as exc:
         raise BulkInputError(f"cannot read the inputs file {str(path)!r}: {exc.strerror or exc}") from exc
     with file:
-        index = 0
-        for line, raw in enumerate(file, 1):
-            if raw.strip():
-                yield _item(raw, path, line, index)
-                index += 1
+        yield from ((line, raw) for line, raw in enumerate(file, 1) if raw.strip())
+
+
+def read_items(path: str | Path) -> Iterator[Item]:
+    """The inputs of a JSON Lines file, in order; a bad line raises `BulkInputError` naming it."""
+    path = Path(path)
+    for index, (line, raw) in enumerate(_lines(path)):
+        try:
+            yield _item(raw, line, index)
+        except _BadLine as exc:
+            raise BulkInputError(f"{path} line {line}: {exc}") from exc
 
 
 def scan_inputs(path: str | Path) -> InputIndex:
-    """Checks every line and that ids are unique; an empty file is an error too."""
+    """Checks every line and that ids are unique; an empty file is an error too.
+
+    Every bad line counts, and the error names the first `MAX_LISTED` of them (a single one as ``<file> line
+    <n>: <problem>``, several one per line under a count) and then how many more there are.
+    """
+    path = Path(path)
     line_of: dict[str, int] = {}
-    for item in read_items(path):
-        first = line_of.setdefault(item.id, item.line)
-        if first != item.line:
-            raise BulkInputError(f"{path}: input id {item.id!r} is on line {first} and again on line {item.line}")
+    listed: list[str] = []
+    num_bad = 0
+    for index, (line, raw) in enumerate(_lines(path)):
+        try:
+            item = _item(raw, line, index)
+        except _BadLine as exc:
+            problem = str(exc)
+        else:
+            first = line_of.setdefault(item.id, line)
+            problem = None if first == line else f"input id {item.id!r} is already on line {first}"
+        if problem is not None:
+            num_bad += 1
+            if len(listed) < MAX_LISTED:
+                listed.append(f"line {line}: {problem}")
+    if num_bad == 1:
+        raise BulkInputError(f"{path} {listed[0]}")
+    if num_bad:
+        more = [f"and {num_bad - len(listed):,} more"] if num_bad > len(listed) else []
+        raise BulkInputError("\n  ".join([f"{path}: {num_bad:,} bad lines, nothing was scored:", *listed, *more]))
     if not line_of:
         raise BulkInputError(f"the inputs file {str(path)!r} holds no input")
     return InputIndex(line_of)

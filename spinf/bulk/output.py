@@ -127,18 +127,21 @@ def check_fresh(path: str | Path) -> None:
 
 
 class OutputWriter:
-    """Appends whole lines, flushing each; fsyncs on close. Use as a context manager."""
+    """Appends whole lines, flushing each; fsyncs on close. Use as a context manager. ``num_lines`` counts the lines
+    written, also when an exception (Ctrl-C) stops `write` between two lines of a batch."""
 
     def __init__(self, path: str | Path):
         try:
             self._file = Path(path).open("ab")
         except OSError as exc:
             raise BulkInputError(f"cannot write the output file {str(path)!r}: {exc.strerror or exc}") from exc
+        self.num_lines = 0
 
     def write(self, lines: list[bytes]) -> None:
         for line in lines:
             self._file.write(line)
             self._file.flush()
+            self.num_lines += 1
 
     def close(self) -> None:
         if not self._file.closed:

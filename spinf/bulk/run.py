@@ -9,9 +9,11 @@ not yet written after a crash are a suffix of the remaining ones, and ``resume``
 
 An in-process engine is not thread-safe: give it ``concurrency=1``.
 
-**Cancellation:** an exception (a refused batch, spent retries, Ctrl-C) stops submitting, cancels the batches not
-yet started and waits for those in a worker to end; their results are dropped. The output then holds whole lines
-of a prefix, and ``resume`` picks up from there, scoring the dropped batches again.
+**Cancellation:** an exception (a refused batch, spent retries) stops submitting, cancels the batches not yet
+started and waits for those in a worker to end; their results are dropped. Ctrl-C (``KeyboardInterrupt``) while
+scoring does the same without the wait, since a call in flight to a server can take minutes (timeouts, retries),
+and raises `Interrupted`, which says what the output holds and whether a batch is still running in a worker. The
+output then holds whole lines of a prefix, and ``resume`` picks up from there, scoring the dropped batches again.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ class BulkStats:
     elapsed_s: float
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while `run_bulk` was scoring. Still a ``KeyboardInterrupt``, but with ``stats``: what the output file
+    holds now (whole lines, closed and fsynced), and ``running``: batches left running in worker threads, whose
+    results are dropped (the interpreter waits for those threads at exit)."""
+
+    def __init__(self, stats: BulkStats, running: int):
+        super().__init__()
+        self.stats = stats
+        self.running = running
+
+
 def _score_batch(scorer: Scorer, request: dict, batch: list[Item]) -> list[bytes]:
     body = {**request, "inputs": [item.body for item in batch]}
     try:
@@ -55,18 +68,24 @@ def _score_batch(scorer: Scorer, request: dict, batch: list[Item]) -> list[bytes
 
 
 def _in_order(
-    pool: ThreadPoolExecutor, scorers: list[Scorer], request: dict, todo: Iterable[list[Item]], max_pending: int
-) -> Iterator[tuple[int, list[bytes]]]:
-    """``(batch size, output lines)`` per batch in submission order, with at most ``max_pending`` not yet yielded."""
-    pending: deque[tuple[int, Future]] = deque()
+    pool: ThreadPoolExecutor,
+    scorers: list[Scorer],
+    request: dict,
+    todo: Iterable[list[Item]],
+    max_pending: int,
+    pending: deque[Future],
+) -> Iterator[list[bytes]]:
+    """The output lines of each batch in submission order, with at most ``max_pending`` submitted but not yet
+    yielded. Those are in ``pending``, the one waited for included (the caller's, so that it can tell which still
+    run when it stops)."""
     for k, batch in enumerate(todo):
         if len(pending) >= max_pending:
-            size, future = pending.popleft()
-            yield size, future.result()
-        pending.append((len(batch), pool.submit(_score_batch, scorers[k % len(scorers)], request, batch)))
+            yield pending[0].result()
+            pending.popleft()
+        pending.append(pool.submit(_score_batch, scorers[k % len(scorers)], request, batch))
     while pending:
-        size, future = pending.popleft()
-        yield size, future.result()
+        yield pending[0].result()
+        pending.popleft()
 
 
 def _check_arguments(scorer, batch_size: int, concurrency: int) -> list[Scorer]:
@@ -110,15 +129,22 @@ def run_bulk(
     report(len(done), index.total)
     todo = batches((item for item in read_items(inputs_path) if item.id not in done), batch_size, budget)
     started = time.monotonic()
-    written = num_batches = 0
+    num_batches = 0
+    pending: deque[Future] = deque()
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="spinf-bulk")
+    wait = True
     try:
         with OutputWriter(output_path) as out:
-            for size, lines in _in_order(pool, scorers, request, todo, 2 * concurrency):
-                out.write(lines)
-                written += size
-                num_batches += 1
-                report(len(done) + written, index.total)
+            try:
+                for lines in _in_order(pool, scorers, request, todo, 2 * concurrency, pending):
+                    out.write(lines)
+                    num_batches += 1
+                    report(len(done) + out.num_lines, index.total)
+            except KeyboardInterrupt as interrupt:
+                wait = False
+                pool.shutdown(wait=False, cancel_futures=True)
+                stats = BulkStats(index.total, len(done), out.num_lines, num_batches, time.monotonic() - started)
+                raise Interrupted(stats, sum(not future.done() for future in pending)) from interrupt
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return BulkStats(index.total, len(done), written, num_batches, time.monotonic() - started)
+        pool.shutdown(wait=wait, cancel_futures=True)
+    return BulkStats(index.total, len(done), out.num_lines, num_batches, time.monotonic() - started)

@@ -1,17 +1,26 @@
-"""``spinf-serve score`` through `spinf.bulk.main`: one body (api spec §10) or an inputs file, exit statuses."""
+"""``spinf-serve score`` through `spinf.bulk.main`: one body (api spec §10) or an inputs file, exit statuses, and
+Ctrl-C on the real command (a subprocess sent SIGINT)."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import threading
+import time
 import types
+from pathlib import Path
 
 import pytest
 
 from spinf.bulk import main
-from tests.bulk.fakes import REQUEST, FakeServer, make_inputs, read_jsonl, write_jsonl
+from tests.bulk.fakes import REQUEST, FakeServer, fake_response, make_inputs, read_jsonl, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SETTINGS = types.SimpleNamespace(server=types.SimpleNamespace(debug=False))  # the engine itself is replaced here
 
@@ -105,7 +114,7 @@ def test_a_bad_line_stops_before_the_engine_loads(tmp_path, capsys):
         raise AssertionError("the engine must not load before the inputs are checked")
 
     assert main(args(request=req, inputs=src, output=tmp_path / "o.jsonl"), SETTINGS, make_engine=no_engine) == 2
-    assert capsys.readouterr().err == f"spinf-serve score: {src}: input id 'a' is on line 1 and again on line 2\n"
+    assert capsys.readouterr().err == f"spinf-serve score: {src} line 2: input id 'a' is already on line 1\n"
 
 
 def test_a_model_that_cannot_load_is_one_line_and_status_2(tmp_path, capsys):
@@ -176,3 +185,86 @@ def test_a_single_body_is_scored_as_a_trusted_caller(tmp_path, capsys, tiny_engi
     assert main(args(request=req), SETTINGS, make_engine=lambda: tiny_engine) == 1
     err = capsys.readouterr().err
     assert '"code": "too_many_options"' in err and "rejected" not in err
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------------------------------
+
+
+class Stalling:
+    """An "engine" for `FakeServer`: answers the first ``answered`` calls, then holds each call until ``release``."""
+
+    def __init__(self, answered: int):
+        self.answered = answered
+        self.calls = 0
+        self.release = threading.Event()
+
+    def score(self, body: dict) -> dict:
+        self.calls += 1
+        if self.calls > self.answered:
+            self.release.wait(60)
+        return fake_response(body)
+
+
+def interrupt(argv: list[str], tmp_path: Path, ready) -> subprocess.CompletedProcess:
+    """Run ``spinf-serve`` (as ``python -m spinf``) with ``argv`` until ``ready()``, then send it SIGINT."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") and "proxy" not in k.lower()}
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spinf", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never got ready to be interrupted"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)  # Ctrl-C must not wait for the call the server is holding
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+
+
+def test_ctrl_c_in_bulk_mode_is_one_line_saying_what_is_done_and_how_to_resume(tmp_path):
+    inputs = make_inputs(100)
+    src, out = write_jsonl(tmp_path / "in.jsonl", inputs), tmp_path / "out.jsonl"
+    req = write_jsonl(tmp_path / "req.json", [REQUEST])
+    stalling = Stalling(answered=3)
+    with FakeServer(stalling) as server:
+        argv = ["score", str(req), "--inputs", str(src), "--output", str(out), "--url", server.url]
+        argv += ["--batch-size", "10", "--concurrency", "1"]
+        try:
+            done = interrupt(argv, tmp_path, lambda: len(server.seen) == 4)  # the fourth call is held
+        finally:
+            stalling.release.set()
+    assert (done.returncode, done.stdout) == (130, "")
+    assert done.stderr == (
+        f"spinf-serve score: interrupted: 30 of 100 inputs have their results in {out} (30 written by this run); "
+        "run the same command with --resume to score the rest\n"
+    )
+    assert [line["input_id"] for line in read_jsonl(out)] == [item["id"] for item in inputs[:30]]
+
+
+def test_ctrl_c_on_a_single_body_is_one_line(tmp_path):
+    req = write_jsonl(tmp_path / "req.json", [{**REQUEST, "inputs": [{"id": "a", "messages": [{"content": "hi"}]}]}])
+    stalling = Stalling(answered=0)
+    with FakeServer(stalling) as server:
+        try:
+            done = interrupt(["score", str(req), "--url", server.url], tmp_path, lambda: len(server.seen) == 1)
+        finally:
+            stalling.release.set()
+    assert (done.returncode, done.stdout) == (130, "")
+    assert done.stderr == f"spinf-serve score: interrupted: {req} was not scored\n"
+
+
+def test_ctrl_c_while_the_inputs_are_checked_says_nothing_was_written(run, tmp_path, capsys, monkeypatch):
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("spinf.bulk.run.scan_inputs", interrupted)
+    src, out = write_jsonl(tmp_path / "in.jsonl", make_inputs(3)), tmp_path / "out.jsonl"
+    assert run(request=write_jsonl(tmp_path / "req.json", [REQUEST]), inputs=src, output=out) == 130
+    assert (
+        capsys.readouterr().err
+        == f"spinf-serve score: interrupted before scoring began: nothing was written to {out}\n"
+    )

@@ -1,4 +1,5 @@
-"""The inputs file: checking every line, ids, ``content``, and batching by count and by bytes."""
+"""The inputs file: checking every line (every bad one reported), ids, ``content``, and batching by count and by
+bytes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from spinf.bulk.errors import BulkInputError
-from spinf.bulk.inputs import MAX_BODY_BYTES, batch_budget, batches, check_shared, read_items, scan_inputs
+from spinf.bulk.inputs import MAX_BODY_BYTES, MAX_LISTED, batch_budget, batches, check_shared, read_items, scan_inputs
 from tests.bulk.fakes import write_jsonl
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -21,7 +22,7 @@ def write_lines(path, lines: list[str]):
 @pytest.mark.parametrize(
     ("bad", "problem"),
     [
-        ('{"id": "b", "content": "x"', r"not valid JSON \(.*\)"),
+        ('{"id": "b", "content": "x"', r"not valid JSON \(Expecting ',' delimiter at column 27\)"),
         ('["b"]', "an input must be a JSON object, not list"),
         ('{"id": 7, "content": "x"}', "'id' must be a string, got 7"),
         ('{"content": "x"}', "'id' must be a string, got null"),
@@ -36,11 +37,48 @@ def test_a_malformed_line_is_named_by_its_number(tmp_path, bad, problem):
         scan_inputs(path)
 
 
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id": "a", "content": "x"}\n{"id": "b\xff"}\n')
+    with pytest.raises(
+        BulkInputError, match=rf"^{path} line 2: not valid JSON \('utf-8' codec can't decode byte 0xff"
+    ):
+        scan_inputs(path)
+
+
 def test_duplicate_ids_name_both_lines(tmp_path):
     rows = [{"id": k, "content": "x"} for k in ("a", "b", "c", "b")]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    with pytest.raises(BulkInputError, match=rf"^{path}: input id 'b' is on line 2 and again on line 4$"):
+    with pytest.raises(BulkInputError, match=rf"^{path} line 4: input id 'b' is already on line 2$"):
         scan_inputs(path)
+
+
+def test_every_bad_line_is_reported_with_its_number(tmp_path):
+    lines = ['{"id": "a", "content": "x"}', '{"id": 7, "content": "x"}', "", '{"id": "a", "content": "y"}']
+    lines += ['{"id": "b", "content": "x"}', "[]", '{"id": "c", "content": "x", "messages": []}', '{"id": "b"']
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    with pytest.raises(BulkInputError) as caught:
+        scan_inputs(path)
+    assert str(caught.value).splitlines() == [
+        f"{path}: 5 bad lines, nothing was scored:",
+        "  line 2: 'id' must be a string, got 7",
+        "  line 4: input id 'a' is already on line 1",
+        "  line 6: an input must be a JSON object, not list",
+        "  line 7: give exactly one of 'content' (a string or content parts) and 'messages'",
+        "  line 8: not valid JSON (Expecting ',' delimiter at column 11)",
+    ]
+
+
+def test_past_the_cap_bad_lines_are_counted_not_listed(tmp_path):
+    lines = ['{"id": "ok", "content": "x"}'] + [f'{{"id": {k}, "content": "x"}}' for k in range(MAX_LISTED + 15)]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    with pytest.raises(BulkInputError) as caught:
+        scan_inputs(path)
+    got = str(caught.value).splitlines()
+    assert MAX_LISTED == 20 and len(got) == 1 + MAX_LISTED + 1
+    assert got[0] == f"{path}: 35 bad lines, nothing was scored:"
+    assert got[1] == "  line 2: 'id' must be a string, got 0" and got[20] == "  line 21: 'id' must be a string, got 19"
+    assert got[-1] == "  and 15 more"
 
 
 def test_an_empty_inputs_file_is_an_error(tmp_path):
