@@ -1,15 +1,19 @@
 """The OpenAPI 3.1 document of ``GET /openapi.json`` (api spec §1, D7): every route, its real request and responses.
 
 It owns the machine-readable copy of the HTTP contract: the routes of §1 with their auth, parameters and bodies,
-the score request of §4, the score response of §5 (chat adds ``choices``, §6), the model entry of §7, the pack
-listings of §8, the probes, drain and info of §3, and the error envelope of §2.5 with its code table
-(``ERROR_CODES``), narrowed per status. Schemas are plain dicts built by small helpers: in an object's field map a
-key ending in ``?`` is optional. Request objects stay open (the server ignores unknown keys, §4.1), pack references
-excepted; response objects are closed, so an answer with a key the spec does not list fails validation. It imports
-nothing from the server; ``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
+the score response of §5 (chat adds ``choices``, §6), the model entry of §7, the pack listings of §8, the probes,
+drain and info of §3, and the error envelope of §2.5 with its code table (``ERROR_CODES``), narrowed per status.
+The score request of §4 is not written here: `spinf.protocol.schema` declares it once, for the parser's checks and
+for this document, which embeds its components unchanged. The other schemas are plain dicts built by small
+helpers: in an object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer
+with a key the spec does not list fails validation. It imports nothing from the server but the request's schema
+table; ``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
 """
 
 from __future__ import annotations
+
+from spinf.protocol.schema import DETAILS, MODES
+from spinf.protocol.schema import components as request_components
 
 # §2.5: every code, by status. The 404 pack codes belong to GET /v1/packs/{id}; in a score body they are 400s.
 ERROR_CODES: dict[int, tuple[str, ...]] = {
@@ -33,8 +37,6 @@ ERROR_TYPES = ("invalid_request", "authentication_error", "not_found", "rate_lim
 LIMIT_KEYS = """max_content_tokens max_query_tokens max_prompts_per_input max_processed_tokens
     max_extractions_per_input max_options max_option_tokens max_frames max_audio_seconds max_image_pixels""".split()
 MEDIA = ("image", "audio", "video")
-DETAILS = ("low", "auto", "high")
-MODES = ("max", "per_category", "micro_layer")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_ID = r"^scr_[0-9A-HJKMNP-TV-Z]{26}$"
 RETRY_AFTER = {429: "2", 503: "10 (warming_up, or shutting down) or 60 (model_unavailable)"}
@@ -103,7 +105,7 @@ def obj(fields: dict, *, closed: bool = True, **extra) -> dict:
 
 
 def loose(fields: dict, **extra) -> dict:
-    """A request object: unknown keys are ignored (api spec §4.1)."""
+    """An open object: keys other than ``fields`` are allowed."""
     return obj(fields, closed=False, **extra)
 
 
@@ -113,116 +115,6 @@ def described(schema: dict, text: str) -> dict:
 
 STR, BOOL, NULL, ANY = {"type": "string"}, {"type": "boolean"}, {"type": "null"}, {}
 INT, NUM, P = integer(), number(), number(0, 1)
-
-# §4: the request body.
-
-
-def _request_schemas() -> dict:
-    image = loose(
-        {
-            "url": string(pattern=r"^data:image/(png|jpeg|jpg|webp|gif);base64,"),
-            "detail?": enum(*DETAILS) | {"default": "auto"},
-        }
-    )
-    frame = loose({"t": number(0, description="seconds, not decreasing"), "image_url": ref("ImageUrl")})
-    audio = loose(
-        {"data": string(contentEncoding="base64"), "format": enum("wav", "mp3", "flac", "ogg", "m4a", "webm")}
-    )
-    video = loose(
-        {"frames": array(frame, 1, description="1 to max_frames"), "detail?": enum(*DETAILS) | {"default": "low"}}
-    )
-    payloads = {"text": STR, "image_url": ref("ImageUrl"), "input_audio": audio, "video": video}
-    parts = {f"{kind.title().replace('_', '')}Part": (kind, p) for kind, p in payloads.items()}
-    generate = loose(
-        {
-            "temperature?": number(0, 2, default=0),
-            "top_p?": number(None, 1, exclusiveMinimum=0, default=1),
-            "top_k?": integer(1, 100, description="default 40 when temperature > 0, else 1"),
-            "seed?": integer(0, 2**31 - 1, default=0),
-            "n?": integer(1, 6, default=1),
-        }
-    )
-    value = string(hi=256)
-    query = loose(
-        {
-            "id": string(hi=128),
-            "template": described(STR, "§4.6: literal text, up to 5 {name} placeholders and one slot"),
-            "options?": array(string(1), 1, description="required on {?} queries; forbidden on extraction slots"),
-            "combinations?": {"anyOf": [array(mapping(value), 1), {"const": "all"}, NULL]},
-            "values?": nullable(mapping(array(value, 1), description='only with combinations "all"')),
-            "empty_floor?": nullable(described(BOOL, "null: scoring.empty_floor")),
-            "group?": nullable(string(hi=128)),
-            "max_tokens?": integer(1, 100, default=16, description="extraction only; above 64 only with generate"),
-            "top_k?": integer(1, 20, default=5, description="searched extraction only"),
-            "calibration?": loose({"a?": number(default=1), "b?": number(default=0)}),
-            "generate?": {"anyOf": [BOOL, ref("Generate"), NULL], "description": "{*} slots only"},
-        }
-    )
-    decision = obj(
-        {
-            "mode?": enum(*MODES),
-            "threshold?": nullable(NUM),
-            "thresholds?": mapping(nullable(P)),
-            "critical?": nullable(array(STR)),
-        }
-    )
-    pack_ref = obj(
-        {"id": string(1), **same(STR, "version? context?"), "decision?": decision, "include_queries?": BOOL}
-    )
-    scoring = loose(
-        {
-            "queries?": array(ref("Query")),
-            **same(BOOL | {"default": True}, "empty_floor? case_insensitive?"),
-            "packs?": array(ref("Pack")),
-        }
-    )
-    message = loose({"role?": STR, "content": {"anyOf": [STR, array(ref("ContentPart"))]}})
-    scalar = {"anyOf": [STR, NUM, BOOL]}
-    input_ = loose(
-        {
-            "id": string(hi=128),
-            "messages": array(ref("Message")),
-            "query_ids?": nullable(array(STR, description="null: all shared queries")),
-            "queries?": array(ref("Query")),
-            "parameters?": mapping(scalar, description="pack context parameters"),
-        }
-    )
-    trusted = "trusted callers only (§4.11); ignored for others"
-    limits = obj({f"{key}?": integer(0 if "extractions" in key else 1) for key in LIMIT_KEYS}, description=trusted)
-    features = loose({"media?": array(STR), **same(BOOL, "extraction? generation?")}, description=trusted)
-    score_request = loose(
-        {
-            "messages?": array(ref("Message"), description="the same as inputs: [{id: '0', messages}]"),
-            "inputs?": array(ref("Input"), 1),
-            "model?": string(1, description="a name of the served model, matched case-insensitively"),
-            "scoring?": ref("Scoring"),
-            "endpoint?": string(1, 128),
-            "limits?": limits,
-            "features?": features,
-        },
-        oneOf=[{"required": ["messages"]}, {"required": ["inputs"]}],
-        description="exactly one of messages and inputs; other top-level keys are ignored",
-    )
-    return {
-        "ImageUrl": image,
-        **{name: loose({"type": {"const": kind}, kind: p}) for name, (kind, p) in parts.items()},
-        "ContentPart": {
-            "oneOf": [ref(name) for name in parts],
-            "discriminator": {
-                "propertyName": "type",
-                "mapping": {kind: f"#/components/schemas/{name}" for name, (kind, _) in parts.items()},
-            },
-        },
-        "Message": message,
-        "Input": input_,
-        "Generate": generate,
-        "Query": query,
-        "Pack": pack_ref,
-        "Scoring": scoring,
-        "ScoreRequest": score_request,
-        "ChatRequest": {"allOf": [ref("ScoreRequest")], "required": ["scoring"], "description": "§6"},
-    }
-
 
 # §5: the response body.
 
@@ -488,7 +380,7 @@ def openapi_document(version: str) -> dict:
         "info": {"title": "spinf-serve", "version": version, "description": description},
         "paths": _paths(),
         "components": {
-            "schemas": {**_request_schemas(), **_response_schemas(), **_other_schemas()},
+            "schemas": {**request_components(), **_response_schemas(), **_other_schemas()},
             "responses": {f"Error{status}": error(status) for status in _ERROR_DESCRIPTIONS},
             "headers": {"X-Request-Id": request_id},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "the access token"}},

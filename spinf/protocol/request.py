@@ -16,18 +16,16 @@ from collections.abc import Collection
 import attrs
 
 from spinf.errors import bad_request
-from spinf.protocol.schema import MAX_ID_CHARS, check_input, check_scoring
-from spinf.protocol.schema import invalid_field as _invalid
+from spinf.protocol.schema import ENDPOINT, MODEL, PACK_KEYS, PART_TYPES, check_input, check_scoring
+from spinf.protocol.shapes import invalid_field as _invalid
 from spinf.protocol.templates import parse_template
 from spinf.protocol.types import Generate, InputSpec, MediaPart, QuerySpec, ScoreRequest, Slot
 from spinf.settings import Features, Limits
 
 MAX_SEARCHED_TOKENS = 64
 
-# A part's type names its payload key too (§4.3); the media kind of each non-text type (§4.10's media check).
-_PART_TYPES = ("text", "image_url", "input_audio", "video")
+# The media kind of each non-text part type (§4.10's media check).
 _MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
-_PACK_KEYS = ("id", "version", "context", "decision", "include_queries")
 _EXTRACTION_FIELDS = ("max_tokens", "top_k", "calibration", "generate")
 # A JSON escape of a UTF-16 surrogate; only when one occurs is the decoded value searched for a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -137,8 +135,7 @@ def _model(body: dict, served_names: Collection[str] | None) -> str | None:
     if "model" not in body:
         return None
     model = body["model"]
-    if not isinstance(model, str) or not model:
-        raise _invalid("model", "model must be a non-empty string (leave it out for the served model)")
+    MODEL.check(model, "model")
     if served_names is not None and model.casefold() not in {name.casefold() for name in served_names}:
         served = ", ".join(repr(name) for name in served_names)
         raise bad_request("model_not_served", "model", f"model {model!r} is not served here; its names are {served}")
@@ -148,10 +145,8 @@ def _model(body: dict, served_names: Collection[str] | None) -> str | None:
 def _endpoint(body: dict) -> str | None:
     if "endpoint" not in body:
         return None
-    endpoint = body["endpoint"]
-    if not isinstance(endpoint, str) or not 1 <= len(endpoint) <= MAX_ID_CHARS:
-        raise _invalid("endpoint", f"endpoint must be a string of 1 to {MAX_ID_CHARS} characters")
-    return endpoint
+    ENDPOINT.check(body["endpoint"], "endpoint")
+    return body["endpoint"]
 
 
 def _limits(body: dict, server: Limits) -> Limits:
@@ -205,8 +200,8 @@ def _check_packs(scoring: dict) -> None:
         if not isinstance(ref, dict):
             raise _invalid(p, f"{p} must be an object")
         for key in ref:
-            if key not in _PACK_KEYS:
-                raise _invalid(f"{p}.{key}", f"{key!r} is not a pack reference key; they are {', '.join(_PACK_KEYS)}")
+            if key not in PACK_KEYS:
+                raise _invalid(f"{p}.{key}", f"{key!r} is not a pack reference key; they are {', '.join(PACK_KEYS)}")
         if not isinstance(ref.get("id"), str) or not ref["id"]:
             raise _invalid(f"{p}.id", f"{p}.id must be a non-empty string")
         if ref["id"] in seen:
@@ -342,8 +337,8 @@ def _is_image(run: str | MediaPart) -> bool:
 
 def _part_segment(part: dict, path: str) -> str | MediaPart:
     kind = part["type"]
-    if kind not in _PART_TYPES:
-        raise bad_request("unsupported_content", path, f"unknown part type {kind!r}; the types are {_PART_TYPES}")
+    if kind not in PART_TYPES:
+        raise bad_request("unsupported_content", path, f"unknown part type {kind!r}; the types are {PART_TYPES}")
     payload = part.get(kind)
     if payload is None:
         raise bad_request("unsupported_content", path, f"a {kind!r} part needs its {kind!r} payload")

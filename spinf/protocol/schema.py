@@ -1,195 +1,262 @@
-"""The JSON schema of a score request (api spec §4.1–§4.5; step 11 of §4.12), as small composable checks.
+"""The one schema table of a score request (api spec §4.1–§4.5, §4.10, §4.11): the validator and the document.
 
-Each check takes ``(value, param path)`` and raises 400 ``invalid_field`` at the first problem, so the param is the
-dotted location of the first schema error; an object's fields are checked in the order of the spec's tables. The
-types are strict JSON: a bool is not a number, an integer field takes no float, numbers are finite. Unknown keys are
-ignored. ``null`` is accepted only where the spec gives it a meaning (``query_ids``, ``combinations``, ``values``,
-a query's ``empty_floor`` and ``group``, ``generate``); anywhere else it is a wrong type. The schema checks shape
-only: which fields go with which slot, and everything that needs the template, is `spinf.protocol.request`'s.
+Every object, field, type and bound of the body is declared here once, as `spinf.protocol.shapes`. The parser
+checks step 11 of §4.12 with it (`check_scoring`, `check_input`: a 400 ``invalid_field`` at the first schema error,
+an object's fields in the order below) and the model and endpoint of steps 4 and 5; ``GET /openapi.json`` embeds
+`components()` unchanged. Unknown keys are ignored (pack references excepted). ``null`` is accepted only where the
+spec gives it a meaning (``messages`` / ``inputs``, ``query_ids``, ``combinations``, ``values``, a query's
+``empty_floor`` and ``group``, ``generate``). The schema is shape only: which fields go with which slot, and
+everything else that needs the template, is `spinf.protocol.request`'s. So are the top-level keys of `REQUEST`,
+checked in §4.12's order, and the pack references of step 10; this table is their documented shape, and
+``tests/protocol/test_schema.py`` holds the parser to it, field by field, in both directions.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
-from spinf.errors import ApiError, bad_request
+from spinf.protocol.queries import MAX_VALUE_CHARS
+from spinf.protocol.shapes import (
+    SCHEMAS,
+    Boolean,
+    Const,
+    Enum,
+    Field,
+    Integer,
+    ListOf,
+    MapOf,
+    Named,
+    Nullable,
+    Number,
+    Object,
+    Parts,
+    String,
+    Union,
+    named_shapes,
+)
+from spinf.settings import Limits
 
 MAX_ID_CHARS = 128
 MAX_SEED = 2**31 - 1
-
-Check = Callable[[object, str], None]
-
-
-def invalid_field(param: str, message: str) -> ApiError:
-    """A 400 ``invalid_field`` at ``param``: the error of every schema check."""
-    return bad_request("invalid_field", param, message)
+DETAILS = ("low", "auto", "high")
+MODES = ("max", "per_category", "micro_layer")
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
+TRUSTED = "trusted callers only (§4.11); ignored for others"
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _about(text: str, **more: object) -> dict:
+    return {"description": text, **more}
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+# §4.3: content. Only a text part's payload is checked here; media payloads are the media decoder's.
+IMAGE_URL = Named(
+    "ImageUrl",
+    Object(
+        (
+            Field("url", String(elsewhere={"pattern": r"^data:image/(png|jpeg|jpg|webp|gif);base64,"}), True),
+            Field("detail", Enum(DETAILS, doc={"default": "auto"})),
+        )
+    ),
+)
+_FRAME = Object(
+    (Field("t", Number(0, doc=_about("seconds, not decreasing")), True), Field("image_url", IMAGE_URL, True))
+)
+CONTENT_PART = Named(
+    "ContentPart",
+    Parts(
+        {
+            "text": String(),
+            "image_url": IMAGE_URL,
+            "input_audio": Object(
+                (
+                    Field("data", String(doc={"contentEncoding": "base64"}), True),
+                    Field("format", Enum(AUDIO_FORMATS), True),
+                )
+            ),
+            "video": Object(
+                (
+                    Field("frames", ListOf(_FRAME, 1, doc=_about("1 to max_frames")), True),
+                    Field("detail", Enum(DETAILS, doc={"default": "low"})),
+                )
+            ),
+        },
+        checked=("text",),
+    ),
+)
+PART_TYPES = tuple(CONTENT_PART.shape.payloads)
+MESSAGE = Named(
+    "Message",
+    Object(
+        (
+            Field("role", String()),
+            Field(
+                "content",
+                Union((String(), ListOf(CONTENT_PART)), expected="a string or a list of content parts"),
+                True,
+            ),
+        )
+    ),
+)
 
+# §4.5: queries. The bounds marked elsewhere are §4.7's and §4.8's, checked per query with their own codes.
+GENERATE = Named(
+    "Generate",
+    Object(
+        (
+            Field("temperature", Number(0, 2, doc={"default": 0})),
+            Field("top_p", Number(0, 1, above_lo=True, doc={"default": 1})),
+            Field("top_k", Integer(1, 100, doc=_about("default 40 when temperature > 0, else 1"))),
+            Field("seed", Integer(0, MAX_SEED, doc={"default": 0})),
+            Field("n", Integer(1, 6, doc={"default": 1})),
+        )
+    ),
+)
+_COMBINATIONS = Union(
+    (ListOf(MapOf(String(elsewhere={"maxLength": MAX_VALUE_CHARS})), elsewhere={"minItems": 1}), Const("all")),
+    expected='a list of value maps, "all" or null',
+)
+_VALUES = MapOf(
+    ListOf(String()),
+    # Its bounds hold only with "all" (§4.7), so they are in words: JSON Schema would apply them always.
+    doc=_about(f'only with combinations "all": then each list non-empty, each value at most {MAX_VALUE_CHARS} chars'),
+)
+QUERY = Named(
+    "Query",
+    Object(
+        (
+            Field("id", String(max_chars=MAX_ID_CHARS), True),
+            Field(
+                "template", String(doc=_about("§4.6: literal text, up to 5 {name} placeholders and one slot")), True
+            ),
+            Field(
+                "options",
+                ListOf(
+                    String(elsewhere={"minLength": 1}),
+                    elsewhere={"minItems": 1},
+                    doc=_about("required on {?} queries; forbidden on extraction slots"),
+                ),
+            ),
+            Field("combinations", Nullable(_COMBINATIONS)),
+            Field("values", Nullable(_VALUES)),
+            Field("empty_floor", Nullable(Boolean(doc=_about("null: scoring.empty_floor")))),
+            Field("group", Nullable(String(max_chars=MAX_ID_CHARS))),
+            Field(
+                "max_tokens", Integer(1, 100, doc=_about("extraction only; above 64 only with generate", default=16))
+            ),
+            Field("top_k", Integer(1, 20, doc=_about("searched extraction only", default=5))),
+            Field(
+                "calibration",
+                Object((Field("a", Number(doc={"default": 1})), Field("b", Number(doc={"default": 0})))),
+            ),
+            Field(
+                "generate",
+                Nullable(
+                    Union((Boolean(), GENERATE), expected="true, false, null or an object"),
+                    doc=_about("{*} slots only"),
+                ),
+            ),
+        )
+    ),
+)
 
-def _boolean(value: object, path: str) -> None:
-    if not isinstance(value, bool):
-        raise invalid_field(path, f"{path} must be true or false")
+# §4.10: a pack reference; the parser checks its keys and id at step 10, the rest once the pack is known.
+_PACK = Object(
+    (
+        Field("id", String(min_chars=1), True),
+        Field("version", String()),
+        Field("context", String()),
+        Field(
+            "decision",
+            Object(
+                (
+                    Field("mode", Enum(MODES)),
+                    Field("threshold", Nullable(Number())),
+                    Field("thresholds", MapOf(Nullable(Number(0, 1)))),
+                    Field("critical", Nullable(ListOf(String()))),
+                ),
+                closed=True,
+            ),
+        ),
+        Field("include_queries", Boolean()),
+    ),
+    closed=True,
+)
+PACK_KEYS = _PACK.keys()
 
+# §4.4 and §4.2. The order of the fields is the order of the checks (the first error is the one reported).
+SCORING = Named(
+    "Scoring",
+    Object(
+        (
+            Field("empty_floor", Boolean(doc={"default": True})),
+            Field("case_insensitive", Boolean(doc={"default": True})),
+            Field("queries", ListOf(QUERY)),
+            Field("packs", ListOf(Named("Pack", _PACK)), checked=False),
+        )
+    ),
+)
+INPUT = Named(
+    "Input",
+    Object(
+        (
+            Field("id", String(max_chars=MAX_ID_CHARS), True),
+            Field("messages", ListOf(MESSAGE), True),
+            Field("query_ids", Nullable(ListOf(String(), doc=_about("null: all shared queries")))),
+            Field("queries", ListOf(QUERY)),
+            Field(
+                "parameters",
+                MapOf(
+                    Union((String(), Number(), Boolean()), expected="a string, a number or a boolean"),
+                    doc=_about("pack context parameters"),
+                ),
+            ),
+        )
+    ),
+)
 
-def _string(max_chars: int | None = None) -> Check:
-    def check(value: object, path: str) -> None:
-        if not isinstance(value, str):
-            raise invalid_field(path, f"{path} must be a string")
-        if max_chars is not None and len(value) > max_chars:
-            raise invalid_field(path, f"{path} has {len(value)} characters; at most {max_chars}")
-
-    return check
-
-
-def _integer(lo: int, hi: int) -> Check:
-    def check(value: object, path: str) -> None:
-        if not _is_int(value) or not lo <= value <= hi:
-            raise invalid_field(path, f"{path} must be an integer from {lo} to {hi}")
-
-    return check
-
-
-def _number(lo: float = -math.inf, hi: float = math.inf, *, above_lo: bool = False) -> Check:
-    def check(value: object, path: str) -> None:
-        if not _is_number(value) or not lo <= value <= hi or (above_lo and value == lo):
-            low = f"above {lo}" if above_lo else f"at least {lo}"
-            bounds = "" if math.isinf(hi) else f", {low} and at most {hi}"
-            raise invalid_field(path, f"{path} must be a number{bounds}")
-
-    return check
-
-
-def _scalar(value: object, path: str) -> None:
-    if not (isinstance(value, str | bool) or _is_number(value)):
-        raise invalid_field(path, f"{path} must be a string, a number or a boolean")
-
-
-def _nullable(check: Check) -> Check:
-    def nullable(value: object, path: str) -> None:
-        if value is not None:
-            check(value, path)
-
-    return nullable
-
-
-def _list_of(item: Check) -> Check:
-    def check(value: object, path: str) -> None:
-        if not isinstance(value, list):
-            raise invalid_field(path, f"{path} must be a list")
-        for j, element in enumerate(value):
-            item(element, f"{path}.{j}")
-
-    return check
-
-
-def _map_of(item: Check) -> Check:
-    def check(value: object, path: str) -> None:
-        if not isinstance(value, dict):
-            raise invalid_field(path, f"{path} must be an object")
-        for key, element in value.items():
-            item(element, f"{path}.{key}")
-
-    return check
-
-
-def _object(*fields: tuple[str, bool, Check]) -> Check:
-    """An object with the given (key, required, check) fields, checked in that order; other keys are ignored."""
-
-    def check(value: object, path: str) -> None:
-        if not isinstance(value, dict):
-            raise invalid_field(path, f"{path} must be an object")
-        for key, required, field in fields:
-            if key in value:
-                field(value[key], f"{path}.{key}")
-            elif required:
-                raise invalid_field(f"{path}.{key}", f"{path}.{key} is required")
-
-    return check
-
-
-_COMBINATION_LIST = _list_of(_map_of(_string()))
-_GENERATE = _object(
-    ("temperature", False, _number(0, 2)),
-    ("top_p", False, _number(0, 1, above_lo=True)),
-    ("top_k", False, _integer(1, 100)),
-    ("seed", False, _integer(0, MAX_SEED)),
-    ("n", False, _integer(1, 6)),
+# §4.1 and §4.11: the top level, checked by the parser in §4.12's order.
+MODEL = String(min_chars=1, doc=_about("a name of the served model, matched case-insensitively"))
+ENDPOINT = String(min_chars=1, max_chars=MAX_ID_CHARS)
+_LIMITS = Object(
+    # §4.11: each an integer > 0, except max_extractions_per_input >= 0 (the settings' own rules, spinf.settings)
+    tuple(Field(key, Integer(0 if key == "max_extractions_per_input" else 1)) for key in Limits.keys()),
+    closed=True,
+    doc=_about(TRUSTED),
+)
+_FEATURES = Object(
+    (Field("media", ListOf(String())), Field("extraction", Boolean()), Field("generation", Boolean())),
+    doc=_about(TRUSTED),
+)
+# Exactly one of messages and inputs is present and not null (step 2).
+_ONE_FORM = [{"required": [key], "properties": {key: {"not": {"type": "null"}}}} for key in ("messages", "inputs")]
+REQUEST = Named(
+    "ScoreRequest",
+    Object(
+        (
+            Field("messages", Nullable(ListOf(MESSAGE), doc=_about("the same as inputs: [{id: '0', messages}]"))),
+            Field("inputs", Nullable(ListOf(INPUT, 1))),
+            Field("model", MODEL),
+            Field("scoring", SCORING),
+            Field("endpoint", ENDPOINT),
+            Field("limits", _LIMITS),
+            Field("features", _FEATURES),
+        ),
+        elsewhere={"oneOf": _ONE_FORM},
+        doc=_about("exactly one of messages and inputs (null counts as absent); other top-level keys are ignored"),
+    ),
 )
 
 
-def _combinations(value: object, path: str) -> None:
-    if value is None or value == "all":
-        return
-    if not isinstance(value, list):
-        raise invalid_field(path, f'{path} must be a list of value maps, "all" or null')
-    _COMBINATION_LIST(value, path)
-
-
-def _generate(value: object, path: str) -> None:
-    if value is None or isinstance(value, bool):
-        return
-    if not isinstance(value, dict):
-        raise invalid_field(path, f"{path} must be true, false, null or an object")
-    _GENERATE(value, path)
-
-
-_QUERY = _object(
-    ("id", True, _string(MAX_ID_CHARS)),
-    ("template", True, _string()),
-    ("options", False, _list_of(_string())),
-    ("combinations", False, _combinations),
-    ("values", False, _nullable(_map_of(_list_of(_string())))),
-    ("empty_floor", False, _nullable(_boolean)),
-    ("group", False, _nullable(_string(MAX_ID_CHARS))),
-    ("max_tokens", False, _integer(1, 100)),
-    ("top_k", False, _integer(1, 20)),
-    ("calibration", False, _object(("a", False, _number()), ("b", False, _number()))),
-    ("generate", False, _generate),
-)
-_PART = _object(("type", True, _string()))
-_TEXT = _nullable(_string())
-
-
-def _content(value: object, path: str) -> None:
-    """A string, or a list of parts; a part's payload is checked here only for text (media payloads: §4.3)."""
-    if isinstance(value, str):
-        return
-    if not isinstance(value, list):
-        raise invalid_field(path, f"{path} must be a string or a list of content parts")
-    for k, part in enumerate(value):
-        _PART(part, f"{path}.{k}")
-        if part["type"] == "text":
-            _TEXT(part.get("text"), f"{path}.{k}.text")
-
-
-_MESSAGE = _object(("role", False, _string()), ("content", True, _content))
-_INPUT = _object(
-    ("id", True, _string(MAX_ID_CHARS)),
-    ("messages", True, _list_of(_MESSAGE)),
-    ("query_ids", False, _nullable(_list_of(_string()))),
-    ("queries", False, _list_of(_QUERY)),
-    ("parameters", False, _map_of(_scalar)),
-)
-_SCORING = _object(
-    ("empty_floor", False, _boolean),
-    ("case_insensitive", False, _boolean),
-    ("queries", False, _list_of(_QUERY)),
-)
+def components() -> dict[str, dict]:
+    """The request's schemas for the OpenAPI document, each once; ``ChatRequest`` adds the chat route's rule (§6)."""
+    schemas = {name: shape.shape.json_schema() for name, shape in named_shapes(REQUEST).items()}
+    chat = {"allOf": [{"$ref": SCHEMAS + REQUEST.name}], "required": ["scoring"], "description": "§6"}
+    return {**schemas, "ChatRequest": chat}
 
 
 def check_scoring(scoring: dict) -> None:
     """The schema of the ``scoring`` object (packs excepted: step 10 checked them)."""
-    _SCORING(scoring, "scoring")
+    SCORING.check(scoring, "scoring")
 
 
 def check_input(raw: object, path: str) -> None:
     """The schema of one input object at ``path`` (``inputs.<i>``)."""
-    _INPUT(raw, path)
+    INPUT.check(raw, path)
