@@ -2,7 +2,9 @@
 
 It ties the pieces together in straight-line order: parse the body (`spinf.protocol`), compile it against the
 tokenizer (`spinf.engine.compiler`), run the jobs (`spinf.engine.scorer`), and assemble the response
-(`spinf.engine.results`). Request problems raise `ApiError` with the spec's status, code and param.
+(`spinf.engine.results`). Request problems raise `ApiError` with the spec's status, code and param; running out of
+memory during a call's passes is one of them (413 ``request_too_large``, api spec §4.9), after which the engine
+either is back at its idle memory or says it is ``degraded`` (§3.2).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hashlib
 import logging
 import os
 import time
+import traceback
 from pathlib import Path
 
 import attrs
@@ -25,11 +28,11 @@ from spinf.engine.model import load_gemma4_text
 from spinf.engine.pipeline import score_streamed
 from spinf.engine.results import Values, input_results, usage
 from spinf.engine.scales import CALIBRATE_COMMAND, find_table, missing_table_error, read_scale_table
-from spinf.engine.scorer import RunStats, Scorer
+from spinf.engine.scorer import RunStats, Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job
-from spinf.errors import ModelError
+from spinf.errors import ApiError, ModelError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.protocol.types import ScoreRequest
@@ -43,6 +46,10 @@ SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=Fals
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
 # linear with the revision's scale table (spinf.engine.scales). The other fp8 and int4 schemes come with the GPU work.
 RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8s": torch.bfloat16}
+# How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
+# degraded: what a first call keeps for the life of the process when the error came before any call succeeded
+# (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
+IDLE_SLACK_BYTES = 64 * 2**20
 
 
 def open_checkpoint(
@@ -142,7 +149,11 @@ def round_up(n: int, multiple: int = 128) -> int:
 
 
 class Engine:
-    """One loaded model and everything needed to score requests on it, synchronously."""
+    """One loaded model and everything needed to score requests on it, synchronously.
+
+    ``degraded`` is None while healthy; after an out-of-memory error that left device memory above the idle figure
+    it says how much is still held, and stays set (api spec §3.2: the server reports it and exits).
+    """
 
     def __init__(
         self,
@@ -203,6 +214,11 @@ class Engine:
                 raise
             raise ModelError(f"{path}: {exc}") from exc
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
+        self.degraded: str | None = None
+        # Device memory while idle: taken here, then once more when the first call succeeds (in the server, the
+        # first warm-up shape), since a first pass allocates what the process keeps (see IDLE_SLACK_BYTES).
+        self._idle_bytes = self.scorer.allocated_bytes() or 0
+        self._idle_taken = False
         self.system_fingerprint = self._fingerprint()
         log.info(
             "serving %s (%s @ %s, %s%s on %s): system_fingerprint %s",
@@ -285,7 +301,7 @@ class Engine:
     def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
         """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
         with hostgc.paused():
-            return self.scorer.run_many(job_lists)
+            return self._on_device(self.scorer.run_many, job_lists)
 
     def respond(
         self,
@@ -356,9 +372,7 @@ class Engine:
 
     def idle_gib(self) -> float:
         """Device memory held while idle, in GiB (0 on the CPU)."""
-        if self.device.type != "cuda":
-            return 0.0
-        return round(torch.cuda.memory_allocated(self.device) / 2**30, 3)
+        return round((self.scorer.allocated_bytes() or 0) / 2**30, 3)
 
     def warmup_bodies(self, mode: str) -> list[dict]:
         """Requests that exercise every shape a call can pay: ``short`` small passes, ``full`` also a large one."""
@@ -387,7 +401,37 @@ class Engine:
         everything but the response is freed before it resumes (`spinf.engine.hostgc`).
         """
         with hostgc.paused():
-            return self._score(body, debug=debug, trusted=trusted)
+            return self._on_device(self._score, body, debug=debug, trusted=trusted)
+
+    def _on_device(self, work, *args, **kwargs):
+        """``work(*args, **kwargs)``, a call that reaches the device; running out of memory in it is 413
+        ``request_too_large`` (api spec §4.9), raised after the memory is freed and ``degraded`` checked."""
+        try:
+            result = work(*args, **kwargs)
+        except (RuntimeError, MemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            error = exc
+        else:
+            if not self._idle_taken:
+                self._idle_bytes, self._idle_taken = self.scorer.allocated_bytes() or 0, True
+            return result
+        self._recover(error)
+        kind = "GPU memory" if self.device.type == "cuda" else "memory"
+        raise ApiError(
+            413, "request_too_large", None, f"out of {kind} while scoring this call; send fewer or shorter inputs"
+        ) from error
+
+    def _recover(self, error: BaseException) -> None:
+        """Frees what the failed call held; marks the engine degraded if device memory is not back to idle."""
+        # as text: a record holding the traceback would hold the failed passes' tensors (`Scorer.free_failed`)
+        log.warning("out of memory while scoring:\n%s", "".join(traceback.format_exception(error)).rstrip())
+        self.scorer.free_failed(error)
+        now = self.scorer.allocated_bytes()
+        held = 0 if now is None else now - self._idle_bytes  # the CPU's memory is not measured
+        if held > IDLE_SLACK_BYTES and self.degraded is None:
+            self.degraded = f"{held / 2**30:.2f} GiB still held after an out-of-memory error"
+            log.error("engine degraded: %s", self.degraded)
 
     def _score(self, body: object, *, debug: bool, trusted: bool) -> dict:
         started = time.perf_counter()

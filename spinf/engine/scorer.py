@@ -2,12 +2,16 @@
 
 The scorer decides nothing about the request; it returns plain Python floats keyed by ``(job, node, token)``.
 Only the read rows go through the final norm and the LM head, and only the wanted columns leave the log-softmax.
+It keeps no buffer between runs (every pass allocates its own tensors), so a run that fails leaves nothing
+half-filled behind: once `Scorer.free_failed` has dropped what the failed run held, the next run starts clean.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
+import traceback
 
 import attrs
 import numpy as np
@@ -18,6 +22,18 @@ from spinf.engine.layout import PassLayout, build_pass
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.packing import pack
 from spinf.engine.trie import Job
+
+# How running out of memory reads when torch raises a plain RuntimeError: the CPU allocator ("DefaultCPUAllocator:
+# can't allocate memory"), a CUDA call outside the caching allocator ("CUDA error: out of memory"), cuBLAS.
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device or the host ran out of memory: `torch.OutOfMemoryError` (the CUDA caching
+    allocator, some CPU paths), `MemoryError` (numpy's host arrays) or a `RuntimeError` that says so."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _OUT_OF_MEMORY)
 
 
 @attrs.frozen
@@ -77,6 +93,34 @@ class Scorer:
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
+
+    def allocated_bytes(self) -> int | None:
+        """Device memory held by live tensors; None on the CPU, where it is not measured."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.memory_allocated(self.device)
+
+    def free_failed(self, error: BaseException) -> None:
+        """Frees what a run that raised ``error`` held.
+
+        Its passes' tensors (activations, launched picks, pass plans) are held by the frames in the error's
+        traceback, which the error keeps alive as long as anyone holds it (an `ApiError` raised from it, the
+        packer's log): as locals, and through the closures of the functions those frames ran (`stream`'s
+        ``in_flight``), which clearing a frame's locals does not drop. So the error and its causes lose their
+        tracebacks (log one first); the cycles the paused collector left (`hostgc.paused`) are collected, and on a
+        GPU the caching allocator's free blocks go back to the driver, so the next run does not start from a
+        fragmented pool.
+        """
+        seen: set[int] = set()
+        cause: BaseException | None = error
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            traceback.clear_frames(cause.__traceback__)  # for whoever still holds a traceback object
+            cause.__traceback__ = None
+            cause = cause.__cause__ or cause.__context__
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def run_many(self, job_lists: list[list[Job]]) -> tuple[list[dict[tuple[int, int, int], float]], RunStats]:
         """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices.
