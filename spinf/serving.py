@@ -1,8 +1,10 @@
 """What the server's actors and the web layer share: messages on channels and the boot/readiness state.
 
-Messages hand ownership to the receiver. A request carries a one-shot reply channel (buffer 1). `ServerState` is
-owned by the supervisor and mutated only from the Trio thread (the loader and warm-up actors set the boot fields,
-the drain controller the stopping flag); the web layer reads it to answer probes. Nothing here imports torch.
+Messages hand ownership to the receiver. A request carries a one-shot reply channel (buffer 1) and its admission
+slot (`spinf.admission.Slot`), released by whoever ends the call. `ServerState` is owned by the supervisor and
+mutated only from the Trio thread (the loader and warm-up actors set the boot fields, the packer the degraded
+state, the drain controller the stopping flag); the web layer reads it to answer probes. Nothing here imports
+torch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import attrs
 import outcome
 import trio
 
+from spinf.admission import Slot
+
 
 @attrs.define(eq=False)
 class ExecJob:
@@ -28,7 +32,11 @@ class ExecJob:
 
 @attrs.define(eq=False)
 class ScoreWork:
-    """One admitted scoring call on its way through the packer; ``abandoned`` is set when its caller went away."""
+    """One admitted scoring call on its way through the packer; ``abandoned`` is set when its caller went away.
+
+    The packer owns it, and its ``slot``, once received: `finish` answers it and frees the slot, `drop` frees the
+    slot of a call nobody waits for any more.
+    """
 
     body: object
     request_id: str
@@ -36,8 +44,19 @@ class ScoreWork:
     trusted: bool
     internals: bool
     reply: trio.MemorySendChannel[outcome.Outcome]
+    slot: Slot
     admitted_at: float = 0.0
     abandoned: bool = False
+
+    def finish(self, result: outcome.Outcome) -> None:
+        try:
+            self.reply.send_nowait(result)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the caller went away; nothing is waiting for this answer
+        self.slot.release()
+
+    def drop(self) -> None:
+        self.slot.release()
 
 
 def drain_file() -> Path:
@@ -57,10 +76,18 @@ class ServerState:
     engine: Any = None  # the loaded engine; only the executor thread runs its torch work
     in_flight: int = 0
     queued: int = 0
+    degraded: str | None = None  # device memory not freed after an out-of-memory error (api spec §3.2)
+    degraded_seen: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def ready(self) -> bool:
         return self.loaded and self.warm and self.load_error is None
+
+    def degrade(self, reason: str) -> None:
+        """Mark the engine degraded: probes answer 503 with the reason, scoring goes on, the process exits soon."""
+        if self.degraded is None:
+            self.degraded = reason
+            self.degraded_seen.set()
 
     @property
     def draining(self) -> bool:

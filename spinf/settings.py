@@ -181,8 +181,13 @@ SETTINGS: tuple[Setting, ...] = (
     _row("queue", _S, Integer(0), 4, "requests waiting beside the running one", "--queue"),
     _row("max_body_bytes", _S, Integer(1), 2_097_152, "the largest request body", "--max-body-bytes"),
     _row("keepalive_s", _S, Number(0.0, inclusive=False), 30.0, "HTTP keep-alive, in seconds"),
+    _row("body_timeout_s", _S, Number(0.0, inclusive=False), 60.0, "seconds a request body may take to arrive"),
+    _row("backlog", _S, Integer(1), 2048, "connections the kernel holds before they are accepted"),
+    _row("reject_rate", _S, Number(0.0, inclusive=False), 200.0, "429 and 503 answers per second, at most"),
+    _row("shutdown_s", _S, Number(0.0, inclusive=False), 30.0, "seconds a shutdown may take, in all"),
     _row("debug", _S, Switch(), False, "engine internals in responses", "--debug"),
     _row("log_format", _S, Text(choices=("text", "json")), "text", "log lines as text or JSON", "--log-format"),
+    _row("log_probes", _S, Switch(), False, "access-log the health probes and /metrics", "--log-probes"),
     _row("media", _F, Media(), frozenset(MEDIA_KINDS), "media kinds (default: the model's)", "--media", "--no-media"),
     _row("extraction", _F, Switch(), True, "extraction slots", "--extraction", "--no-extraction"),
     _row("generation", _F, Switch(), True, "generated slots", "--generation", "--no-generation"),
@@ -242,8 +247,13 @@ class ServerSettings:
     queue: int = _field("queue")
     max_body_bytes: int = _field("max_body_bytes")
     keepalive_s: float = _field("keepalive_s")
+    body_timeout_s: float = _field("body_timeout_s")
+    backlog: int = _field("backlog")
+    reject_rate: float = _field("reject_rate")
+    shutdown_s: float = _field("shutdown_s")
     debug: bool = _field("debug")
     log_format: str = _field("log_format")
+    log_probes: bool = _field("log_probes")
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,11 +20,13 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
+from spinf import http11
 from spinf.actors.drain import DrainController
 from spinf.actors.executor import Executor
 from spinf.actors.loader import Loader
 from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
+from spinf.admission import Admission
 from spinf.metrics import Metrics
 from spinf.serving import ServerState
 from spinf.web import WebServices, create_app
@@ -42,16 +45,30 @@ class ServerOptions:
     queue: int = 4
     max_body_bytes: int = 2_097_152
     keepalive_s: float = 30.0
+    body_timeout_s: float = 60.0
+    backlog: int = 2048
+    reject_rate: float = 200.0
+    shutdown_s: float = 30.0
     debug: bool = False
+    log_probes: bool = False
     warmup: str = "full"
-    shutdown_deadline_s: float = 30.0
+    exit_on_leak: bool = True  # SPINF_EXIT_ON_LEAK (api spec §3.2): a degraded process exits with status 70
+
+    @classmethod
+    def from_settings(cls, settings) -> ServerOptions:
+        """The ``[server]`` settings this class names, the warm-up mode and ``SPINF_EXIT_ON_LEAK``."""
+        server = attrs.asdict(settings.server)
+        given = {name: server[name] for name in attrs.fields_dict(cls) if name in server}
+        leak = os.environ.get("SPINF_EXIT_ON_LEAK", "1").strip().lower() not in {"0", "false", "no", "off"}
+        return cls(**given, warmup=settings.engine.warmup, exit_on_leak=leak)
 
 
 def hypercorn_config(options: ServerOptions) -> Config:
     config = Config()
     config.bind = [f"{options.host}:{options.port}"]
     config.keep_alive_timeout = options.keepalive_s
-    config.graceful_timeout = options.shutdown_deadline_s
+    config.backlog = options.backlog
+    config.graceful_timeout = options.shutdown_s  # narrowed to what the drain left of the one deadline
     config.accesslog = None  # spinf.access logs one line per request, without content
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers (plain or JSON lines)
     return config
@@ -90,20 +107,25 @@ async def running_actors(
     metrics = Metrics()
     exec_send, exec_recv = trio.open_memory_channel(0)
     loaded_send, loaded_recv = trio.open_memory_channel(1)  # the loaded engine, handed over once
-    # admission (queue + 1 slots) bounds the calls in flight, so the packer's inbox never fills
+    # a place per admission slot (queue + 1): a slot is freed only after the packer took its call (spinf.admission)
     packer_send, packer_recv = trio.open_memory_channel(options.queue + 1)
     shutdown = trio.Event()
-    drain = DrainController(state, shutdown, options.shutdown_deadline_s)
+    admission = Admission(options.queue + 1, options.reject_rate)
+    drain = DrainController(
+        state, shutdown, options.shutdown_s, exit_on_leak=options.exit_on_leak, on_stop=admission.release_all
+    )
     packer = packer_class(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
     metrics.queued = functools.partial(_queued, packer)
     services = WebServices(
         state=state,
         packer=packer_send,
-        admission=trio.Semaphore(options.queue + 1),
+        admission=admission,
         token=options.token,
         trusted_token=options.trusted_token,
         max_body_bytes=options.max_body_bytes,
+        body_timeout_s=options.body_timeout_s,
         debug=options.debug,
+        log_probes=options.log_probes,
         models_entry=functools.partial(models_entry, state),
         metrics=metrics,
         openapi=openapi,
@@ -127,13 +149,24 @@ async def serve(
     *,
     openapi: Callable[[], dict] = dict,
     task_status=trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds."""
+) -> int:
+    """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds.
+
+    Returns the exit status: 0, or 70 when the engine was degraded (api spec §3.2).
+    """
+    http11.install()
     async with running_actors(options, load, models_entry, openapi=openapi) as running:
         app = create_app(running.services)
         config = hypercorn_config(options)
-        await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
+
+        async def shutdown_trigger() -> None:
+            await running.shutdown.wait()
+            # one deadline for the whole shutdown: Hypercorn closes the connections in what the drain left of it
+            config.graceful_timeout = max(0.0, running.drain.deadline - trio.current_time())
+
+        await hypercorn.trio.serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
         log.info("the HTTP server has closed")
+    return running.drain.exit_code
 
 
 def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
@@ -169,18 +202,7 @@ def run(settings) -> int:
 
     configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
-    server = settings.server
-    options = ServerOptions(
-        host=server.host,
-        port=server.port,
-        token=server.token,
-        trusted_token=server.trusted_token,
-        queue=server.queue,
-        max_body_bytes=server.max_body_bytes,
-        keepalive_s=server.keepalive_s,
-        debug=server.debug,
-        warmup=settings.engine.warmup,
-    )
+    options = ServerOptions.from_settings(settings)
 
     def load():
         from spinf.engine.engine import Engine  # torch is imported here, in the executor thread
@@ -188,5 +210,6 @@ def run(settings) -> int:
         return Engine.from_settings(settings)
 
     document = openapi_document(__version__)
-    trio.run(functools.partial(serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document))
-    return 0
+    return trio.run(
+        functools.partial(serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document)
+    )

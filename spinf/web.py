@@ -1,13 +1,17 @@
 """The HTTP edge: a Quart-Trio app with the routes of api spec §1, JSON in and out, errors in the envelope.
 
-It never imports torch: scoring calls go to the packer actor as `ScoreWork` over a channel, admitted through a
-non-blocking semaphore of ``queue + 1`` slots held until the answer (api spec §2.6 step 4). Every response carries
-``X-Request-Id``; every error, 404 and 405 included, is the envelope of §2.5.
+It never imports torch. The scoring POSTs pass `spinf.gate.Gate` first (body, token, readiness and an admission
+slot of `spinf.admission.Admission`, refusals answered there cheaply and paced); an admitted call reaches its route
+here and goes to the packer actor as `ScoreWork` over a channel. Every response carries ``X-Request-Id``; every
+error, 404 and 405 included, is the envelope of §2.5. Once the server is stopping every answer carries
+``Connection: close``, so no client sends another request on a connection about to close.
+
+``stream: true`` on ``/v1/chat/completions`` is answered as server-sent events the OpenAI SDK reads: one chunk (the
+whole response) then ``data: [DONE]`` (docs/scoring-api.md). Probes are not access-logged unless ``log_probes``.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import re
@@ -19,18 +23,19 @@ import attrs
 import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge, RequestTimeout
 
+from spinf.admission import Admission, Slot
 from spinf.errors import ApiError
+from spinf.gate import ADMITTED, Gate, body_timeout, body_too_large, caller, check_ready, log_access, must_close
+from spinf.http11 import HTTPConnection
 from spinf.protocol.ids import new_request_id
-from spinf.protocol.request import decode_json_body
 from spinf.serving import ScoreWork, ServerState, set_draining
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger("spinf.access")
 
-RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
 SERVED = {"GET", "POST", "DELETE"}
+PROBES = {"/healthz", "/readyz", "/livez", "/metrics"}
 
 
 @attrs.define
@@ -39,24 +44,42 @@ class WebServices:
 
     state: ServerState
     packer: trio.MemorySendChannel[ScoreWork]
-    admission: trio.Semaphore
+    admission: Admission
     token: str = ""
     trusted_token: str = ""
     max_body_bytes: int = 2_097_152
+    body_timeout_s: float = 60.0
     debug: bool = False
+    log_probes: bool = False
     models_entry: Callable[[], dict] = dict
     metrics: Any = None  # spinf.metrics.Metrics
     openapi: Callable[[], dict] = dict
 
 
+class SpinfApp(QuartTrio):
+    """The Quart-Trio app, with responses that always finish (`spinf.http11.HTTPConnection`)."""
+
+    asgi_http_class = HTTPConnection
+
+
 def json_response(body: dict, status: int = 200, headers: dict | None = None) -> Response:
     """JSON that never holds NaN or infinities (a non-finite number is a server bug: 500 ``engine_error``)."""
+    text = _json_text(body)
+    if text is None:
+        return _non_finite()
+    return Response(text, status=status, headers=headers or {}, content_type="application/json")
+
+
+def _json_text(body: dict) -> str | None:
     try:
-        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
+        return json.dumps(body, allow_nan=False, ensure_ascii=False)
     except ValueError:
         log.exception("a response held a non-finite number")
-        return json_response(_envelope(ApiError(500, "engine_error", None, "the engine produced an invalid number")))
-    return Response(text, status=status, headers=headers or {}, content_type="application/json")
+        return None
+
+
+def _non_finite() -> Response:
+    return json_response(_envelope(ApiError(500, "engine_error", None, "the engine produced an invalid number")), 500)
 
 
 def _envelope(exc: ApiError, trusted: bool = False) -> dict:
@@ -68,30 +91,20 @@ def error_response(exc: ApiError) -> Response:
     return json_response(_envelope(exc, getattr(g, "trusted", False)), exc.status, headers)
 
 
-def caller(services: WebServices, header: str | None) -> tuple[bool, bool]:
-    """(authorised, trusted) for an ``Authorization`` header (api spec §2.3), compared in constant time."""
-    token, trusted_token = services.token, services.trusted_token
-    if not token and not trusted_token:
-        return True, False
-    scheme, _, rest = (header or "").partition(" ")
-    given = rest.strip().encode() if scheme.lower() == "bearer" else b""
-    is_trusted = bool(trusted_token) and bool(given) and hmac.compare_digest(given, trusted_token.encode())
-    is_token = bool(token) and bool(given) and hmac.compare_digest(given, token.encode())
-    if is_trusted:
-        return True, True
-    return is_token, is_token and not trusted_token
-
-
 def create_app(services: WebServices) -> QuartTrio:
-    app = QuartTrio(__name__, static_folder=None)  # no default /static route: unknown paths are 404s
+    app = SpinfApp(__name__, static_folder=None)  # no default /static route: unknown paths are 404s
     app.config["MAX_CONTENT_LENGTH"] = services.max_body_bytes
+    app.config["BODY_TIMEOUT"] = services.body_timeout_s
     app.url_map.strict_slashes = False
+    app.asgi_app = Gate(app.asgi_app, services)  # the scoring POSTs' first checks, in raw ASGI (spinf.gate)
 
     @app.before_request
     async def _start() -> Response | None:
-        g.request_id = new_request_id()
-        g.started = time.perf_counter()
-        g.trusted = False
+        admitted = request.scope.get(ADMITTED)
+        g.request_id = admitted.request_id if admitted else new_request_id()
+        g.started = admitted.started if admitted else time.perf_counter()
+        g.trusted = admitted.trusted if admitted else False
+        g.body_read = admitted is not None
         if request.method not in SERVED:
             return _method_not_allowed()
         if request.path != "/" and request.path.endswith("/") and not request.path.startswith("/v1/packs/"):
@@ -101,22 +114,14 @@ def create_app(services: WebServices) -> QuartTrio:
     @app.after_request
     async def _finish(response: Response) -> Response:
         response.headers["X-Request-Id"] = g.request_id
-        if request.content_length and not getattr(g, "body_read", False):
-            # answered before the body was read (413, 401, 404, 405): close the connection, or the unread body
-            # would be taken for the next request on it
+        has_body = bool(request.content_length) or "Transfer-Encoding" in request.headers
+        if must_close(services.state, has_body=has_body, body_read=g.body_read):
             response.headers["Connection"] = "close"
         route = _template(request.url_rule.rule) if request.url_rule is not None else "unmatched"
         if services.metrics is not None:
             services.metrics.request(route, response.status_code)
-        access_log.info(
-            "%s %s %s %d %.1fms%s",
-            g.request_id,
-            request.method,
-            route,
-            response.status_code,
-            (time.perf_counter() - g.started) * 1000,
-            getattr(g, "summary", ""),
-        )
+        if route not in PROBES or services.log_probes:
+            log_access(g.request_id, request.method, route, response.status_code, g.started, g.get("summary", ""))
         return response
 
     @app.errorhandler(ApiError)
@@ -130,7 +135,9 @@ def create_app(services: WebServices) -> QuartTrio:
         if isinstance(exc, MethodNotAllowed):
             return _method_not_allowed()
         if isinstance(exc, RequestEntityTooLarge):
-            return error_response(_body_too_large(services.max_body_bytes))
+            return error_response(body_too_large(services.max_body_bytes))
+        if isinstance(exc, RequestTimeout):
+            return error_response(body_timeout(services.body_timeout_s))
         return error_response(ApiError(exc.code or 500, "engine_error", None, exc.description or "error"))
 
     @app.errorhandler(Exception)
@@ -170,24 +177,13 @@ def _methods_for(app: QuartTrio, path: str) -> set[str]:
     return methods
 
 
-def _body_too_large(limit: int) -> ApiError:
-    return ApiError(413, "body_too_large", None, f"the body is larger than {limit / 2**20:.0f} MiB")
-
-
 def _authorise(services: WebServices, *, trusted_only: bool = False) -> None:
-    authorised, trusted = caller(services, request.headers.get("Authorization"))
+    authorised, trusted = caller(services.token, services.trusted_token, request.headers.get("Authorization"))
     g.trusted = trusted
     if not authorised:
         raise ApiError(401, "invalid_token", None, "a valid bearer token is required")
     if trusted_only and not trusted:
         raise ApiError(401, "invalid_token", None, "this route is for trusted callers (the --trusted-token)")
-
-
-def _check_ready(state: ServerState) -> None:
-    if state.load_error is not None:
-        raise ApiError(503, "model_unavailable", None, "the model failed to load", retry_after=RETRY_UNAVAILABLE)
-    if not state.ready:
-        raise ApiError(503, "warming_up", None, "the model is loading or warming up", retry_after=RETRY_WARMING)
 
 
 def _register_probes(app: QuartTrio, services: WebServices) -> None:
@@ -203,12 +199,18 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
             return json_response({"ready": False, "error": state.load_error}, 503)
         if not state.ready:
             return json_response({"ready": False}, 503)
+        if state.degraded is not None:
+            return json_response({"ready": False, "degraded": state.degraded}, 503)
         if state.draining:
             return json_response({"ready": False, "draining": True}, 503)
+        if state.stopping:  # ours, beyond §3.2: a server shutting down leaves the balancer's rotation at once
+            return json_response({"ready": False, "stopping": True}, 503)
         return json_response({"ready": True, "boot": state.boot})
 
     @app.get("/livez", provide_automatic_options=False)
     async def livez() -> Response:
+        if state.ready and state.degraded is not None:
+            return json_response({"live": False, "degraded": state.degraded}, 503)
         return json_response({"live": state.ready}, 200 if state.ready else 503)
 
     @app.get("/metrics", provide_automatic_options=False)
@@ -229,7 +231,7 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
     @app.get("/v0/info", provide_automatic_options=False)
     async def info() -> Response:
         _authorise(services, trusted_only=True)
-        _check_ready(state)
+        check_ready(state)
         return json_response({"engine": state.engine.info(), "boot": state.boot})
 
     @app.get("/v1/models", provide_automatic_options=False)
@@ -260,43 +262,30 @@ def _register_scoring(app: QuartTrio, services: WebServices) -> None:
 
 
 async def _score(services: WebServices, *, chat: bool) -> Response:
-    """The order of checks of api spec §2.6: body, authorisation, readiness, admission, then the engine."""
-    state = services.state
-    try:
-        raw = await request.get_data(cache=False)
-    except RequestEntityTooLarge as exc:
-        raise _body_too_large(services.max_body_bytes) from exc
-    g.body_read = True
-    body = decode_json_body(raw)
-    _authorise(services)
-    _check_ready(state)
-    if state.stopping:
-        raise ApiError(503, "model_unavailable", None, "the server is shutting down", retry_after=RETRY_STOPPING)
-    try:
-        services.admission.acquire_nowait()
-    except trio.WouldBlock:
-        raise ApiError(429, "concurrency_limit", None, "too many calls in flight", retry_after=RETRY_BUSY) from None
-    try:
-        response = await _submit(services, body, chat)
-    finally:
-        services.admission.release()
+    """An admitted call (`spinf.gate.Gate` ran the checks of api spec §2.6 up to admission): score it."""
+    admitted = request.scope[ADMITTED]
+    response = await _submit(services, admitted.body, chat, admitted.slot)
     if chat:
         response["choices"] = []
     if services.metrics is not None:
         services.metrics.usage(response.get("usage", {}))
     g.summary = _summary(response)
+    if chat and isinstance(admitted.body, dict) and admitted.body.get("stream") is True:
+        return _event_stream(response)
     return json_response(response)
 
 
-async def _submit(services: WebServices, body: object, chat: bool) -> dict:
+async def _submit(services: WebServices, body: object, chat: bool, slot: Slot) -> dict:
     state = services.state
     reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
     internals = g.trusted or services.debug
-    work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, trio.current_time())
+    work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, slot, trio.current_time())
     state.in_flight += 1
     try:
         with reply_recv:
-            services.packer.send_nowait(work)  # never full: admission bounds the calls in flight
+            # never full: the inbox has a place per slot, and a slot is freed only after the packer took its call
+            services.packer.send_nowait(work)
+            slot.handed = True
             result = await reply_recv.receive()
     except BaseException:
         work.abandoned = True
@@ -304,6 +293,15 @@ async def _submit(services: WebServices, body: object, chat: bool) -> dict:
     finally:
         state.in_flight -= 1
     return result.unwrap()
+
+
+def _event_stream(response: dict) -> Response:
+    """The response as the server-sent events of an OpenAI chat stream: one chunk, then ``[DONE]``."""
+    chunk = _json_text(response)
+    if chunk is None:
+        return _non_finite()
+    text = f"data: {chunk}\n\ndata: [DONE]\n\n"
+    return Response(text, content_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _summary(response: dict) -> str:

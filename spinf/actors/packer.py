@@ -3,7 +3,9 @@
 Each call is compiled in a worker thread (tokenization is CPU work that must not block the event loop), then waits
 for the executor. Whatever has compiled by the time the executor is free goes into one run, so concurrent calls
 share passes when the scheme is batch-invariant (api spec §3.8, D6); otherwise each call runs alone. A failure in a
-shared run is retried call by call, so one call's error never fails another.
+shared run is retried call by call, so one call's error never fails another. A call whose caller went away is
+dropped at the next step it reaches (before compiling, before its run, before its response is built), and its
+admission slot freed only then: the slot counts work the server still holds, not callers still waiting.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ class _Ready:
 @attrs.define
 class Packer:
     """**Inbox**: `ScoreWork` (admitted by the web layer). **Outbox**: each work's ``reply`` (the response dict or
-    the error) and `ExecJob`s to the executor. **Ends**: when the inbox closes; calls still compiling or waiting
-    are answered first. **Cancellation**: a call whose caller went away (``abandoned``) is dropped before its run;
-    a run in progress completes in the executor and its answers are discarded.
+    the error) and `ExecJob`s to the executor; ``state.degraded`` when the engine reports device memory not freed
+    after an out-of-memory error. **Ends**: when the inbox closes; calls still compiling or waiting are answered
+    first. **Cancellation**: a call whose caller went away (``abandoned``) is dropped at its next step; a run in
+    progress completes in the executor and the answers of abandoned calls are not built.
     """
 
     inbox: trio.MemoryReceiveChannel[ScoreWork]
@@ -72,6 +75,9 @@ class Packer:
 
     async def _compile(self, work: ScoreWork) -> None:
         engine = self.state.engine
+        if work.abandoned:
+            work.drop()
+            return
         self._compiling += 1
         try:
             prepared = await self.offload(
@@ -80,7 +86,7 @@ class Packer:
         except Exception as exc:  # a refusal, or an engine bug in one call: that call's answer only
             if not isinstance(exc, ApiError):
                 log.exception("compiling %s failed", work.request_id)
-            _answer(work, outcome.Error(exc))
+            work.finish(outcome.Error(exc))
             return
         finally:
             self._compiling -= 1
@@ -95,6 +101,9 @@ class Packer:
                         batch.append(self._ready_recv.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+            for ready in batch:
+                if ready.work.abandoned:
+                    ready.work.drop()
             batch = [r for r in batch if not r.work.abandoned]
             if batch:
                 await self._run(batch)
@@ -107,34 +116,38 @@ class Packer:
         try:
             values, stats = await submit(self.executor, lambda: engine.run([r.prepared.compiled.jobs for r in batch]))
         except Exception as exc:
+            self._check_degraded(engine)
             if len(batch) > 1:
                 log.warning("a shared run failed (%s); running its %d calls one by one", exc, len(batch))
                 for ready in batch:
                     await self._run([ready])
                 return
-            log.exception("scoring %s failed", batch[0].work.request_id)
-            _answer(batch[0].work, outcome.Error(exc))
+            if not isinstance(exc, ApiError):
+                log.exception("scoring %s failed", batch[0].work.request_id)
+            batch[0].work.finish(outcome.Error(exc))
             return
+        self._check_degraded(engine)
         self._runs += 1
         self._passes += stats.passes
         self._tokens += stats.packed_tokens
         self.on_run(stats)
         for ready, value in zip(batch, values, strict=True):
+            if ready.work.abandoned:
+                ready.work.drop()
+                continue
             # a big call's results take a while to build (about 0.5 s for 27,000 questions): off the event loop
             response = await self.offload(
                 lambda r=ready, v=value: outcome.capture(
                     engine.respond, r.prepared, v, stats, internals=r.work.internals
                 )
             )
-            _answer(ready.work, response)
+            ready.work.finish(response)
+
+    def _check_degraded(self, engine) -> None:
+        reason = getattr(engine, "degraded", None)
+        if reason:
+            self.state.degrade(reason)
 
     def statistics(self) -> PackerStats:
         waiting = self._ready_recv.statistics().current_buffer_used if self._ready_recv else 0
         return PackerStats(self._compiling, waiting, self._runs, self._passes, self._tokens)
-
-
-def _answer(work: ScoreWork, result: outcome.Outcome) -> None:
-    try:
-        work.reply.send_nowait(result)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass  # the caller went away; nothing is waiting for this answer

@@ -52,9 +52,21 @@ async def test_score_and_chat_answer_with_the_request_id(server):
     assert body["id"] == scored.headers["x-request-id"] and body["id"].startswith("scr_")
     assert [o["text"] for o in body["results"][0]["queries"][0]["combinations"][0]["options"]] == [" yes", " no"]
     assert "choices" not in body
-    chat = await server.post("/v1/chat/completions", json={**SCORE_BODY, "stream": True, "temperature": 0})
+    chat = await server.post("/v1/chat/completions", json={**SCORE_BODY, "temperature": 0})
     assert chat.status_code == 200 and chat.json()["choices"] == []
     assert chat.json()["results"] == body["results"]
+
+
+async def test_a_streamed_chat_call_is_one_event_then_done(server):
+    streamed = await server.post("/v1/chat/completions", json={**SCORE_BODY, "stream": True})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    events = streamed.text.split("\n\n")
+    assert events[1:] == ["data: [DONE]", ""] and events[0].startswith("data: ")
+    chunk = json.loads(events[0].removeprefix("data: "))
+    assert chunk["id"] == streamed.headers["x-request-id"] and chunk["choices"] == []
+    assert [q["id"] for q in chunk["results"][0]["queries"]] == ["refund"]
+    refused = await server.post("/v1/chat/completions", json={"messages": [], "stream": True})
+    assert envelope(refused) == (400, "scoring_required", "scoring")  # errors stay plain JSON answers
 
 
 async def test_errors_come_in_the_envelope(server):

@@ -1,0 +1,189 @@
+"""The scoring routes' front door, in raw ASGI before Quart: the first four checks of api spec §2.6.
+
+``POST /v1/score`` and ``POST /v1/chat/completions`` are where floods land, so their refusals must cost almost
+nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
+``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`),
+then checks, in the spec's order, the JSON (400 ``invalid_json``), the token (401), readiness (503) and the slot
+(429), and answers any refusal itself, without building a Quart request. Only an admitted call goes on to the Quart
+app, with its body, slot and caller in the ASGI scope (`Admitted`); the route takes the slot from there.
+
+It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
+the access-log line (no content, probes only with ``log_probes``) and when a connection is closed after its answer.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import attrs
+import trio
+
+from spinf.admission import Slot
+from spinf.errors import ApiError
+from spinf.protocol.ids import new_request_id
+from spinf.protocol.request import decode_json_body
+from spinf.serving import ServerState
+
+access_log = logging.getLogger("spinf.access")
+RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
+SCORING_ROUTES = ("/v1/score", "/v1/chat/completions")
+ADMITTED = "spinf.admitted"  # the ASGI scope key of an admitted call
+
+
+@attrs.frozen
+class Admitted:
+    """A scoring call that passed the gate: the Quart route scores it and hands ``slot`` to the packer."""
+
+    request_id: str
+    started: float
+    body: object
+    trusted: bool
+    slot: Slot
+
+
+def caller(token: str, trusted_token: str, header: str | None) -> tuple[bool, bool]:
+    """(authorised, trusted) for an ``Authorization`` header (api spec §2.3), compared in constant time."""
+    if not token and not trusted_token:
+        return True, False
+    scheme, _, rest = (header or "").partition(" ")
+    given = rest.strip().encode() if scheme.lower() == "bearer" else b""
+    is_trusted = bool(trusted_token) and bool(given) and hmac.compare_digest(given, trusted_token.encode())
+    is_token = bool(token) and bool(given) and hmac.compare_digest(given, token.encode())
+    if is_trusted:
+        return True, True
+    return is_token, is_token and not trusted_token
+
+
+def check_ready(state: ServerState) -> None:
+    if state.load_error is not None:
+        raise ApiError(503, "model_unavailable", None, "the model failed to load", retry_after=RETRY_UNAVAILABLE)
+    if not state.ready:
+        raise ApiError(503, "warming_up", None, "the model is loading or warming up", retry_after=RETRY_WARMING)
+
+
+def check_admitted(state: ServerState, slot: Slot | None) -> None:
+    """Step 3's last part and step 4: readiness, shutting down, a free slot."""
+    check_ready(state)
+    if state.stopping:
+        raise ApiError(503, "model_unavailable", None, "the server is shutting down", retry_after=RETRY_STOPPING)
+    if slot is None:
+        raise ApiError(429, "concurrency_limit", None, "too many calls in flight", retry_after=RETRY_BUSY)
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", None, f"the body is larger than {limit / 2**20:.0f} MiB")
+
+
+def body_timeout(limit: float) -> ApiError:
+    return ApiError(408, "body_timeout", None, f"the body did not arrive within {limit:g} s (body_timeout_s)")
+
+
+def must_close(state: ServerState, *, has_body: bool, body_read: bool) -> bool:
+    """Close the connection after this answer? When the body was not read (the unread bytes would be taken for
+    the next request on it), and always once the server is stopping (no connection may linger)."""
+    return (has_body and not body_read) or state.stopping
+
+
+def log_access(request_id: str, method: str, route: str, status: int, started: float, summary: str = "") -> None:
+    access_log.info(
+        "%s %s %s %d %.1fms%s", request_id, method, route, status, (time.perf_counter() - started) * 1000, summary
+    )
+
+
+class _BodyGone(Exception):
+    """The client went away while sending its body: there is nobody to answer."""
+
+
+@attrs.define
+class Gate:
+    """ASGI middleware (``app.asgi_app = Gate(app.asgi_app, services)``): scoring POSTs pass here first."""
+
+    app: Any
+    services: Any  # spinf.web.WebServices
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SCORING_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        services, state = self.services, self.services.state
+        request_id, started = new_request_id(), time.perf_counter()
+        headers = {name.lower(): value for name, value in scope["headers"]}
+        has_body = b"content-length" in headers or b"transfer-encoding" in headers
+        body_read, trusted, slot = False, False, None
+        try:
+            raw = await self._read_body(receive, headers)
+            body_read = True
+            slot = await services.admission.admit(len(raw), can_admit=state.ready and not state.stopping)
+            body = decode_json_body(raw)
+            authorisation = headers.get(b"authorization", b"").decode("latin-1")
+            authorised, trusted = caller(services.token, services.trusted_token, authorisation)
+            if not authorised:
+                raise ApiError(401, "invalid_token", None, "a valid bearer token is required")
+            check_admitted(state, slot)
+        except _BodyGone:
+            return
+        except ApiError as exc:
+            if slot is not None:
+                slot.release()
+            close = must_close(state, has_body=has_body, body_read=body_read)
+            await self._refuse(send, scope, exc, request_id, started, trusted=trusted, close=close)
+            return
+        scope = {**scope, ADMITTED: Admitted(request_id, started, body, trusted, slot)}
+        try:
+            await self.app(scope, _replayed(receive), send)
+        finally:
+            if not slot.handed:  # the call never reached the packer (its client left before the route ran)
+                slot.release()
+
+    async def _read_body(self, receive, headers: dict) -> bytes:
+        limit, timeout_s = self.services.max_body_bytes, self.services.body_timeout_s
+        declared = headers.get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > limit:
+            raise body_too_large(limit)
+        chunks, size = [], 0
+        with trio.move_on_after(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _BodyGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        raise body_timeout(timeout_s)
+
+    async def _refuse(self, send, scope, exc: ApiError, request_id: str, started: float, *, trusted: bool,
+                      close: bool) -> None:
+        body = json.dumps(exc.envelope(request_id, trusted=trusted), ensure_ascii=False).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers.append((b"x-request-id", request_id.encode()))
+        if exc.retry_after is not None:
+            headers.append((b"retry-after", str(exc.retry_after).encode()))
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        if self.services.metrics is not None:
+            self.services.metrics.request(scope["path"], exc.status)
+        log_access(request_id, "POST", scope["path"], exc.status, started)
+
+
+def _replayed(receive):
+    """The ASGI ``receive`` of an admitted call: its body was read here, so the app sees it already complete."""
+    delivered = False
+
+    async def replay():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return await receive()
+
+    return replay
