@@ -1,13 +1,13 @@
 """The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
-Commands: ``serve [MODEL]`` (checks the settings; the HTTP server arrives with its own issue), ``score REQUEST
-[MODEL]`` (``spinf.bulk``), ``config`` (the effective settings with their origins, or ``--toml`` for a config file
-that reproduces them), ``download MODEL`` and ``models`` (``spinf.catalog``), ``calibrate``
-(``spinf.engine.calibrate``) and ``parity`` (``spinf.parity``), and ``--version``. ``serve``, ``score`` and ``config``
-take every setting's flag (``spinf.settings_cli``); ``calibrate`` and ``parity`` take the engine from the
-environment. Every ``SpinfError``, and every usage error, is one line on stderr and exit status 2, never a
-traceback. The catalog, the bulk scorer and the engine are imported only by the commands that use them, so
-``config`` and ``--help`` stay quick.
+Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing a model name that resolves to
+nothing: ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
+effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
+and ``models`` (``spinf.catalog``), ``calibrate`` (``spinf.engine.calibrate``) and ``parity`` (``spinf.parity``),
+and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings_cli``);
+``calibrate`` and ``parity`` take the engine from the environment. Every ``SpinfError``, and every usage error, is
+one line on stderr and exit status 2, never a traceback. The catalog, the bulk scorer and the engine are imported
+only by the commands that use them, so ``config`` and ``--help`` stay quick.
 """
 
 from __future__ import annotations
@@ -96,7 +96,18 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Refuses, before anything starts, a Hub repo id that is neither cached nor on the Hub (api spec §9.6)."""
     settings = _settings(args)
+    from spinf.catalog import resolve_model
+    from spinf.catalog.checkpoint import check_findable
+
+    engine = settings.engine
+    check_findable(
+        resolve_model(engine.model),
+        model_dir=engine.model_dir,
+        revision=engine.revision,
+        cache_dirs=list(engine.cache_dirs) or None,
+    )
     from spinf.supervisor import run
 
     return run(settings)

@@ -10,12 +10,15 @@ generates the snapshot in the first writable root. In a root it recognises:
   revision only (nothing in it names the repo), the root itself. Its revision is the commit its
   ``.cache/huggingface/download/*.metadata`` files record, when they all agree.
 
-A snapshot counts only when complete (`snapshot_problem`) and, with a pinned revision, when its revision matches.
-Nothing here imports torch; the tiny model's generator is imported only when it has to run.
+A snapshot counts only when complete (`snapshot_problem`: every shard present, not truncated, and with a header
+that safetensors accepts) and, with a pinned revision, when its revision matches. `check_findable` refuses, before
+a server starts, a Hub repo id that no cache root holds and the Hub does not know (api spec §9.6). Nothing here
+imports torch; the tiny model's generator is imported only when it has to run.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -89,10 +92,85 @@ def find_checkpoint(
     given = Path(model_dir).expanduser() if model_dir else resolved.local_folder
     if given is not None:
         return _given_folder(resolved, given)
-    hub = Path(hf_home).expanduser() / "hub" if hf_home else default_hf_home() / "hub"
-    roots = [Path(root).expanduser() for root in (cache_dirs_from_env() if cache_dirs is None else cache_dirs)]
+    roots = _roots(cache_dirs, hf_home)
     offline = offline_from_env() if offline is None else offline
-    return _locate(resolved, [*roots, hub], download_root=hub, can_download=download and not offline)
+    # downloads go to the last root, $HF_HOME/hub
+    return _locate(resolved, roots, download_root=roots[-1], can_download=download and not offline)
+
+
+def _roots(cache_dirs: list[str] | None, hf_home: str | None) -> list[Path]:
+    """The cache roots in search order: ``cache_dirs`` (default ``SPINF_CACHE_DIRS``), then ``<hf_home>/hub``."""
+    hub = Path(hf_home).expanduser() / "hub" if hf_home else default_hf_home() / "hub"
+    return [*(Path(root).expanduser() for root in (cache_dirs_from_env() if cache_dirs is None else cache_dirs)), hub]
+
+
+def check_findable(
+    resolved: ResolvedModel,
+    *,
+    model_dir: str = "",
+    revision: str = "",
+    cache_dirs: list[str] | None = None,
+    hf_home: str | None = None,
+    offline: bool | None = None,
+) -> None:
+    """`ModelError`, one line naming it, for a Hub repo id outside the catalog that no cache root holds and the Hub
+    does not know: api spec §9.6 refuses the start for it, rather than a server up with a failed load.
+
+    Catalog models, local folders and a given ``model_dir`` pass without a look (their lookup and its errors come
+    at load), as does a repo id with a complete snapshot (at ``revision`` when given) in a cache root. Otherwise the
+    Hub at ``HF_ENDPOINT`` is asked whether the repo exists (with ``HF_TOKEN``, so a private repo counts); offline
+    (``offline`` defaults to ``HF_HUB_OFFLINE``) it is not asked, and a Hub that cannot be reached or answers an
+    error counts as not having it, the message saying which. The defaults are `find_checkpoint`'s.
+    """
+    repo = resolved.repo_id
+    if model_dir or resolved.manifest is not None or repo is None:
+        return
+    roots = _roots(cache_dirs, hf_home)
+    if _search(roots, repo, revision or None, skipped=[]) is not None:
+        return
+    offline = offline_from_env() if offline is None else offline
+    absent = (
+        "downloads are off (HF_HUB_OFFLINE), so the Hub was not asked" if offline else _hub_absence(repo, revision)
+    )
+    if absent is not None:
+        raise ModelError(
+            f"unknown model {resolved.served_name!r}: it is no catalog id or alias and no folder, no cache root holds "
+            f"it ({', '.join(str(root) for root in roots)}), and {absent}; `spinf-serve models` lists the catalog"
+        )
+
+
+def _hub_absence(repo: str, revision: str) -> str | None:
+    """Why the Hub does not have ``repo`` (at ``revision``), in words; None when it does."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    api = HfApi(token=os.environ.get("HF_TOKEN") or None)
+    hub = f"the Hub at {api.endpoint}"
+    try:
+        api.model_info(repo, revision=revision or None, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except GatedRepoError:
+        return None  # it exists; whether this token may download it is the download's question
+    except RevisionNotFoundError:
+        return f"{hub} has no revision {revision} of it"
+    except RepositoryNotFoundError:
+        return f"{hub} has no model repo of that name (or a private one that HF_TOKEN gives no access to)"
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "an error"
+        return f"{hub} answered {status} when asked for it, which counts as not found"
+    except (OSError, *_transport_errors()) as error:
+        return f"{hub} cannot be reached ({type(error).__name__}: {error}), which counts as not found"
+    return None
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP library's own errors, which are no `OSError`: huggingface_hub 1.x raises httpx's, 2.x httpx2's."""
+    errors = []
+    for name in ("httpx", "httpx2"):
+        try:
+            errors.append(importlib.import_module(name).HTTPError)
+        except ImportError:
+            continue  # that huggingface_hub does not use it
+    return tuple(errors)
 
 
 def download_model(name: str, dir: str | None = None) -> Path:
@@ -116,13 +194,12 @@ def describe_catalog(
     """For ``spinf-serve models``: each manifest's names and status, and where a complete snapshot of its pinned
     revision lies locally (``present``, ``path``). Nothing is downloaded or generated."""
     catalog = load_catalog() if catalog is None else catalog
-    hub = Path(hf_home).expanduser() / "hub" if hf_home else default_hf_home() / "hub"
-    roots = [Path(root).expanduser() for root in (cache_dirs_from_env() if cache_dirs is None else cache_dirs)]
+    roots = _roots(cache_dirs, hf_home)
     rows = []
     for manifest in catalog.manifests:
         found = None
         if manifest.source.revision is not None:
-            found = _search([*roots, hub], manifest.source.repo, manifest.source.revision, skipped=[])
+            found = _search(roots, manifest.source.repo, manifest.source.revision, skipped=[])
         rows.append(
             {
                 "id": manifest.id,
@@ -142,7 +219,7 @@ def _given_folder(resolved: ResolvedModel, folder: Path) -> Checkpoint:
         raise ModelError(f"checkpoint folder {folder} does not exist")
     problem = snapshot_problem(folder)
     if problem is not None:
-        raise ModelError(f"checkpoint folder {folder} is incomplete: {problem}")
+        raise ModelError(f"checkpoint folder {folder} is incomplete or damaged: {problem}")
     return _checkpoint(resolved, folder, local_dir_revision(folder) or folder.name, "config")
 
 
@@ -160,6 +237,9 @@ def _locate(resolved: ResolvedModel, roots: list[Path], *, download_root: Path, 
     repo, revision = resolved.repo_id, resolved.revision
     if repo is None:
         raise ModelError(f"{resolved.served_name}: no checkpoint repo to look up")
+    if resolved.manifest is None:
+        pin = f"at revision {revision}" if revision else "unpinned"
+        logger.warning("%s is not in the catalog: serving the Hub repo %s, without batch invariance", repo, pin)
     skipped: list[str] = []
     found = _search(roots, repo, revision, skipped)
     if found is not None:
@@ -192,6 +272,9 @@ def _generate(resolved: ResolvedModel, roots: list[Path], skipped: list[str]) ->
         raise ModelError(
             f"the tiny model's generator writes revision {folder.name}, but its manifest pins {resolved.revision}"
         )
+    problem = snapshot_problem(folder)  # the generator keeps a snapshot folder that exists, damaged or not
+    if problem is not None:
+        raise ModelError(f"the tiny model's snapshot {folder} is damaged: {problem}; remove it to have it generated")
     return _checkpoint(resolved, folder, folder.name, "generated")
 
 
@@ -204,7 +287,6 @@ def _writable(root: Path) -> bool:
 
 
 def _download(resolved: ResolvedModel, cache_dir: Path, roots: list[Path], skipped: list[str]) -> Path:
-    import httpx
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
@@ -217,7 +299,7 @@ def _download(resolved: ResolvedModel, cache_dir: Path, roots: list[Path], skipp
             allow_patterns=DOWNLOAD_PATTERNS,
             token=os.environ.get("HF_TOKEN") or None,
         )
-    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, httpx.HTTPError, OSError) as error:
+    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError, *_transport_errors()) as error:
         reason = f"the download failed ({type(error).__name__}: {error})"
         raise ModelError(_missing_message(resolved, roots, skipped, reason)) from error
     return Path(folder)
@@ -307,8 +389,8 @@ def local_dir_revision(folder: Path) -> str | None:
 def snapshot_problem(folder: Path) -> str | None:
     """Why ``folder`` is no complete checkpoint, or None.
 
-    Complete means: a ``config.json``; with an index, every shard it lists present and not truncated; without one,
-    at least one ``*.safetensors`` file and none truncated.
+    Complete means: a ``config.json``; with an index, every shard it lists present, not truncated and with a header
+    safetensors accepts; without one, at least one ``*.safetensors`` file and all of them so.
     """
     if not (folder / "config.json").is_file():
         return "no config.json"
@@ -358,4 +440,16 @@ def safetensors_problem(path: Path) -> str | None:
     needed = 8 + header_len + max(ends, default=0)
     if size < needed:
         return f"truncated ({size} bytes, the header says {needed})"
-    return None
+    return _header_problem(path)
+
+
+def _header_problem(path: Path) -> str | None:
+    """What safetensors itself refuses in a header (an unknown dtype, a shape that does not fit its bytes, offsets
+    that do not tile the data), or None: the loader would stop there with an error naming no file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy"):
+            return None
+    except (SafetensorError, OSError) as error:
+        return f"not a valid safetensors file ({error})"

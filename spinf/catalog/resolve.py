@@ -143,8 +143,7 @@ def resolve_model(name: str | None, *, catalog: Catalog | None = None) -> Resolv
             weight_format=detect_format(config),
             batch_invariant=False,
         )
-    if REPO_ID_PATTERN.match(name):
-        logger.warning("%s is not in the catalog: serving the Hub repo unpinned, without batch invariance", name)
+    if REPO_ID_PATTERN.match(name):  # looked up (and warned about) by find_checkpoint, refused by check_findable
         return ResolvedModel(
             served_name=name,
             manifest=None,

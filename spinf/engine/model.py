@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from spinf.engine.attention import AttentionPlan, tree_attention
@@ -300,7 +300,10 @@ class Gemma4Text(nn.Module):
 def _open_shards(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelError(f"{index}: not a readable shard index ({type(exc).__name__}: {exc})") from exc
         return [folder / n for n in names]
     single = folder / "model.safetensors"
     if not single.exists():
@@ -309,12 +312,17 @@ def _open_shards(folder: Path) -> list[Path]:
 
 
 def _read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors under ``prefix``, memory-mapped; a shard safetensors refuses is a `ModelError` naming it (the
+    catalog's completeness check catches most before this, but not a file changed since or a folder given here)."""
     tensors = {}
     for shard in _open_shards(folder):
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                if key.startswith(prefix):
-                    tensors[key[len(prefix) :]] = f.get_tensor(key)
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                for key in f.keys():
+                    if key.startswith(prefix):
+                        tensors[key[len(prefix) :]] = f.get_tensor(key)
+        except (SafetensorError, OSError) as exc:
+            raise ModelError(f"{shard}: not a readable safetensors file ({exc})") from exc
     return tensors
 
 

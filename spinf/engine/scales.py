@@ -73,7 +73,10 @@ def read_scale_table(name: str, model_id: str, revision: str, folder: str | Path
     path = find_table(model_id, revision, folder)
     if path is None:
         raise missing_table_error(name, model_id, revision, folder)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"the scale table {path} cannot be read: {exc.strerror or exc}") from exc
     table = _parse_table(data, path)
     if path != Path(folder) / SHIPPED_TABLE and (table.get("model"), table.get("revision")) != (model_id, revision):
         raise ModelError(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from spinf.errors import ApiError
+from tests.loopback import JsonHandler, LoopbackServer
 
 POS = {"id": "pos", "template": "\nIs it positive? Answer:{?}", "options": [" yes", " no"]}
 TONE = {
@@ -87,7 +87,7 @@ class Recorder:
         return collections.Counter(i for call in self.calls for i in call)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     def do_POST(self) -> None:
         fake: FakeServer = self.server.fake
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -100,44 +100,19 @@ class _Handler(BaseHTTPRequestHandler):
                 except ApiError as exc:
                     reply = (exc.status, {}, exc.envelope("scr_fake"))
         status, headers, payload = reply
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
+        self.answer(status, payload, headers)
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """A ``/v1/score`` server on 127.0.0.1: answers ``script`` replies ``(status, headers, body)`` first, then
     scores with ``engine`` (one call at a time). ``seen`` records ``(path, Authorization, input ids)`` per call."""
 
     def __init__(self, engine, script: list | None = None):
+        super().__init__(_Handler)
         self.engine = engine
         self.script = list(script or [])
         self.seen: list[tuple[str, str | None, list[str]]] = []
         self.lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 def assert_close(actual, expected, path: str = "", tol: float = 1e-6) -> None:

@@ -1,9 +1,11 @@
-"""Tests of checkpoint lookup (api spec §9.7) on fake Hub caches: revision pinning, incomplete snapshots, root order,
-local-dir folders, downloads (faked at the huggingface_hub boundary), the offline error and the tiny model."""
+"""Tests of checkpoint lookup (api spec §9.7) on fake Hub caches: revision pinning, incomplete or damaged snapshots,
+root order, local-dir folders, downloads (faked at the huggingface_hub boundary), the offline error and the tiny
+model."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -16,7 +18,7 @@ from spinf.catalog import describe_catalog, download_model, find_checkpoint, res
 from spinf.catalog.checkpoint import safetensors_problem, snapshot_problem
 from spinf.errors import ModelError
 
-from .hub import LLAMA_CONFIG, QWEN_CONFIG, truncate, write_checkpoint, write_local_dir, write_snapshot
+from .hub import LLAMA_CONFIG, QWEN_CONFIG, rewrite_header, truncate, write_checkpoint, write_local_dir, write_snapshot
 
 REPO = "spinf/gemma-4-12b-fp8"
 PINNED = "a689df2c5f611e3bfaa4569b8190f97db5018569"
@@ -59,7 +61,18 @@ def test_another_revision_does_not_count_for_a_pinned_model(tmp_path, gemma, no_
         lookup(gemma, [tmp_path / "cache"], tmp_path)
 
 
-@pytest.mark.parametrize("damage", ["no config", "missing shard", "truncated shard", "truncated header", "no weights"])
+DAMAGES = [
+    "no config",
+    "missing shard",
+    "truncated shard",
+    "truncated header",
+    "no weights",
+    "bad dtype",
+    "bad offsets",
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_an_incomplete_snapshot_is_skipped_for_the_next_root(tmp_path, gemma, damage, no_download):
     broken = write_snapshot(tmp_path / "first", REPO, PINNED, index=damage != "no weights")
     shard = broken / "model-00002-of-00002.safetensors"
@@ -71,9 +84,16 @@ def test_an_incomplete_snapshot_is_skipped_for_the_next_root(tmp_path, gemma, da
         truncate(shard)
     elif damage == "truncated header":
         shard.write_bytes(shard.read_bytes()[:20])
+    elif damage == "bad dtype":
+        rewrite_header(shard, "layer2.weight", dtype="Q32")
+    elif damage == "bad offsets":
+        rewrite_header(shard, "layer2.weight", data_offsets=[0, 32])  # half the bytes its shape needs
     else:
         (broken / "model.safetensors").unlink()
-    assert snapshot_problem(broken) is not None
+    problem = snapshot_problem(broken)
+    assert problem is not None
+    if damage.startswith("bad "):  # whole files whose header lies: only safetensors' own check sees it
+        assert problem.startswith("model-00002-of-00002.safetensors: not a valid safetensors file (Error while ")
     good = write_snapshot(tmp_path / "second", REPO, PINNED)
     checkpoint = lookup(gemma, [tmp_path / "first", tmp_path / "second"], tmp_path)
     assert checkpoint.folder == good
@@ -165,8 +185,19 @@ def test_model_dir_revision_comes_from_local_dir_metadata(tmp_path, gemma, no_do
 def test_an_incomplete_model_dir_is_refused(tmp_path, gemma):
     folder = write_checkpoint(tmp_path / "my-weights")
     (folder / "model-00001-of-00002.safetensors").unlink()
-    with pytest.raises(ModelError, match=r"is incomplete: model-00001-of-00002.safetensors: missing$"):
+    with pytest.raises(ModelError, match=r"is incomplete or damaged: model-00001-of-00002.safetensors: missing$"):
         lookup(gemma, [], tmp_path, model_dir=str(folder))
+
+
+def test_a_model_dir_whose_shard_header_safetensors_refuses_names_the_shard_and_why(tmp_path, gemma):
+    folder = write_checkpoint(tmp_path / "my-weights")
+    rewrite_header(folder / "model-00002-of-00002.safetensors", "layer2.weight", shape=[4, 5])
+    with pytest.raises(ModelError) as refused:
+        lookup(gemma, [], tmp_path, model_dir=str(folder))
+    assert str(refused.value) == (
+        f"checkpoint folder {folder} is incomplete or damaged: model-00002-of-00002.safetensors: not a valid "
+        "safetensors file (Error while deserializing header: invalid shape, data type, or offset for tensor)"
+    )
 
 
 def test_a_local_folder_model_is_used_as_it_is(tmp_path, no_download):
@@ -183,14 +214,18 @@ def test_a_local_folder_model_is_used_as_it_is(tmp_path, no_download):
 # -- unpinned Hub repos -------------------------------------------------------------------------------------------
 
 
-def test_unpinned_repo_prefers_refs_main_and_detects_the_family(tmp_path, no_download):
+def test_unpinned_repo_prefers_refs_main_and_detects_the_family(tmp_path, no_download, caplog):
     root = tmp_path / "cache"
     write_snapshot(root, "acme/qwen-ft", OTHER, config=QWEN_CONFIG)
     main = write_snapshot(root, "acme/qwen-ft", PINNED, config=QWEN_CONFIG)  # refs/main now points here
     os.utime(main, (0, 0))  # older than the other: refs/main still wins
-    checkpoint = lookup(resolve_model("acme/qwen-ft"), [root], tmp_path)
+    with caplog.at_level(logging.WARNING, logger="spinf.catalog.checkpoint"):
+        checkpoint = lookup(resolve_model("acme/qwen-ft"), [root], tmp_path)
     assert (checkpoint.folder, checkpoint.revision, checkpoint.family) == (main, PINNED, "qwen35")
     assert checkpoint.weight_format == "safetensors-bf16"
+    assert caplog.messages == [
+        "acme/qwen-ft is not in the catalog: serving the Hub repo unpinned, without batch invariance"
+    ]
 
 
 def test_unpinned_repo_of_another_architecture_is_refused(tmp_path, no_download):
@@ -279,6 +314,20 @@ def test_tiny_is_generated_in_the_first_writable_root_then_found(tmp_path, no_do
     assert (first.revision, first.weights, first.family) == (TINY_REVISION, "generated", "gemma4")
     again = lookup(tiny, [not_a_folder, tmp_path / "cache"], tmp_path)
     assert (again.folder, again.weights) == (first.folder, str(tmp_path / "cache"))
+
+
+def test_a_damaged_tiny_snapshot_is_refused_naming_it_not_loaded(tmp_path, no_download):
+    """The generator keeps a snapshot folder that exists; a shard cut short in it must not reach the loader."""
+    tiny = resolve_model("tiny")
+    folder = lookup(tiny, [tmp_path / "cache"], tmp_path).folder
+    truncate(folder / "model.safetensors", 7)
+    with pytest.raises(ModelError) as refused:
+        lookup(tiny, [tmp_path / "cache"], tmp_path)
+    size = (folder / "model.safetensors").stat().st_size
+    assert str(refused.value) == (
+        f"the tiny model's snapshot {folder} is damaged: model.safetensors: truncated ({size} bytes, the header says "
+        f"{size + 7}); remove it to have it generated"
+    )
 
 
 def test_download_model_into_a_given_root(tmp_path, fake_hub):

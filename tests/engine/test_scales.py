@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -221,6 +222,39 @@ def test_a_malformed_table_is_refused(tiny_engine, tiny_table, change, problem):
     path = store_path(tiny_engine.model_id, tiny_engine.revision)
     write_table({**tiny_table, **change}, path)
     with pytest.raises(ModelError, match=rf"^the scale table {re.escape(str(path))} {problem}$"):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda data: data[: len(data) // 2], r"is not JSON: .*\(char \d+\)"),  # a copy cut short
+        (lambda data: b"\xc3(" + data, r"is not JSON: 'utf-8' codec can't decode byte 0xc3 in position 0: .*"),
+        (lambda data: b"[1, 2]", "is not an fp8s table of format 1"),
+    ],
+)
+def test_a_corrupt_table_is_one_line_naming_it(tiny_engine, tiny_table, damage, problem):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    write_table(tiny_table, path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ModelError, match=rf"^the scale table {re.escape(str(path))} {problem}$"):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+def test_an_unreadable_table_is_one_line_naming_it(tiny_engine, tiny_table, monkeypatch):
+    path = store_path(tiny_engine.model_id, tiny_engine.revision)
+    write_table(tiny_table, path)
+    read_bytes = Path.read_bytes
+
+    def refuse(self):  # a permission error, faked: the tests may run as root, whom no mode bit stops
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(
+        ModelError, match=rf"^the scale table {re.escape(str(path))} cannot be read: Permission denied$"
+    ):
         load(fresh_model(tiny_engine), tiny_engine)
 
 
