@@ -101,7 +101,8 @@ class Admission:
         """Book one refusal of a ``body_bytes`` body at ``now``; the seconds it must wait before its answer."""
         cost = (1 + body_bytes // COST_BYTES) / self.rate
         self._due = max(self._due, now) + cost
-        return max(0.0, self._due - now - BURST_S)
+        delay = self._due - now - BURST_S
+        return delay if delay > 1e-6 else 0.0  # a microsecond is rounding, not a turn
 
     def hand_on(self) -> None:
         """A slot came back: it goes to the newest waiter that may be admitted, else it is free."""

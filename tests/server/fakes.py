@@ -35,7 +35,9 @@ class FakeEngine:
     batch_invariant: bool = True
     weights: str = "config"
     runs: list[int] = attrs.field(factory=list)
+    responded: list[str] = attrs.field(factory=list)  # the request ids whose responses were built
     fail_on: str | None = None  # an input id whose run raises (an engine bug in one call)
+    degraded: str | None = None  # as Engine.degraded: memory not freed after an out-of-memory error
 
     def prepare(self, body, *, chat=False, trusted=False, request_id=None):
         if not isinstance(body, dict) or ("inputs" in body) == ("messages" in body):
@@ -50,6 +52,7 @@ class FakeEngine:
         return [{"ids": jobs} for jobs in job_lists], FakeStats()
 
     def respond(self, prepared, values, stats, *, internals=False):
+        self.responded.append(prepared.request_id)
         results = [{"input_id": i, "queries": []} for i in values["ids"]]
         return {"id": prepared.request_id, "object": "score", "results": results, "warnings": [], "usage": {}}
 

@@ -6,6 +6,8 @@ so every ordering below is exact.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 import trio.testing
@@ -124,3 +126,95 @@ async def test_shutdown_answers_every_admitted_call_and_refuses_later_ones(autoj
         assert trio.current_time() - stopped_at < 30
     assert late.status_code == 503 and (await late.get_json())["error"]["code"] == "model_unavailable"
     assert sorted(status for _, status, _, _ in record) == [200, 200, 200]
+
+
+class StalledPacker(InlinePacker):
+    """A packer whose task has not yet come round to its inbox (as under a burst of thousands of connections)."""
+
+    go: trio.Event = trio.Event()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started()
+        await self.go.wait()
+        await super().run()
+
+
+async def test_callers_that_leave_keep_their_slots_until_the_packer_drops_their_calls(autojump_clock, drain_file):
+    StalledPacker.go = trio.Event()
+    engine = FakeEngine()
+    opts = options(queue=2)
+    async with running_actors(opts, lambda: engine, models_entry, executor_class=FakeExecutor,
+                              packer_class=StalledPacker) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        async with trio.open_nursery() as leaving:
+            for k in range(3):
+                leaving.start_soon(functools.partial(client.post, "/v1/score", json=body(f"gone{k}")))
+            await trio.testing.wait_all_tasks_blocked()
+            leaving.cancel_scope.cancel()  # three clients disconnect at once; their calls sit in the inbox
+        assert running.services.admission.in_use == 3
+        record = []
+        await post_all(client, [body(f"new{k}") for k in range(3)], record)
+        assert sorted(status for _, status, _, _ in record) == [429, 429, 429]  # not 500 engine_error
+        StalledPacker.go.set()
+        await trio.sleep(5)
+        assert running.services.admission.in_use == 0 and engine.runs == []  # the left calls never ran
+        assert (await client.post("/v1/score", json=body("after"))).status_code == 200 and engine.runs == [1]
+        running.drain.stop()
+
+
+async def test_a_call_whose_caller_left_mid_run_is_not_answered_and_frees_its_slot(autojump_clock, drain_file):
+    engine = FakeEngine()
+    async with start(options(queue=1), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        responded = len(engine.responded)
+        async with trio.open_nursery() as leaving:
+            leaving.start_soon(functools.partial(client.post, "/v1/score", json=body("gone")))
+            await trio.sleep(0.5)  # inside its run (a run takes one second)
+            leaving.cancel_scope.cancel()
+        assert running.services.admission.in_use == 1
+        await trio.sleep(1)
+        assert running.services.admission.in_use == 0 and len(engine.responded) == responded
+        running.drain.stop()
+
+
+async def test_a_degraded_engine_serves_on_then_the_process_exits_70(autojump_clock, drain_file):
+    engine = FakeEngine()
+    async with start(options(), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        engine.degraded = "3.00 GiB still held after an out-of-memory error"
+        assert (await client.post("/v1/score", json=body("x"))).status_code == 200
+        seen = trio.current_time()  # the packer read the degraded state after that call's run
+        ready, live = await client.get("/readyz"), await client.get("/livez")
+        assert ready.status_code == 503 and (await ready.get_json()) == {"ready": False, "degraded": engine.degraded}
+        assert live.status_code == 503 and (await live.get_json()) == {"live": False, "degraded": engine.degraded}
+        assert (await client.post("/v1/score", json=body("y"))).status_code == 200  # still serving
+        await running.shutdown.wait()
+        assert 2.0 <= trio.current_time() - seen < 3.0 and running.drain.exit_code == 70
+
+
+async def test_with_exit_on_leak_off_a_degraded_engine_keeps_running(autojump_clock, drain_file):
+    engine = FakeEngine()
+    async with start(options(exit_on_leak=False), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        engine.degraded = "leaked"
+        assert (await client.post("/v1/score", json=body("x"))).status_code == 200
+        await trio.sleep(60)
+        assert not running.shutdown.is_set() and (await client.get("/readyz")).status_code == 503
+        running.drain.stop()
+    assert running.drain.exit_code == 0
+
+
+async def test_once_stopping_every_answer_closes_its_connection(autojump_clock, drain_file):
+    async with start(options()) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        assert "Connection" not in (await client.get("/healthz")).headers
+        running.drain.stop()
+        late, ready = await client.post("/v1/score", json=body("late")), await client.get("/readyz")
+        assert late.status_code == 503 and late.headers["Connection"] == "close"
+        assert ready.status_code == 503 and (await ready.get_json()) == {"ready": False, "stopping": True}
+        assert ready.headers["Connection"] == "close"
