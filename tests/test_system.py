@@ -6,13 +6,11 @@ SIGTERM, and checks that every call admitted before the signal was answered and 
 
 from __future__ import annotations
 
-import os
+import http.client
+import json
 import re
 import shlex
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,47 +19,10 @@ import httpx
 import pytest
 from spinf_client import SpinfClient, SpinfError, answers, query, text
 
+from contrib.loadtest.harness import ServerProcess
+
 ROOT = Path(__file__).resolve().parent.parent
 QUERY = {"id": "refund", "template": "\n\nDoes the customer ask for a refund? Answer:{?}", "options": [" yes", " no"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    def __init__(self, tmp_path: Path, cache: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, HF_HOME=str(cache), SPINF_DRAIN_FILE=str(tmp_path / "drain"), PYTHONUNBUFFERED="1")
-        command = [sys.executable, "-m", "spinf", "serve", "spinf/tiny-gemma4", "--device", "cpu", "--host"]
-        command += ["127.0.0.1", "--port", str(self.port), "--warmup", "short", *extra]
-        self.log = open(tmp_path / f"server-{self.port}.log", "w+")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.output()
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("the server did not become ready:\n" + self.output())
-
-    def output(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return Path(self.log.name).read_text()
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=60)
-        finally:
-            self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +36,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def open_server(tmp_path_factory, cache):
-    server = Server(tmp_path_factory.mktemp("open"), cache)
+    server = ServerProcess(tmp_path_factory.mktemp("open"), hf_home=cache)
     yield server
     assert server.stop() == 0
 
@@ -150,7 +111,7 @@ def test_the_readme_curl_example(open_server):
 
 
 def test_a_token_server_with_a_tiny_queue(tmp_path, cache):
-    server = Server(tmp_path, cache, "--token", "secret", "--trusted-token", "boss", "--queue", "0")
+    server = ServerProcess(tmp_path, "--token", "secret", "--trusted-token", "boss", "--queue", "0", hf_home=cache)
     try:
         with pytest.raises(SpinfError) as refused:
             SpinfClient(base_url=server.url, model="tiny").models()
@@ -182,7 +143,7 @@ def test_a_token_server_with_a_tiny_queue(tmp_path, cache):
 
 
 def test_sigterm_answers_every_admitted_call_then_exits_0(tmp_path, cache):
-    server = Server(tmp_path, cache, "--queue", "8")
+    server = ServerProcess(tmp_path, "--queue", "8", hf_home=cache)
     body = {"messages": [{"content": "Refund me. " * 300}], "scoring": {"queries": [QUERY]}}
     statuses = []
 
@@ -199,3 +160,69 @@ def test_sigterm_answers_every_admitted_call_then_exits_0(tmp_path, cache):
     assert code == 0
     assert len(statuses) == 6 and set(statuses) <= {200, 503}
     assert "stopping" in server.output()
+
+
+def test_openai_sdk_stream_reads_one_chunk_with_the_results(open_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{open_server.url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="spinf/tiny-gemma4",
+        messages=[{"role": "user", "content": "I was charged twice. Please refund one payment."}],
+        stream=True,
+        extra_body={"scoring": {"queries": [QUERY]}},
+    )
+    chunks = list(stream)
+    assert len(chunks) == 1 and chunks[0].choices == []
+    assert chunks[0].model_extra["results"][0]["queries"][0]["id"] == "refund"
+
+
+def _hammer(url: str, body: bytes, stop_at: float, record: list) -> None:
+    """One client on kept-alive connections: send, read, again, until refused or ``stop_at``. Each request is
+    recorded as (reused connection?, status or the error when no status line came back)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection, reused = None, False
+    while time.monotonic() < stop_at:
+        if connection is None:
+            connection, reused = http.client.HTTPConnection(host, int(port), timeout=30), False
+        try:
+            connection.request("POST", "/v1/score", body, {"Content-Type": "application/json"})
+        except ConnectionRefusedError:
+            return  # the server has closed its listener: nothing was sent
+        except OSError:
+            connection = None
+            continue
+        try:
+            answer = connection.getresponse()
+            answer.read()
+            record.append((reused, answer.status))
+        except (http.client.RemoteDisconnected, ConnectionResetError) as exc:
+            record.append((reused, type(exc).__name__))
+            connection = None
+            continue
+        if answer.getheader("Connection", "").lower() == "close":
+            connection.close()
+            connection = None
+        else:
+            reused = True
+
+
+def test_sigterm_under_keepalive_load_answers_every_request_it_read(tmp_path, cache):
+    server = ServerProcess(tmp_path, "--queue", "4", hf_home=cache)
+    body = json.dumps({"messages": [{"content": "Refund me. " * 40}], "scoring": {"queries": [QUERY] * 1}}).encode()
+    record: list = []
+    stop_at = time.monotonic() + 60
+    threads = [threading.Thread(target=_hammer, args=(server.url, body, stop_at, record)) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    answered_before = len(record)
+    started = time.monotonic()
+    code = server.stop()
+    stopped_in = time.monotonic() - started
+    for thread in threads:
+        thread.join(60)
+    lost = [entry for entry in record if entry[0] and not isinstance(entry[1], int)]
+    assert code == 0 and stopped_in < 10
+    assert answered_before > 20 and {status for _, status in record if isinstance(status, int)} <= {200, 429, 503}
+    assert lost == [], f"{len(lost)} requests on kept-alive connections got no status line"

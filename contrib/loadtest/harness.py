@@ -31,10 +31,8 @@ ACCESS = re.compile(r" POST (?P<route>\S+) (?P<status>\d{3}) (?P<ms>[\d.]+)ms")
 
 def score_body(sentences: int = 3, questions: int = 8) -> dict:
     """A support-ticket call: ``sentences`` of content and ``questions`` two-option questions."""
-    queries = [
-        {"id": f"q{k}", "template": f"\n\nQuestion {k}: is the customer upset? Answer:{{?}}", "options": [" yes", " no"]}
-        for k in range(questions)
-    ]
+    template = "\n\nQuestion {k}: is the customer upset? Answer:{{?}}"
+    queries = [{"id": f"q{k}", "template": template.format(k=k), "options": [" yes", " no"]} for k in range(questions)]
     return {"messages": [{"role": "user", "content": SENTENCE * sentences}], "scoring": {"queries": queries}}
 
 
@@ -55,12 +53,16 @@ def tiny_cache(root: Path) -> Path:
 class ServerProcess:
     """``spinf-serve serve MODEL`` on 127.0.0.1 as a child process, ready when constructed."""
 
-    def __init__(self, folder: Path, *flags: str, model: str = "spinf/tiny-gemma4", env: dict | None = None):
+    def __init__(
+        self, folder: Path, *flags: str, model: str = "spinf/tiny-gemma4", env: dict | None = None,
+        hf_home: Path | None = None,
+    ):
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = folder / f"server-{self.port}.log"
-        base = {"HF_HOME": str(tiny_cache(folder / "hf")), "SPINF_DRAIN_FILE": str(folder / "drain")}
+        hf_home = hf_home or tiny_cache(folder / "hf")
+        base = {"HF_HOME": str(hf_home), "SPINF_DRAIN_FILE": str(folder / "drain")}
         env = {**os.environ, **base, "PYTHONUNBUFFERED": "1", **(env or {})}
         command = [sys.executable, "-m", "spinf", "serve", model, "--device", "cpu", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--warmup", "short", *flags]
