@@ -28,7 +28,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 from spinf.admission import Admission, Slot
 from spinf.errors import ApiError
 from spinf.gate import ADMITTED, Gate, body_timeout, body_too_large, caller, check_ready, log_access, must_close
-from spinf.http11 import HTTPConnection
+from spinf.http11 import PROTOCOL_CODE, HTTPConnection
 from spinf.protocol.ids import new_request_id
 from spinf.serving import ScoreWork, ServerState, set_draining
 
@@ -138,7 +138,9 @@ def create_app(services: WebServices) -> QuartTrio:
             return error_response(body_too_large(services.max_body_bytes))
         if isinstance(exc, RequestTimeout):
             return error_response(body_timeout(services.body_timeout_s))
-        return error_response(ApiError(exc.code or 500, "engine_error", None, exc.description or "error"))
+        status = exc.code or 500
+        code = PROTOCOL_CODE if status < 500 else "engine_error"  # any other refusal of the HTTP layer itself
+        return error_response(ApiError(status, code, None, exc.description or "the request was refused"))
 
     @app.errorhandler(Exception)
     async def _crash(exc: Exception) -> Response:
