@@ -6,11 +6,7 @@ measure the engine's host work and CPU path only; GPU figures come from the GPU 
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,9 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.jobsets import j1_body  # noqa: E402
+from benchmarks.results import RESULTS, append_section, cpu_machine  # noqa: E402
 from spinf import Engine  # noqa: E402
-
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def main(repeats: int = 3) -> None:
@@ -37,25 +32,14 @@ def main(repeats: int = 3) -> None:
     questions = usage["scoring"]["prompts"]
     content = usage["content"]["tokens"] / usage["inputs"]
     median = statistics.median(times)
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "spinf"], capture_output=True, text=True).stdout.strip()
-    revision = f"{revision}-dirty" if revision and dirty else revision
     lines = [
-        f"\n## CPU, tiny model, J1 shape — {datetime.date.today().isoformat()}, revision {revision or 'unknown'}\n",
-        f"- command: `python benchmarks/cpu_tiny.py`; machine: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        f"- command: `python benchmarks/cpu_tiny.py`; machine: {cpu_machine()}",
         f"- job: {usage['inputs']} contents of {content:.0f} tokens on average × 56 two-option questions "
         f"= {questions} questions; processed tokens {usage['processed_tokens']}, packed {usage['packed_tokens']}",
         f"- engine load {load_s:.2f} s; score: median {median:.2f} s of {repeats} "
         f"({', '.join(f'{t:.2f}' for t in times)}); {questions / median:.0f} questions/s",
     ]
-    text = "\n".join(lines) + "\n"
-    if not RESULTS.exists():
-        RESULTS.write_text(
-            "# Benchmark results\n\nEach section: what ran, the command, the machine, the date, the revision.\n"
-        )
-    with RESULTS.open("a") as f:
-        f.write(text)
+    text = append_section("CPU, tiny model, J1 shape", "\n".join(lines), RESULTS)
     print(text)
 
 

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from importlib import resources
@@ -45,6 +43,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     decoder_linear_params,
     scaled,
 )
+from benchmarks.results import RESULTS, revision  # noqa: E402
 from spinf.engine import hostgc  # noqa: E402
 from spinf.engine.compiler import EngineShape  # noqa: E402
 from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
@@ -54,7 +53,6 @@ from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
 from spinf.protocol.request import parse_score_request  # noqa: E402
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 MAX_ROUNDS = 50  # short jobs repeat until --min-seconds are measured, up to this many rounds
 LATENCY_ROUNDS = {"J3": 100}  # j3 is the latency job: 100 calls of one body (benchmarks/jobsets.py)
 
@@ -175,20 +173,6 @@ def bf16_peak_tflops(device: torch.device) -> float | None:
     b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
     seconds = timed(lambda: a @ b)
     return 2 * m * k * n / seconds / 1e12
-
-
-def revision() -> str:
-    if os.environ.get("GIT_SHA"):
-        return os.environ["GIT_SHA"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "spinf", "benchmarks"], capture_output=True, text=True, cwd=ROOT
-        )
-    except OSError:
-        return "unknown"
-    sha = head.stdout.strip()
-    return (f"{sha}-dirty" if dirty.stdout.strip() else sha) if sha else "unknown"
 
 
 def row(job: str, runner: str, m: dict, flops_per_token: float, peak_tflops: float | None) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.results import append_section, cpu_machine
 from contrib.loadtest.harness import ServerProcess, percentile, run_wrk, score_body
 
 
@@ -85,10 +86,17 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=5)
     parser.add_argument("--flood", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         figures = measure(Path(folder), clients=args.clients, flood=args.flood, seconds=args.seconds)
-    print(report(figures))
+    text = report(figures)
+    print(text)
+    if args.results:
+        command = f"python contrib/loadtest/overload.py --clients {args.clients} --flood {args.flood} "
+        command += f"--seconds {args.seconds:g} --results"
+        body = f"- command: `{command}`; machine: {cpu_machine()}; wrk, loopback\n\n{text}"
+        append_section("Overload, tiny model on the CPU", body)
     return 0 if figures["goodput_ratio"] >= 0.8 and figures["p99_ratio"] <= 2.0 else 1
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.results import append_section, cpu_machine
 from contrib.loadtest.harness import ServerProcess, alone, run_wrk, score_body
 
 BODIES = (score_body(sentences=3, questions=8), score_body(sentences=1, questions=3))
@@ -126,12 +127,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         figures = measure(Path(folder), connections=args.connections, seconds=args.seconds)
-    print(report(figures))
-    for problem in problems(figures):
-        print("FAILED:", problem)
+    verdict = "\n".join(f"FAILED: {problem}" for problem in problems(figures)) or "passed"
+    text = f"{report(figures)}\n\n{verdict}"
+    print(text)
+    if args.results:
+        command = f"python contrib/loadtest/soak.py --connections {args.connections} --seconds {args.seconds:g}"
+        command += " --results"
+        append_section("Soak, tiny model on the CPU", f"- command: `{command}`; machine: {cpu_machine()}\n\n{text}")
     return 1 if problems(figures) else 0
 
 
