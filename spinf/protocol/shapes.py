@@ -326,7 +326,8 @@ class Union(Shape):
 
 @attrs.frozen
 class Named(Shape):
-    """``shape`` under a component name: written once by `named_shapes`' caller, referenced by ``$ref``."""
+    """``shape`` under a component name: the document writes it once under that name (`named_shapes` finds them)
+    and refers to it by ``$ref`` wherever it is used."""
 
     name: str
     shape: Shape
