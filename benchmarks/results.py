@@ -23,7 +23,9 @@ def revision() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "spinf", "benchmarks", "contrib"], capture_output=True, text=True,
+            ["git", "status", "--porcelain", "spinf", "benchmarks", "contrib"],
+            capture_output=True,
+            text=True,
             cwd=ROOT,
         )
     except OSError:

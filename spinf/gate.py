@@ -75,7 +75,8 @@ def check_admitted(state: ServerState, slot: Slot | None) -> None:
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, "body_too_large", None, f"the body is larger than {limit / 2**20:.0f} MiB")
+    size = f"{limit / 2**20:.0f} MiB" if limit >= 2**20 else f"{limit:,} bytes"
+    return ApiError(413, "body_too_large", None, f"the body is larger than {size} (max_body_bytes)")
 
 
 def body_timeout(limit: float) -> ApiError:
@@ -113,14 +114,16 @@ class Gate:
         request_id, started = new_request_id(), time.perf_counter()
         headers = {name.lower(): value for name, value in scope["headers"]}
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
-        body_read, trusted, slot = False, False, None
+        # who calls is known from the headers: a trusted caller gets ``rejected`` on the body's 413 and 400 too,
+        # although the token is enforced only after them (api spec §2.4, §2.6)
+        authorisation = headers.get(b"authorization", b"").decode("latin-1")
+        authorised, trusted = caller(services.token, services.trusted_token, authorisation)
+        body_read, slot = False, None
         try:
             raw = await self._read_body(receive, headers)
             body_read = True
             slot = await services.admission.admit(len(raw), can_admit=state.ready and not state.stopping)
             body = decode_json_body(raw)
-            authorisation = headers.get(b"authorization", b"").decode("latin-1")
-            authorised, trusted = caller(services.token, services.trusted_token, authorisation)
             if not authorised:
                 raise ApiError(401, "invalid_token", None, "a valid bearer token is required")
             check_admitted(state, slot)
@@ -159,8 +162,9 @@ class Gate:
                     return b"".join(chunks)
         raise body_timeout(timeout_s)
 
-    async def _refuse(self, send, scope, exc: ApiError, request_id: str, started: float, *, trusted: bool,
-                      close: bool) -> None:
+    async def _refuse(
+        self, send, scope, exc: ApiError, request_id: str, started: float, *, trusted: bool, close: bool
+    ) -> None:
         body = json.dumps(exc.envelope(request_id, trusted=trusted), ensure_ascii=False).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         headers.append((b"x-request-id", request_id.encode()))

@@ -23,15 +23,20 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
         too_many_combinations too_many_options duplicate_option option_too_long option_boundary template_too_long
         duplicate_id unknown_query_id empty_queries too_many_extractions too_many_prompts content_too_long
         unsupported_content invalid_media audio_too_long image_too_large unknown_pack unknown_pack_version
-        pack_not_available pack_conflict reserved_group unknown_category pack_media_not_supported""".split()
+        pack_not_available pack_conflict reserved_group unknown_category pack_media_not_supported
+        invalid_http""".split()
     ),
     401: ("invalid_token",),
     404: ("not_found", "unknown_pack", "unknown_pack_version"),
     405: ("method_not_allowed",),
+    408: ("body_timeout",),
     413: ("body_too_large", "request_too_large"),
+    431: ("invalid_http",),
     429: ("concurrency_limit",),
     500: ("engine_error",),
     503: ("warming_up", "model_unavailable"),
+    501: ("invalid_http",),
+    505: ("invalid_http",),
 }
 ERROR_TYPES = ("invalid_request", "authentication_error", "not_found", "rate_limited", "unavailable", "api_error")
 LIMIT_KEYS = """max_content_tokens max_query_tokens max_prompts_per_input max_processed_tokens
@@ -264,7 +269,13 @@ def _other_schemas() -> dict:
         ),
         "Healthz": obj({"ok": {"const": True}}),
         "Ready": obj({"ready": {"const": True}, "boot": ref("Boot")}),
-        "NotReady": obj({"ready": {"const": False}, **same(STR, "error? degraded?"), "draining?": {"const": True}}),
+        "NotReady": obj(
+            {
+                "ready": {"const": False},
+                **same(STR, "error? degraded?"),
+                **same({"const": True}, "draining? stopping?"),
+            },
+        ),
         "Live": obj({"live": BOOL, "degraded?": STR}),
         "Drain": obj({"draining": BOOL}),
         "Info": obj({"engine": ref("EngineInfo"), "boot": ref("Boot")}),
@@ -295,10 +306,14 @@ _ERROR_DESCRIPTIONS = {
     401: "a missing or wrong token, or a caller who is not trusted on /v0 (§2.3)",
     404: "an unknown path (not_found), or an unknown pack id or version on /v1/packs/{id}",
     405: "a known path called with a method it does not serve",
-    413: "a body over max_body_bytes, or a call over max_processed_tokens",
+    408: "the body did not arrive within body_timeout_s (ours; the connection is closed)",
+    413: "a body over max_body_bytes, or a call over max_processed_tokens, or out of device memory",
+    431: "header fields over 16 KiB (invalid_http, ours; the connection is closed)",
     429: "no free request slot",
     500: "an unhandled error (engine_error)",
     503: "the model is loading or warming up, failed to load, or the server is shutting down",
+    501: "a transfer coding other than chunked (invalid_http, ours; the connection is closed)",
+    505: "HTTP/2: this server speaks HTTP/1.1 only (invalid_http, ours; the connection is closed)",
 }
 
 
@@ -319,9 +334,18 @@ def error(status: int) -> dict:
     return answer(_ERROR_DESCRIPTIONS[status], {"allOf": [ref("ErrorEnvelope"), narrowed]}, headers=headers)
 
 
+def _chat_answer() -> dict:
+    """JSON, or with ``"stream": true`` server-sent events: one ``data:`` event holding the same JSON, then
+    ``data: [DONE]`` (ours; the spec's §6 answers JSON either way, which the OpenAI SDK reads as no chunks)."""
+    body = answer("Score, chat-shaped (§6)", ref("ChatResponse"))
+    events = described(STR, 'with "stream": true: data: <the JSON answer>, then data: [DONE]')
+    body["content"]["text/event-stream"] = {"schema": events}
+    return body
+
+
 # (path, method, operationId, auth, summary, 200 schema, error statuses); auth is "none", "access" (the access or
 # the trusted token) or "trusted" (the trusted token only). The score routes also take a request body.
-SCORING_ERRORS = (400, 401, 413, 429, 500, 503)
+SCORING_ERRORS = (400, 401, 408, 413, 429, 500, 503)
 ROUTES = (
     ("/healthz", "get", "healthz", "none", "The HTTP server is up", "Healthz", ()),
     ("/readyz", "get", "readyz", "none", "Readiness (§3.2)", "Ready", ()),
@@ -338,10 +362,11 @@ ROUTES = (
     ("/v1/chat/completions", "post", "chat", "access", "Score, chat-shaped (§6)", "ChatResponse", SCORING_ERRORS),
 )
 _SPECIAL = {  # answers other than a JSON 200 and the error envelopes
-    "readyz": {"503": answer("not loaded, not warm, failed, degraded or draining", ref("NotReady"))},
+    "readyz": {"503": answer("not loaded, not warm, failed, degraded, draining or stopping", ref("NotReady"))},
     "livez": {"503": answer("not loaded, not warm, failed or degraded", ref("Live"))},
     "metrics": {"200": answer("Prometheus text exposition format", STR, media=METRICS_TYPE)},
     "openapi": {"200": answer("this document", {"type": "object"})},
+    "chat": {"200": _chat_answer()},
 }
 _PACK_PARAMETERS = [
     {"name": "id", "in": "path", "required": True, "schema": STR, "description": "the pack id; it may contain /"},
@@ -372,7 +397,9 @@ def openapi_document(version: str) -> dict:
         "Scoring server for decision models. Every response carries X-Request-Id. An unknown path is a 404 not_found "
         "and a known path with another method a 405 method_not_allowed with an Allow header (components Error404 "
         "and Error405), both in the error envelope; a trailing slash gets a 307 to the path without it. A server "
-        "started without tokens is open and ignores the Authorization header."
+        "started without tokens is open and ignores the Authorization header. HTTP/1.1 only: a request that is "
+        "not valid HTTP/1.1 gets 400, 431, 501 or 505 with code invalid_http (components Error400, Error431, "
+        "Error501, Error505) and its connection is closed, on any path."
     )
     request_id = {"description": "scr_ and a 26-character ULID", "schema": string(pattern=REQUEST_ID)}
     return {

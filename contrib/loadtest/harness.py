@@ -54,7 +54,11 @@ class ServerProcess:
     """``spinf-serve serve MODEL`` on 127.0.0.1 as a child process, ready when constructed."""
 
     def __init__(
-        self, folder: Path, *flags: str, model: str = "spinf/tiny-gemma4", env: dict | None = None,
+        self,
+        folder: Path,
+        *flags: str,
+        model: str = "spinf/tiny-gemma4",
+        env: dict | None = None,
         hf_home: Path | None = None,
     ):
         folder.mkdir(parents=True, exist_ok=True)
@@ -126,7 +130,13 @@ def alone(url: str, body: dict) -> str:
 
 
 def run_wrk(
-    url: str, body_file: Path, *, connections: int, seconds: float, threads: int = 2, expect_file: Path | None = None,
+    url: str,
+    body_file: Path,
+    *,
+    connections: int,
+    seconds: float,
+    threads: int = 2,
+    expect_file: Path | None = None,
     timeout_s: float = 30.0,
 ) -> dict[str, float]:
     """wrk with `score.lua` against ``url``/v1/score; the counts it printed (``status_200``, ``mismatch``, ...)."""

@@ -143,8 +143,9 @@ async def test_callers_that_leave_keep_their_slots_until_the_packer_drops_their_
     StalledPacker.go = trio.Event()
     engine = FakeEngine()
     opts = options(queue=2)
-    async with running_actors(opts, lambda: engine, models_entry, executor_class=FakeExecutor,
-                              packer_class=StalledPacker) as running:
+    async with running_actors(
+        opts, lambda: engine, models_entry, executor_class=FakeExecutor, packer_class=StalledPacker
+    ) as running:
         client = create_app(running.services).test_client()
         await trio.sleep(10)
         async with trio.open_nursery() as leaving:

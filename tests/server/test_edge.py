@@ -15,6 +15,7 @@ import trio
 from spinf.supervisor import serve
 from tests.server.fakes import FakeEngine, models_entry, options
 
+READY = b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 OK_BODY = json.dumps({"messages": [{"content": "hi"}], "scoring": {"queries": []}}).encode()
 
 
@@ -24,7 +25,11 @@ async def port(tmp_path, monkeypatch):
     opts = options(max_body_bytes=1_000_000, body_timeout_s=0.5)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(opts, FakeEngine, models_entry, task_status=task_status))
-        yield int(binds[0].rsplit(":", 1)[1])
+        port = int(binds[0].rsplit(":", 1)[1])
+        with trio.fail_after(10):
+            while answers((await exchange(port, READY))[0])[0][0] != 200:
+                await trio.sleep(0.02)
+        yield port
         nursery.cancel_scope.cancel()
 
 

@@ -73,7 +73,6 @@ def test_schemathesis_finds_nothing_at_length(server, tmp_path, request):
     check_run(schemathesis_run(server.url, 500, tmp_path, timeout=3600), at_least=3000)
 
 
-@pytest.mark.xfail(strict=True, reason="web.py answers the checks before authorisation without rejected")
 def test_a_trusted_caller_gets_rejected_with_invalid_json_too(server):
     """§2.4: a trusted caller gets ``rejected`` on 400 and 413 errors; these two run before authorisation (§2.6)."""
     headers = {"Authorization": TRUSTED}
