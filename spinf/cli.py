@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpinfError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (while loading, say): one line, no trace
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`spinf-serve config | head`): stop quietly, and stop Python's flush at exit from
         # failing again on the closed pipe.

@@ -364,3 +364,14 @@ def test_python_m_spinf_exits_with_status_2_and_one_line_on_a_bad_setting(tmp_pa
     assert unknown.stderr.startswith(f"spinf-serve: server.prot (config {config}:3): unknown key; did you mean ")
     good = python_m_spinf("config", "--toml", env={"SPINF_PORT": "9001"})
     assert good.returncode == 0 and "\nport = 9001\n" in good.stdout
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(capsys, monkeypatch):
+    import spinf.supervisor
+
+    def interrupted(settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spinf.supervisor, "run", interrupted)
+    assert main(["serve", "tiny", "--device", "cpu"]) == 130
+    assert capsys.readouterr().err == "spinf-serve: interrupted\n"
