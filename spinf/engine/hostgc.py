@@ -11,6 +11,11 @@ competes with keeping the device fed. So:
   frees almost everything at once; cycles made meanwhile wait for the next collection. The first collection after
   the pause traverses every young object still alive, so a caller frees what it no longer needs (the compiled
   request) before the pause ends: `Engine.score` holds it for the whole call and lets only the response out.
+- Under a steady load the server's calls overlap (one compiling, one on the device, one having its response
+  built), so the pauses can chain for as long as the load lasts and the collector would never run: cycles made by
+  the calls and the HTTP layer pile up (a 10-minute soak at 2,000 connections grew resident memory 4.5 %). So when
+  a pause ends and the last collection is more than ``COLLECT_EVERY_S`` old, `paused()` collects once, paused or
+  not: at most one full collection every few seconds, of a heap that `settle()` has made small.
 - `settle()` collects once and moves every surviving object into the permanent generation (`gc.freeze`), so later
   collections no longer traverse the model and the libraries: the server calls it once its model is warm. The heap
   is unfrozen at exit, so the interpreter's last collection still frees its cycles.
@@ -22,11 +27,14 @@ import atexit
 import contextlib
 import gc
 import threading
+import time
 
+COLLECT_EVERY_S = 5.0
 _lock = threading.Lock()
 _users = 0
 _was_enabled = False
 _release_at_exit = False
+_collected_at = time.monotonic()
 
 
 @contextlib.contextmanager
@@ -44,11 +52,21 @@ def paused():
             _users -= 1
             if _users == 0 and _was_enabled:
                 gc.enable()
+            overdue = _was_enabled and time.monotonic() - _collected_at > COLLECT_EVERY_S
+        if overdue:
+            collect()
+
+
+def collect() -> None:
+    """One full collection now, whatever the pauses (and the time of it, for `paused`)."""
+    global _collected_at
+    _collected_at = time.monotonic()
+    gc.collect()
 
 
 def settle() -> None:
     global _release_at_exit
-    gc.collect()
+    collect()
     gc.freeze()
     if not _release_at_exit:  # so that the collection at interpreter exit still sees the frozen objects
         atexit.register(gc.unfreeze)

@@ -60,3 +60,37 @@ def test_a_scoring_call_runs_with_the_collector_paused_and_restores_it(collector
     tiny_engine.score(body)
     assert seen and not any(seen)
     assert gc.isenabled()
+
+
+def test_chained_pauses_still_collect_every_few_seconds(collector_on, monkeypatch):
+    """Overlapping calls keep the collector paused for as long as a load lasts; cycles must not pile up."""
+    clock = [1000.0]
+    monkeypatch.setattr(hostgc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hostgc, "_collected_at", clock[0])
+    outer = hostgc.paused()
+    outer.__enter__()  # a call that never ends while others come and go
+    try:
+        gc.collect()
+        made = _cycle()
+        with hostgc.paused():
+            clock[0] += 1.0
+        assert made() is not None  # a second in: no collection yet
+        with hostgc.paused():
+            clock[0] += hostgc.COLLECT_EVERY_S
+        assert made() is None and not gc.isenabled()  # collected, and the outer call still has it paused
+    finally:
+        outer.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def _cycle():
+    import weakref
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node
+    ref = weakref.ref(node)
+    del node
+    return ref
