@@ -37,6 +37,7 @@ class FakeEngine:
     runs: list[int] = attrs.field(factory=list)
     responded: list[str] = attrs.field(factory=list)  # the request ids whose responses were built
     fail_on: str | None = None  # an input id whose run raises (an engine bug in one call)
+    oom_on: str | None = None  # an input id whose run runs out of device memory (Engine.run's 413, freed)
     degraded: str | None = None  # as Engine.degraded: memory not freed after an out-of-memory error
 
     def prepare(self, body, *, chat=False, trusted=False, request_id=None):
@@ -49,6 +50,8 @@ class FakeEngine:
         self.runs.append(len(job_lists))
         if self.fail_on is not None and any(self.fail_on in jobs for jobs in job_lists):
             raise RuntimeError("the engine broke on this call")
+        if self.oom_on is not None and any(self.oom_on in jobs for jobs in job_lists):
+            raise ApiError(413, "request_too_large", None, "out of GPU memory while scoring this call")
         return [{"ids": jobs} for jobs in job_lists], FakeStats()
 
     def respond(self, prepared, values, stats, *, internals=False):

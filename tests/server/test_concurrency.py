@@ -219,3 +219,18 @@ async def test_once_stopping_every_answer_closes_its_connection(autojump_clock, 
         assert late.status_code == 503 and late.headers["Connection"] == "close"
         assert ready.status_code == 503 and (await ready.get_json()) == {"ready": False, "stopping": True}
         assert ready.headers["Connection"] == "close"
+
+
+async def test_out_of_memory_is_413_for_that_call_only_and_the_server_serves_on(autojump_clock, drain_file):
+    engine = FakeEngine(oom_on="huge")
+    async with start(options(queue=4), engine) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        record = []
+        await post_all(client, [body("small1"), body("huge"), body("small2")], record)
+        after = await client.post("/v1/score", json=body("after"))
+        running.drain.stop()
+    by_status = sorted((status, answer.get("error", {}).get("code")) for _, status, _, answer in record)
+    assert by_status == [(200, None), (200, None), (413, "request_too_large")]
+    assert [answer["error"]["param"] for _, status, _, answer in record if status == 413] == [None]
+    assert after.status_code == 200 and running.services.state.degraded is None
