@@ -226,3 +226,15 @@ def test_sigterm_under_keepalive_load_answers_every_request_it_read(tmp_path, ca
     assert code == 0 and stopped_in < 10
     assert answered_before > 20 and {status for _, status in record if isinstance(status, int)} <= {200, 429, 503}
     assert lost == [], f"{len(lost)} requests on kept-alive connections got no status line"
+
+
+def test_sigterm_with_an_idle_kept_alive_connection_exits_at_once(tmp_path, cache):
+    server = ServerProcess(tmp_path, hf_home=cache)
+    host, port = server.url.removeprefix("http://").split(":")
+    idle = http.client.HTTPConnection(host, int(port), timeout=10)
+    idle.request("GET", "/healthz")
+    assert idle.getresponse().read() == b'{"ok": true}'  # kept alive, then left idle
+    started = time.monotonic()
+    code = server.stop()
+    assert code == 0 and time.monotonic() - started <= 3.0
+    idle.close()
