@@ -26,6 +26,7 @@ from benchmarks.results import append_section, cpu_machine
 from contrib.loadtest.harness import ServerProcess, alone, run_wrk, score_body
 
 BODIES = (score_body(sentences=3, questions=8), score_body(sentences=1, questions=3))
+TENTHS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # when the memory path is read, as shares of the load
 
 
 def _sample_rss(server: ServerProcess, stop: threading.Event, samples: list) -> None:
@@ -68,7 +69,9 @@ def measure(folder: Path, *, connections: int = 2000, seconds: float = 600.0) ->
         exit_code = server.stop()
     early = [rss for at, rss in samples if at - started >= seconds / 10] or [samples[0][1]]
     total = {key: sum(c.get(key, 0) for c in counts) for key in set().union(*counts)}
+    path = [next((rss for at, rss in samples if at - started >= seconds * share), samples[-1][1]) for share in TENTHS]
     return {
+        "rss_path_kib": path,
         "connections": connections,
         "seconds": seconds,
         "counts": total,
@@ -118,7 +121,9 @@ def report(figures: dict) -> str:
         f"other statuses {counts.get('unexpected_status', 0):.0f}, refusals without Retry-After "
         f"{counts.get('missing_retry_after', 0):.0f}, client timeouts {counts.get('timeouts', 0):.0f}; resident "
         f"memory {figures['rss_early_kib'] / 1024:.0f} -> {figures['rss_end_kib'] / 1024:.0f} MiB "
-        f"({figures['rss_growth']:+.1%}); descriptors idle {figures['idle_fds']}, after {figures['fds_after']}; "
+        f"({figures['rss_growth']:+.1%}; each tenth of the load: "
+        f"{', '.join(f'{kib / 1024:.0f}' for kib in figures['rss_path_kib'])} MiB); descriptors idle "
+        f"{figures['idle_fds']}, after {figures['fds_after']}; "
         f"server exit {figures['exit_code']}"
     )
 
