@@ -22,11 +22,9 @@ def revision() -> str:
         return os.environ["GIT_SHA"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+        paths = ["spinf", "benchmarks", "contrib", ":!benchmarks/RESULTS.md"]  # the figures themselves are no code
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "spinf", "benchmarks", "contrib"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
+            ["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True, cwd=ROOT
         )
     except OSError:
         return "unknown"
