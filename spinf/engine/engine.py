@@ -27,7 +27,13 @@ from spinf.engine.hardware import check_hardware, choose_quant, device_facts
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.pipeline import score_streamed
 from spinf.engine.results import Values, input_results, usage
-from spinf.engine.scales import CALIBRATE_COMMAND, find_table, missing_table_error, read_scale_table
+from spinf.engine.scales import (
+    CALIBRATE_COMMAND,
+    ScaleTableMismatch,
+    find_table,
+    missing_table_error,
+    read_scale_table,
+)
 from spinf.engine.scorer import RunStats, Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
@@ -209,9 +215,7 @@ class Engine:
             self.model = load_gemma4_text(
                 self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant], scales=scales
             )
-        except ModelError as exc:
-            if scales is None:
-                raise
+        except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
             raise ModelError(f"{path}: {exc}") from exc
         self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
         self.degraded: str | None = None

@@ -24,6 +24,7 @@ from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
 from spinf.engine.gemm import gpu_mm, row_stable_mm
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
+from spinf.engine.scales import ScaleTableMismatch
 from spinf.errors import ModelError
 
 
@@ -255,7 +256,7 @@ class Gemma4Text(nn.Module):
     def check_scales(self, scales: Mapping[str, float]) -> None:
         missing = [name for name in self.linear_names() if name not in scales]
         if missing:
-            raise ModelError(f"the scale table has no scale for {len(missing)} linears, e.g. {missing[0]}")
+            raise ScaleTableMismatch(f"the scale table has no scale for {len(missing)} linears, e.g. {missing[0]}")
 
     def option_logprobs(
         self, hidden_rows: torch.Tensor, pick_rows: torch.Tensor, pick_cols: torch.Tensor, bounds: list[int]

@@ -23,6 +23,10 @@ SHIPPED_TABLE = "spinf_scales.json"
 CALIBRATE_COMMAND = "spinf-serve calibrate --corpus FILE"
 
 
+class ScaleTableMismatch(ModelError):
+    """A scale table that does not fit the model it is loaded with (a linear without a scale)."""
+
+
 def store_path(model_id: str, revision: str, root: str | Path | None = None) -> Path:
     """Where the table of a checkpoint revision lives: ``<HF_HOME>/spinf/scales/<repo>/<revision>.json``."""
     if root is None:
