@@ -205,6 +205,8 @@ def cap_malloc_arenas() -> bool:
     glibc gives each new thread its own arena (up to 8 per core) and keeps what an arena once held, so a server whose
     worker threads come and go under load grows its resident memory for many minutes without leaking anything:
     5 % over a 10-minute soak at 2,000 connections, flat with two arenas (benchmarks/RESULTS.md). True when set.
+    glibc fixes the limit when a second thread first needs an arena, so this must run before any thread starts
+    (before torch is imported): the command line calls it first thing in ``serve``.
     """
     if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
         return False
@@ -223,7 +225,6 @@ def run(settings) -> int:
     from spinf.openapi import openapi_document
 
     configure(settings.server.log_format)
-    cap_malloc_arenas()  # before the engine's and the workers' threads exist
     resolved = resolve_model(settings.engine.model)
     options = ServerOptions.from_settings(settings)
 
