@@ -97,9 +97,6 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _serve(args: argparse.Namespace) -> int:
     """Refuses, before anything starts, a Hub repo id that is neither cached nor on the Hub (api spec §9.6)."""
-    from spinf.supervisor import cap_malloc_arenas
-
-    cap_malloc_arenas()  # while this is the only thread (spinf.supervisor.cap_malloc_arenas)
     settings = _settings(args)
     from spinf.catalog import resolve_model
     from spinf.catalog.checkpoint import check_findable

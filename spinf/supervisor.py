@@ -8,11 +8,9 @@ HTTP server closes, the actors are cancelled, and the executor's thread ends aft
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -193,28 +191,6 @@ def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
 
 _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capabilities", "media", "limits"]
 _MODEL_KEYS += ["features", "image", "batch_invariant"]
-
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter for the number of malloc arenas
-MALLOC_ARENAS = 2
-
-
-def cap_malloc_arenas() -> bool:
-    """Give the process's threads at most ``MALLOC_ARENAS`` glibc malloc arenas, unless ``MALLOC_ARENA_MAX`` says.
-
-    glibc gives each new thread its own arena (up to 8 per core) and keeps what an arena once held, so a server whose
-    worker threads come and go under load grows its resident memory for many minutes without leaking anything:
-    5 % over a 10-minute soak at 2,000 connections, flat with two arenas (benchmarks/RESULTS.md). True when set.
-    glibc fixes the limit when a second thread first needs an arena, so this must run before any thread starts
-    (before torch is imported): the command line calls it first thing in ``serve``.
-    """
-    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl, say): nothing to cap
-        return False
-    return bool(libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS))
 
 
 def run(settings) -> int:

@@ -13,9 +13,9 @@ competes with keeping the device fed. So:
   request) before the pause ends: `Engine.score` holds it for the whole call and lets only the response out.
 - Under a steady load the server's calls overlap (one compiling, one on the device, one having its response
   built), so the pauses can chain for as long as the load lasts and the collector would never run: cycles made by
-  the calls and the HTTP layer pile up (a 10-minute soak at 2,000 connections grew resident memory 4.5 %). So when
-  a pause ends and the last collection is more than ``COLLECT_EVERY_S`` old, `paused()` collects once, paused or
-  not: at most one full collection every few seconds, of a heap that `settle()` has made small.
+  the calls and the HTTP layer would pile up for as long. So when a pause ends and the last collection is more
+  than ``COLLECT_EVERY_S`` old, `paused()` collects once, paused or not: at most one full collection every few
+  seconds, of a heap that `settle()` has made small.
 - `settle()` collects once and moves every surviving object into the permanent generation (`gc.freeze`), so later
   collections no longer traverse the model and the libraries: the server calls it once its model is warm. The heap
   is unfrozen at exit, so the interpreter's last collection still frees its cycles.
