@@ -234,3 +234,18 @@ async def test_out_of_memory_is_413_for_that_call_only_and_the_server_serves_on(
     assert by_status == [(200, None), (200, None), (413, "request_too_large")]
     assert [answer["error"]["param"] for _, status, _, answer in record if status == 413] == [None]
     assert after.status_code == 200 and running.services.state.degraded is None
+
+
+@pytest.mark.parametrize("log_probes", [False, True])
+async def test_probes_are_access_logged_only_when_asked(autojump_clock, drain_file, caplog, log_probes):
+    caplog.set_level("INFO", logger="spinf.access")
+    async with start(options(log_probes=log_probes)) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        for path in ("/healthz", "/readyz", "/livez", "/metrics"):
+            assert (await client.get(path)).status_code == 200
+        assert (await client.post("/v1/score", json=body("x"))).status_code == 200
+        running.drain.stop()
+    routes = [record.getMessage().split()[2] for record in caplog.records if record.name == "spinf.access"]
+    probes = ["/healthz", "/readyz", "/livez", "/metrics"] if log_probes else []
+    assert routes == [*probes, "/v1/score"]
