@@ -122,8 +122,9 @@ def test_two_urls_are_both_used_and_the_output_is_in_order(tiny_engine, tmp_path
     sent = [ids for server in (one, two) for _, _, ids in server.seen]
     assert len(one.seen) == 6 and len(two.seen) == 5  # ten batches alternate; the first was retried once
     assert {auth for server in (one, two) for _, auth, _ in server.seen} == {"Bearer k-123"}
-    retried = Counter(item["id"] for item in inputs[:4])
-    assert Counter(i for ids in sent for i in ids) == Counter(item["id"] for item in inputs) + retried
+    # batch k goes to server k % 2; whichever of server one's concurrent batches met the busy answer was sent again
+    extra = Counter(i for ids in sent for i in ids) - Counter(item["id"] for item in inputs)
+    assert extra in [Counter(item["id"] for item in inputs[k : k + 4]) for k in range(0, 40, 8)]
     expected = tiny_engine.score(body(inputs))["results"]
     assert_close([{k: v for k, v in line.items() if k != "warnings"} for line in read_jsonl(out)], expected)
 
