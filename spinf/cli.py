@@ -4,7 +4,7 @@ Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusi
 nothing: ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` (``spinf.engine.calibrate``) and ``parity`` (``spinf.parity``),
-and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings_cli``);
+and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings.flags``);
 ``calibrate`` and ``parity`` take the engine from the environment. Every ``SpinfError``, and every usage error, is
 one line on stderr and exit status 2, never a traceback. The catalog, the bulk scorer and the engine are imported
 only by the commands that use them, so ``config`` and ``--help`` stay quick.
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from spinf._version import __version__
 from spinf.errors import SpinfError
 from spinf.settings import Settings, load_settings
-from spinf.settings_cli import add_flags, describe, flags_from_args, to_toml
+from spinf.settings.flags import add_flags, describe, flags_from_args, to_toml
 
 PROG = "spinf-serve"
 

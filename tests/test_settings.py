@@ -20,7 +20,7 @@ from spinf.settings import (
     Settings,
     load_settings,
 )
-from spinf.settings_cli import flags_from_args
+from spinf.settings.flags import flags_from_args
 from tests.settings_samples import SAMPLES, env_text, flag_argv, native, toml_file
 
 LAYERS = ("flag", "env", "file", "manifest")

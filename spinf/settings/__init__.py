@@ -2,7 +2,7 @@
 
 ``SETTINGS`` is the one table of settings: name, section, kind (parser and checker), default, flags, environment
 names and help. The environment reader, the TOML reader, the frozen tree (``Settings``: ``engine``, ``server``,
-``features``, ``limits``) and, in ``spinf.settings_cli``, the command-line flags, the origin listing and the TOML
+``features``, ``limits``) and, in ``spinf.settings.flags``, the command-line flags, the origin listing and the TOML
 writer all come from it, so a setting cannot exist in one place and be missing in another. ``load_settings`` layers
 them, first value wins: command-line flag > environment variable (an empty string counts as unset) > TOML file
 (``--config FILE`` or ``SPINF_CONFIG``) > the served model's manifest (engine settings and ``media``) > built-in
@@ -32,8 +32,8 @@ import attrs
 import tomlkit
 
 from spinf.errors import ConfigError
-from spinf.settings_file import ConfigFile, Entry, read_config
-from spinf.settings_kinds import MEDIA_KINDS, Integer, Kind, Media, Number, Refused, Switch, Text, Words
+from spinf.settings.file import ConfigFile, Entry, read_config
+from spinf.settings.kinds import MEDIA_KINDS, Integer, Kind, Media, Number, Refused, Switch, Text, Words
 
 
 def _positive(instance, attribute, value) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from spinf.settings import SECTIONS, SETTING, SETTINGS, Setting, Settings
-from spinf.settings_file import write_config
-from spinf.settings_kinds import Integer, Number, Switch, Words
+from spinf.settings.file import write_config
+from spinf.settings.kinds import Integer, Number, Switch, Words
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
