@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from spinf.engine.queries import ENDING_CHARS
+from spinf.engine.query_tokens import ENDING_CHARS
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt
 from spinf.errors import ConfigError

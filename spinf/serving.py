@@ -97,7 +97,7 @@ class ServerState:
         self.load_error = f"{type(exc).__name__}: {exc}"
 
 
-async def submit(executor: trio.MemorySendChannel[ExecJob], fn: Callable[[], Any]) -> Any:
+async def run_on_executor(executor: trio.MemorySendChannel[ExecJob], fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on the executor thread and return its value (or raise its exception).
 
     **Cancellation**: cancelling the caller abandons the reply; a job already handed over still runs.

@@ -266,7 +266,7 @@ def _register_scoring(app: QuartTrio, services: WebServices) -> None:
 async def _score(services: WebServices, *, chat: bool) -> Response:
     """An admitted call (`spinf.gate.Gate` ran the checks of api spec §2.6 up to admission): score it."""
     admitted = request.scope[ADMITTED]
-    response = await _submit(services, admitted.body, chat, admitted.slot)
+    response = await _hand_to_packer(services, admitted.body, chat, admitted.slot)
     if chat:
         response["choices"] = []
     if services.metrics is not None:
@@ -277,7 +277,7 @@ async def _score(services: WebServices, *, chat: bool) -> Response:
     return json_response(response)
 
 
-async def _submit(services: WebServices, body: object, chat: bool, slot: Slot) -> dict:
+async def _hand_to_packer(services: WebServices, body: object, chat: bool, slot: Slot) -> dict:
     state = services.state
     reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
     internals = g.trusted or services.debug

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import trio
 
-from spinf.serving import ExecJob, ServerState, submit
+from spinf.serving import ExecJob, ServerState, run_on_executor
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Loader:
             started = trio.current_time()
             log.info("loading the model")
             try:
-                engine = await submit(self.executor, self.load)
+                engine = await run_on_executor(self.executor, self.load)
             except Exception as exc:  # any load failure is reported, not raised: the server keeps answering
                 log.error("the model failed to load: %s: %s", type(exc).__name__, exc)
                 self.state.fail(exc)

@@ -19,7 +19,7 @@ import outcome
 import trio
 
 from spinf.errors import ApiError
-from spinf.serving import ExecJob, ScoreWork, ServerState, submit
+from spinf.serving import ExecJob, ScoreWork, ServerState, run_on_executor
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,9 @@ class Packer:
         for ready in batch:
             ready.prepared.queue_s = max(0.0, now - ready.work.admitted_at - ready.prepared.compile_s)
         try:
-            values, stats = await submit(self.executor, lambda: engine.run([r.prepared.compiled.jobs for r in batch]))
+            values, stats = await run_on_executor(
+                self.executor, lambda: engine.run([r.prepared.compiled.jobs for r in batch])
+            )
         except Exception as exc:
             self._check_degraded(engine)
             if len(batch) > 1:

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from spinf.engine import hostgc
-from spinf.serving import ExecJob, ServerState, submit
+from spinf.serving import ExecJob, ServerState, run_on_executor
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Warmup:
         started = trio.current_time()
         try:
             for body in engine.warmup_bodies(self.mode):
-                await submit(self.executor, functools.partial(engine.score, body))
+                await run_on_executor(self.executor, functools.partial(engine.score, body))
                 self._done += 1
         except Exception as exc:  # a failed warm-up is a failed boot (api spec §3.1)
             log.error("warm-up failed: %s: %s", type(exc).__name__, exc)

@@ -31,7 +31,7 @@ from spinf.bulk.inputs import MAX_BATCH_BYTES, Item, batch_budget, batches, chec
 from spinf.bulk.output import OutputWriter, check_fresh, read_done, result_lines
 from spinf.errors import ApiError
 
-Scorer = Callable[[dict], dict]
+ScoreCall = Callable[[dict], dict]  # one /v1/score call: a body in, its response out (in-process or over HTTP)
 
 
 @attrs.frozen
@@ -56,7 +56,7 @@ class Interrupted(KeyboardInterrupt):
         self.running = running
 
 
-def _score_batch(scorer: Scorer, request: dict, batch: list[Item]) -> list[bytes]:
+def _score_batch(scorer: ScoreCall, request: dict, batch: list[Item]) -> list[bytes]:
     body = {**request, "inputs": [item.body for item in batch]}
     try:
         response = scorer(body)
@@ -69,7 +69,7 @@ def _score_batch(scorer: Scorer, request: dict, batch: list[Item]) -> list[bytes
 
 def _in_order(
     pool: ThreadPoolExecutor,
-    scorers: list[Scorer],
+    scorers: list[ScoreCall],
     request: dict,
     todo: Iterable[list[Item]],
     max_pending: int,
@@ -88,7 +88,7 @@ def _in_order(
         pending.popleft()
 
 
-def _check_arguments(scorer, batch_size: int, concurrency: int) -> list[Scorer]:
+def _check_arguments(scorer, batch_size: int, concurrency: int) -> list[ScoreCall]:
     scorers = [scorer] if callable(scorer) else list(scorer)
     if not scorers:
         raise BulkInputError("no scorer given")
@@ -103,7 +103,7 @@ def run_bulk(
     inputs_path: str | Path,
     output_path: str | Path,
     *,
-    scorer: Scorer | Sequence[Scorer],
+    scorer: ScoreCall | Sequence[ScoreCall],
     batch_size: int = 64,
     concurrency: int = 1,
     resume: bool = False,

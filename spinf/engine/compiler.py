@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from spinf.engine.queries import ENDING_CHARS, CompiledQuery, compile_query, spell_options
+from spinf.engine.query_tokens import ENDING_CHARS, CompiledQuery, compile_query, spell_options
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt
 from spinf.errors import ApiError, bad_request
