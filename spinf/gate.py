@@ -112,7 +112,7 @@ class Gate:
             return
         services, state = self.services, self.services.state
         request_id, started = new_request_id(), time.perf_counter()
-        headers = {name.lower(): value for name, value in scope["headers"]}
+        headers = dict(scope["headers"])  # ASGI header names are lower case
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
         # who calls is known from the headers: a trusted caller gets ``rejected`` on the body's 413 and 400 too,
         # although the token is enforced only after them (api spec §2.4, §2.6)

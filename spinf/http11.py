@@ -40,8 +40,6 @@ from spinf.protocol.ids import new_request_id
 PROTOCOL_CODE = "invalid_http"
 _REASONS = {
     400: "the request is not valid HTTP/1.1",
-    408: "the request did not arrive in time",
-    413: "the request is too large",
     431: "the request's header fields are too large",
     501: "only the chunked transfer coding is supported",
     505: "this server speaks HTTP/1.1 only (no HTTP/2: put an HTTP/2 front end before it)",

@@ -23,11 +23,11 @@ import attrs
 import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge, RequestTimeout
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from spinf.admission import Admission, Slot
 from spinf.errors import ApiError
-from spinf.gate import ADMITTED, Gate, body_timeout, body_too_large, caller, check_ready, log_access, must_close
+from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close
 from spinf.http11 import PROTOCOL_CODE, HTTPConnection
 from spinf.protocol.ids import new_request_id
 from spinf.serving import ScoreWork, ServerState, set_draining
@@ -93,8 +93,8 @@ def error_response(exc: ApiError) -> Response:
 
 def create_app(services: WebServices) -> QuartTrio:
     app = SpinfApp(__name__, static_folder=None)  # no default /static route: unknown paths are 404s
+    # no route reads a body (the gate reads the scoring ones): this only bounds what Quart buffers of one unread
     app.config["MAX_CONTENT_LENGTH"] = services.max_body_bytes
-    app.config["BODY_TIMEOUT"] = services.body_timeout_s
     app.url_map.strict_slashes = False
     app.asgi_app = Gate(app.asgi_app, services)  # the scoring POSTs' first checks, in raw ASGI (spinf.gate)
 
@@ -134,10 +134,6 @@ def create_app(services: WebServices) -> QuartTrio:
             return error_response(ApiError(404, "not_found", None, f"no route {request.path}"))
         if isinstance(exc, MethodNotAllowed):
             return _method_not_allowed()
-        if isinstance(exc, RequestEntityTooLarge):
-            return error_response(body_too_large(services.max_body_bytes))
-        if isinstance(exc, RequestTimeout):
-            return error_response(body_timeout(services.body_timeout_s))
         status = exc.code or 500
         code = PROTOCOL_CODE if status < 500 else "engine_error"  # any other refusal of the HTTP layer itself
         return error_response(ApiError(status, code, None, exc.description or "the request was refused"))

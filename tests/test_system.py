@@ -19,7 +19,7 @@ import httpx
 import pytest
 from spinf_client import SpinfClient, SpinfError, answers, query, text
 
-from contrib.loadtest.harness import ServerProcess
+from contrib.loadtest.harness import ServerProcess, tiny_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERY = {"id": "refund", "template": "\n\nDoes the customer ask for a refund? Answer:{?}", "options": [" yes", " no"]}
@@ -27,11 +27,7 @@ QUERY = {"id": "refund", "template": "\n\nDoes the customer ask for a refund? An
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    from spinf.engine.tiny import ensure_tiny_snapshot
-
-    home = tmp_path_factory.mktemp("hf-home")
-    ensure_tiny_snapshot(home / "hub")
-    return home
+    return tiny_cache(tmp_path_factory.mktemp("hf-home"))
 
 
 @pytest.fixture(scope="module")

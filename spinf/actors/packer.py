@@ -146,9 +146,8 @@ class Packer:
             ready.work.finish(response)
 
     def _check_degraded(self, engine) -> None:
-        reason = getattr(engine, "degraded", None)
-        if reason:
-            self.state.degrade(reason)
+        if engine.degraded:
+            self.state.degrade(engine.degraded)
 
     def statistics(self) -> PackerStats:
         waiting = self._ready_recv.statistics().current_buffer_used if self._ready_recv else 0

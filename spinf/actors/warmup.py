@@ -54,7 +54,7 @@ class Warmup:
             log.error("warm-up failed: %s: %s", type(exc).__name__, exc)
             self.state.fail(exc)
             return
-        if getattr(engine, "degraded", None):  # an out-of-memory error in warm-up that left memory held
+        if engine.degraded:  # an out-of-memory error in warm-up that left memory held
             self.state.degrade(engine.degraded)
         if self.mode != "none":
             self.state.boot["warmup_s"] = round(trio.current_time() - started, 3)
