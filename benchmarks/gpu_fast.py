@@ -180,7 +180,7 @@ def profile(call, body: dict, path: Path) -> None:
 
 def parity(args: argparse.Namespace, scorer: Scorer, tokenizer, report: Report) -> None:
     """The built-in parity fixture (engine spec B.15) on this model: recorded, or compared with a recording."""
-    from spinf.parity import check_reference, read_fixture, run_parity, write_fixture
+    from spinf.engine.parity import check_reference, read_fixture, run_parity, write_fixture
 
     fixture = read_fixture(None)
     reference = read_fixture(args.parity_reference, flag="--parity-reference") if args.parity_reference else None

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from spinf.parity import write_fixture
+from spinf.engine.parity import write_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBSET = ROOT / "fixtures" / "jobsets" / "j1.json"

@@ -3,7 +3,7 @@
 Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing a model name that resolves to
 nothing: ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
-and ``models`` (``spinf.catalog``), ``calibrate`` (``spinf.engine.calibrate``) and ``parity`` (``spinf.parity``),
+and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
 and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings.flags``);
 ``calibrate`` and ``parity`` take the engine from the environment. Every ``SpinfError``, and every usage error, is
 one line on stderr and exit status 2, never a traceback. The catalog, the bulk scorer and the engine are imported
@@ -168,11 +168,11 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _parity(args: argparse.Namespace) -> int:
     """JSON on stdout (api spec §10, engine B.15). With ``--reference``, two lines on stderr: both platforms, then
-    the verdict (`spinf.parity.judge`); exit 1 when it failed."""
+    the verdict (`spinf.engine.parity.judge`); exit 1 when it failed."""
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
     from spinf.engine.engine import Engine
-    from spinf.parity import read_files, run_engine
+    from spinf.engine.parity import read_files, run_engine
 
     files = read_files(args.fixture or os.environ.get("SPINF_FIXTURE") or None, args.reference)
     started = time.perf_counter()

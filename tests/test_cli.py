@@ -265,14 +265,16 @@ def test_score_refuses_a_bad_batch_size_in_one_line(capsys, size):
 
 def test_parity_takes_the_engine_from_the_environment_and_the_device_from_its_flag(capsys, monkeypatch):
     import spinf.engine.engine
-    import spinf.parity
+    import spinf.engine.parity
 
     calls = []
     monkeypatch.setenv("SPINF_MODEL", "tiny")
     monkeypatch.setenv("SPINF_QUANT", "bf16")
     monkeypatch.setattr(spinf.engine.engine.Engine, "from_settings", lambda settings: calls.append(settings) or "E")
     monkeypatch.setattr(
-        spinf.parity, "run_engine", lambda engine, files, **kw: calls.append((engine, files, kw)) or ({"ok": 1}, None)
+        spinf.engine.parity,
+        "run_engine",
+        lambda engine, files, **kw: calls.append((engine, files, kw)) or ({"ok": 1}, None),
     )
     assert run(capsys, "parity", "--device", "cuda:3", "--passes", "3", "--record", "out.json") == (
         0,

@@ -14,9 +14,7 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 from spinf.cli import main
-from spinf.engine.tokenizer import TextTokenizer
-from spinf.errors import ConfigError
-from spinf.parity import (
+from spinf.engine.parity import (
     CROSS_PLATFORM_BOUNDS,
     build_jobs,
     check_reference,
@@ -31,9 +29,11 @@ from spinf.parity import (
     with_values,
     write_fixture,
 )
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.errors import ConfigError
 from tests.engine.oracle import Oracle
 
-TINY_REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "parity" / "tiny-cpu-fp32.json.gz"
+TINY_REFERENCE = Path(__file__).resolve().parents[2] / "fixtures" / "parity" / "tiny-cpu-fp32.json.gz"
 TEXT = "The harbour authority raised its fees for cargo ships on Tuesday, after a long dispute with the carriers."
 CELLS = [
     {"template": "{X}\n\n{F} is likely to{CTX}", "phrase": "Shipping costs", "pair": ["rise", "fall"]},
