@@ -127,9 +127,15 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from spinf.catalog import download_model
+    from spinf.catalog import TinySnapshotMissing, download_model
 
-    print(download_model(args.model, args.dir))
+    try:
+        folder = download_model(args.model, args.dir)
+    except TinySnapshotMissing as missing:
+        from spinf.engine.tiny import generate_snapshot  # torch, for the one model that is generated
+
+        folder = generate_snapshot(missing).folder
+    print(folder)
     return 0
 
 

@@ -18,3 +18,16 @@ def test_importing_the_package_does_not_import_torch():
     code = "import spinf, spinf.protocol, spinf.settings, spinf.errors, sys; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_looking_up_the_tiny_model_does_not_import_torch_or_the_engine(tmp_path):
+    """The catalog only says where the missing snapshot goes; generating it (torch) is the engine's."""
+    code = (
+        "import sys; from spinf.catalog import TinySnapshotMissing, find_checkpoint, resolve_model\n"
+        "try:\n"
+        f"    find_checkpoint(resolve_model('tiny'), cache_dirs=[{str(tmp_path)!r}], hf_home={str(tmp_path)!r})\n"
+        "except TinySnapshotMissing as missing:\n"
+        "    print(missing.root, sorted(m for m in sys.modules if m == 'torch' or m.startswith('spinf.engine')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == f"{tmp_path} []"

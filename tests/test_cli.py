@@ -308,6 +308,14 @@ def test_download_prints_the_folder_the_catalog_gives(capsys, monkeypatch, tmp_p
     assert calls == [("tiny", "/cache")]
 
 
+def test_download_of_the_tiny_model_generates_it_where_the_catalog_says(capsys, tmp_path):
+    from spinf.engine.tiny import TINY_REVISION
+
+    folder = tmp_path / "models--spinf--tiny-gemma4" / "snapshots" / TINY_REVISION
+    assert run(capsys, "download", "tiny", "--dir", str(tmp_path)) == (0, f"{folder}\n", "")
+    assert (folder / "model.safetensors").is_file()
+
+
 def test_models_prints_the_catalog_as_a_table(capsys, monkeypatch):
     rows = [
         {

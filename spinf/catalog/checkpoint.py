@@ -1,8 +1,10 @@
 """Checkpoint lookup (api spec §9.7): where the weights of a resolved model are on disk, fetching them if need be.
 
 `find_checkpoint` uses a given folder as it is; otherwise it searches the cache roots in order
-(``SPINF_CACHE_DIRS``, then ``$HF_HOME/hub``), then downloads from the Hub, and for the built-in tiny model
-generates the snapshot in the first writable root. In a root it recognises:
+(``SPINF_CACHE_DIRS``, then ``$HF_HOME/hub``), then downloads from the Hub. The built-in tiny model is generated,
+not downloaded, and generating it takes torch: for it the lookup raises `TinySnapshotMissing`, naming the first
+writable root as where the snapshot goes, and the engine writes it there (`spinf.engine.tiny.find_or_generate`)
+and has it checked by `generated_checkpoint`. In a root it recognises:
 
 - the Hub cache layout, ``<root>/models--<org>--<name>/snapshots/<revision>/`` (the revision is the folder name;
   unpinned, ``refs/main`` is preferred, else the newest complete snapshot);
@@ -13,7 +15,7 @@ generates the snapshot in the first writable root. In a root it recognises:
 A snapshot counts only when complete (`snapshot_problem`: every shard present, not truncated, and with a header
 that safetensors accepts) and, with a pinned revision, when its revision matches. `check_findable` refuses, before
 a server starts, a Hub repo id that no cache root holds and the Hub does not know (api spec §9.6). Nothing here
-imports torch; the tiny model's generator is imported only when it has to run.
+imports torch or `spinf.engine` (an import-linter contract holds it).
 """
 
 from __future__ import annotations
@@ -57,6 +59,23 @@ class Checkpoint:
     def num_bytes(self) -> int:
         """The size of the checkpoint's ``*.safetensors`` files."""
         return sum(path.stat().st_size for path in self.folder.glob("*.safetensors"))
+
+
+class TinySnapshotMissing(ModelError):
+    """The built-in tiny model's snapshot is in no cache root; ``root`` (the first writable one) is where it goes.
+
+    The engine catches it and generates the snapshot there (`spinf.engine.tiny.find_or_generate`); a caller
+    without the engine sees a `ModelError` that says so.
+    """
+
+    def __init__(self, resolved: ResolvedModel, root: Path):
+        command = f"spinf-serve download {resolved.served_name}"
+        super().__init__(
+            f"the built-in model {resolved.repo_id} at revision {resolved.revision} is not generated yet; it goes in "
+            f"{root}, written by the engine when it opens the model or by `{command}`"
+        )
+        self.resolved = resolved
+        self.root = root
 
 
 def cache_dirs_from_env() -> list[str]:
@@ -174,10 +193,11 @@ def _transport_errors() -> tuple[type[Exception], ...]:
 
 
 def download_model(name: str, dir: str | None = None) -> Path:
-    """The snapshot folder of ``name`` for ``spinf-serve download``: found, downloaded or generated.
+    """The snapshot folder of ``name`` for ``spinf-serve download``: found or downloaded.
 
     With ``dir`` (a hub-cache root) only that root is searched and written; otherwise the roots of
-    `find_checkpoint`, downloading into ``$HF_HOME/hub``. A local folder is checked and returned as it is.
+    `find_checkpoint`, downloading into ``$HF_HOME/hub``. A local folder is checked and returned as it is. The tiny
+    model, when missing, raises `TinySnapshotMissing` as `find_checkpoint` does.
     """
     resolved = resolve_model(name)
     if resolved.local_folder is not None:
@@ -247,7 +267,10 @@ def _locate(resolved: ResolvedModel, roots: list[Path], *, download_root: Path, 
         logger.info("found %s@%s in %s", repo, found_revision, folder)
         return _checkpoint(resolved, folder, found_revision, str(root))
     if resolved.is_builtin:
-        return _generate(resolved, roots, skipped)
+        root = next((root for root in roots if _writable(root)), None)
+        if root is None:
+            raise ModelError(_missing_message(resolved, roots, skipped, "no cache root is writable to generate it in"))
+        raise TinySnapshotMissing(resolved, root)
     if not can_download:
         raise ModelError(_missing_message(resolved, roots, skipped, "downloads are off (offline)"))
     folder = _download(resolved, download_root, roots, skipped)
@@ -261,13 +284,10 @@ def _locate(resolved: ResolvedModel, roots: list[Path], *, download_root: Path, 
     return _checkpoint(resolved, folder, folder.name, "downloaded")
 
 
-def _generate(resolved: ResolvedModel, roots: list[Path], skipped: list[str]) -> Checkpoint:
-    from spinf.engine.tiny import ensure_tiny_snapshot
-
-    root = next((root for root in roots if _writable(root)), None)
-    if root is None:
-        raise ModelError(_missing_message(resolved, roots, skipped, "no cache root is writable to generate it in"))
-    folder = ensure_tiny_snapshot(root)
+def generated_checkpoint(resolved: ResolvedModel, folder: Path) -> Checkpoint:
+    """The tiny model's snapshot just generated at ``folder``, checked (revision, completeness) as a `Checkpoint`
+    whose ``weights`` is ``"generated"``; `ModelError` when the generator's revision or files are not the pinned
+    ones."""
     if folder.name != resolved.revision:
         raise ModelError(
             f"the tiny model's generator writes revision {folder.name}, but its manifest pins {resolved.revision}"

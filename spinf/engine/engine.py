@@ -20,7 +20,7 @@ import attrs
 import torch
 
 from spinf._version import __version__
-from spinf.catalog import Checkpoint, ResolvedModel, find_checkpoint, resolve_model
+from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.engine import hostgc
 from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
@@ -35,7 +35,7 @@ from spinf.engine.scales import (
     read_scale_table,
 )
 from spinf.engine.scorer import RunStats, Scorer, is_out_of_memory
-from spinf.engine.tiny import TINY_MODEL_ID
+from spinf.engine.tiny import TINY_MODEL_ID, find_or_generate
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job
 from spinf.errors import ApiError, ModelError
@@ -76,7 +76,7 @@ def open_checkpoint(
     resolved = resolve_model(model)
     if revision and revision != resolved.revision:
         resolved = attrs.evolve(resolved, revision=revision)
-    checkpoint = find_checkpoint(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
+    checkpoint = find_or_generate(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
     model_id = model_id or resolved.model_id
     table = find_table(model_id, checkpoint.revision, checkpoint.folder)
     facts = device_facts(device)

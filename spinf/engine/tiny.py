@@ -3,9 +3,11 @@
 This module owns the tiny model's snapshot: its architecture (``TINY_CONFIG``, a 6-layer Gemma 4 text model
 of about 0.85M parameters), how its weights are drawn, the revision id that names them, and writing the files
 into the Hugging Face hub cache layout (``models--spinf--tiny-gemma4/snapshots/<revision>/`` plus
-``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network. Tests
-and the quickstart use it. The weights are drawn here from the config alone, without instantiating
-transformers, so the bytes depend neither on transformers' version nor on its initialisers.
+``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network: the
+catalog, which never imports torch, reports a missing snapshot and where it goes (`TinySnapshotMissing`), and
+`find_or_generate` writes it there. Tests and the quickstart use it. The weights are drawn here from the config
+alone, without instantiating transformers, so the bytes depend neither on transformers' version nor on its
+initialisers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import torch
 from huggingface_hub import constants as hub_constants
 from safetensors.torch import save as save_safetensors
+
+from spinf.catalog import Checkpoint, ResolvedModel, TinySnapshotMissing, find_checkpoint, generated_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +190,20 @@ def snapshot_files() -> dict[str, bytes]:
         "tokenizer.json": _tokenizer_bytes(),
         "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),
     }
+
+
+def find_or_generate(resolved: ResolvedModel, **lookup: Any) -> Checkpoint:
+    """`find_checkpoint` (``lookup`` is its keywords), generating the tiny model's snapshot where the catalog
+    reports it missing."""
+    try:
+        return find_checkpoint(resolved, **lookup)
+    except TinySnapshotMissing as missing:
+        return generate_snapshot(missing)
+
+
+def generate_snapshot(missing: TinySnapshotMissing) -> Checkpoint:
+    """The tiny model's snapshot written where the catalog said it goes, checked by `generated_checkpoint`."""
+    return generated_checkpoint(missing.resolved, ensure_tiny_snapshot(missing.root))
 
 
 def ensure_tiny_snapshot(cache_dir: str | Path | None = None) -> Path:

@@ -14,7 +14,14 @@ import huggingface_hub
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from spinf.catalog import describe_catalog, download_model, find_checkpoint, resolve_model
+from spinf.catalog import (
+    TinySnapshotMissing,
+    describe_catalog,
+    download_model,
+    find_checkpoint,
+    generated_checkpoint,
+    resolve_model,
+)
 from spinf.catalog.checkpoint import safetensors_problem, snapshot_problem
 from spinf.errors import ModelError
 
@@ -303,38 +310,56 @@ def test_a_failed_download_says_the_three_ways(tmp_path, monkeypatch, gemma):
 # -- the tiny model -----------------------------------------------------------------------------------------------
 
 
-def test_tiny_is_generated_in_the_first_writable_root_then_found(tmp_path, no_download):
-    from spinf.engine.tiny import TINY_REVISION
-
+def test_a_missing_tiny_snapshot_is_reported_with_the_first_writable_root_then_found(tmp_path, no_download):
+    """The catalog generates nothing (that takes torch): it says where the snapshot goes, and finds it there."""
     not_a_folder = tmp_path / "file-root"
     not_a_folder.write_text("")
     tiny = resolve_model("tiny")
-    first = lookup(tiny, [not_a_folder, tmp_path / "cache"], tmp_path)
-    assert first.folder == tmp_path / "cache" / "models--spinf--tiny-gemma4" / "snapshots" / TINY_REVISION
-    assert (first.revision, first.weights, first.family) == (TINY_REVISION, "generated", "gemma4")
-    again = lookup(tiny, [not_a_folder, tmp_path / "cache"], tmp_path)
-    assert (again.folder, again.weights) == (first.folder, str(tmp_path / "cache"))
-
-
-def test_a_damaged_tiny_snapshot_is_refused_naming_it_not_loaded(tmp_path, no_download):
-    """The generator keeps a snapshot folder that exists; a shard cut short in it must not reach the loader."""
-    tiny = resolve_model("tiny")
-    folder = lookup(tiny, [tmp_path / "cache"], tmp_path).folder
-    truncate(folder / "model.safetensors", 7)
-    with pytest.raises(ModelError) as refused:
-        lookup(tiny, [tmp_path / "cache"], tmp_path)
-    size = (folder / "model.safetensors").stat().st_size
-    assert str(refused.value) == (
-        f"the tiny model's snapshot {folder} is damaged: model.safetensors: truncated ({size} bytes, the header says "
-        f"{size + 7}); remove it to have it generated"
+    with pytest.raises(TinySnapshotMissing) as missing:
+        lookup(tiny, [not_a_folder, tmp_path / "cache"], tmp_path)
+    assert (missing.value.resolved, missing.value.root) == (tiny, tmp_path / "cache")
+    assert str(missing.value) == (
+        f"the built-in model spinf/tiny-gemma4 at revision {tiny.revision} is not generated yet; it goes in "
+        f"{tmp_path / 'cache'}, written by the engine when it opens the model or by "
+        "`spinf-serve download spinf/tiny-gemma4`"
     )
+    folder = write_snapshot(tmp_path / "cache", "spinf/tiny-gemma4", tiny.revision)
+    found = lookup(tiny, [not_a_folder, tmp_path / "cache"], tmp_path)
+    assert (found.folder, found.revision, found.weights) == (folder, tiny.revision, str(tmp_path / "cache"))
+
+
+def test_without_a_writable_root_the_tiny_model_is_an_ordinary_missing_model(tmp_path, no_download):
+    not_a_folder = tmp_path / "file-root"
+    not_a_folder.write_text("")
+    with pytest.raises(ModelError, match=r"and no cache root is writable to generate it in\.\n") as refused:
+        find_checkpoint(resolve_model("tiny"), cache_dirs=[str(not_a_folder)], hf_home=str(not_a_folder))
+    assert not isinstance(refused.value, TinySnapshotMissing)
+
+
+def test_a_generated_snapshot_is_checked_before_it_counts(tmp_path):
+    tiny = resolve_model("tiny")
+    folder = write_snapshot(tmp_path / "cache", "spinf/tiny-gemma4", tiny.revision)
+    generated = generated_checkpoint(tiny, folder)
+    assert (generated.folder, generated.revision, generated.weights) == (folder, tiny.revision, "generated")
+    truncate(folder / "model-00002-of-00002.safetensors", 7)
+    size = (folder / "model-00002-of-00002.safetensors").stat().st_size
+    with pytest.raises(ModelError) as damaged:
+        generated_checkpoint(tiny, folder)
+    assert str(damaged.value) == (
+        f"the tiny model's snapshot {folder} is damaged: model-00002-of-00002.safetensors: truncated ({size} bytes, "
+        f"the header says {size + 7}); remove it to have it generated"
+    )
+    other = write_snapshot(tmp_path / "cache", "spinf/tiny-gemma4", OTHER)
+    with pytest.raises(
+        ModelError, match=rf"^the tiny model's generator writes revision {OTHER}, but its manifest pins"
+    ):
+        generated_checkpoint(tiny, other)
 
 
 def test_download_model_into_a_given_root(tmp_path, fake_hub):
-    from spinf.engine.tiny import TINY_REVISION
-
-    folder = download_model("tiny", str(tmp_path / "dl"))
-    assert folder == tmp_path / "dl" / "models--spinf--tiny-gemma4" / "snapshots" / TINY_REVISION
+    with pytest.raises(TinySnapshotMissing) as missing:
+        download_model("tiny", str(tmp_path / "dl"))
+    assert missing.value.root == tmp_path / "dl"
     folder = download_model("qwen3.8-27b-s", str(tmp_path / "dl"))
     assert fake_hub[0][0]["cache_dir"] == tmp_path / "dl"
     assert folder.parent.parent.parent == tmp_path / "dl"

@@ -17,10 +17,12 @@ import transformers
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from spinf.catalog import resolve_model
 from spinf.engine.tiny import (
     TINY_CONFIG,
     TINY_REVISION,
     ensure_tiny_snapshot,
+    find_or_generate,
     tiny_weight_shapes,
 )
 
@@ -78,6 +80,18 @@ def test_snapshot_has_the_hub_cache_layout(tmp_path: Path) -> None:
     assert {path.name for path in folder.iterdir()} == SNAPSHOT_FILES
     assert [path.name for path in repo.iterdir() if path.name.startswith(".")] == []
     assert len(TINY_REVISION) == 40 and int(TINY_REVISION, 16) >= 0
+
+
+def test_the_engine_generates_the_snapshot_where_the_catalog_says_then_finds_it(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "file-root"
+    not_a_folder.write_text("")
+    tiny = resolve_model("tiny")
+    lookup = {"cache_dirs": [str(not_a_folder), str(tmp_path / "cache")], "hf_home": str(tmp_path / "hf")}
+    first = find_or_generate(tiny, **lookup)
+    assert first.folder == tmp_path / "cache" / "models--spinf--tiny-gemma4" / "snapshots" / TINY_REVISION
+    assert (first.revision, first.weights, first.family) == (TINY_REVISION, "generated", "gemma4")
+    again = find_or_generate(tiny, **lookup)
+    assert (again.folder, again.weights) == (first.folder, str(tmp_path / "cache"))
 
 
 def test_config_and_tokenizer_files(snapshot: Path) -> None:
