@@ -30,6 +30,7 @@ class Prompt:
     query: CompiledQuery
     spellings: tuple[tuple[tuple[int, ...], ...], ...]  # per option: the token strings read for it
     group: str = ""
+    key: tuple = ()  # a floor's key (filled template text, options, case rule); () for a content prompt
     reads: list[list[tuple[int, int, int]]] = attrs.field(factory=list)  # per spelling: (job, node, token)
 
     @property
@@ -112,7 +113,7 @@ class CompileStream:
             if tokens <= req.limits.max_processed_tokens:
                 yield i, range(start, len(jobs))
         start = len(jobs)
-        _lay_out(self.tk.bos, list(self.floors.values()), shape.token_budget, shape.engine_max, jobs)
+        lay_out_floors(self.tk.bos, list(self.floors.values()), shape, jobs)
         tokens += sum(job.num_tokens for job in jobs[start:])
         self._done = True
         if tokens <= req.limits.max_processed_tokens:
@@ -220,8 +221,13 @@ def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int, tk: TextToken
         spellings = spell_options(
             tk, cq.spec.options, cq.option_tokens, [(ending, tk.tok(ending))], cq.case_insensitive
         )
-        floors[key] = Prompt(cq.filled_tokens[k], cq, spellings)
+        floors[key] = Prompt(cq.filled_tokens[k], cq, spellings, key=key)
     return floors[key]
+
+
+def lay_out_floors(bos: tuple[int, ...], floors: list[Prompt], shape: EngineShape, jobs: list[Job]) -> None:
+    """Append the jobs that read ``floors`` (each ``<bos>`` + a filled template) to ``jobs``."""
+    _lay_out(tuple(bos), floors, shape.token_budget, shape.engine_max, jobs)
 
 
 def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:

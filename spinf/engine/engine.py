@@ -22,11 +22,11 @@ import torch
 from spinf._version import __version__
 from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.engine import hostgc
-from spinf.engine.compiler import CompiledRequest, EngineShape, compile_request
+from spinf.engine.compiler import EngineShape
 from spinf.engine.hardware import check_hardware, choose_quant, device_facts
+from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.model import load_gemma4_text
-from spinf.engine.pipeline import score_streamed
-from spinf.engine.results import Values, input_results, usage
+from spinf.engine.results import usage
 from spinf.engine.scales import (
     CALIBRATE_COMMAND,
     ScaleTableMismatch,
@@ -34,10 +34,9 @@ from spinf.engine.scales import (
     missing_table_error,
     read_scale_table,
 )
-from spinf.engine.scorer import RunStats, Scorer, is_out_of_memory
+from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID, find_or_generate
 from spinf.engine.tokenizer import TextTokenizer
-from spinf.engine.trie import Job
 from spinf.errors import ApiError, ModelError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
@@ -47,6 +46,7 @@ from spinf.settings import Features, Limits
 log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
+DEFAULT_FLOOR_CACHE = 65_536
 # Until the extraction and media issues land, the engine reads text and scores {?} slots only.
 SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=False)
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
@@ -140,16 +140,6 @@ def _engine_counters(usage: dict, packed_tokens: int) -> dict:
     }
 
 
-@attrs.define
-class Prepared:
-    """A parsed and compiled request waiting for its passes."""
-
-    request_id: str
-    compiled: CompiledRequest
-    compile_s: float
-    queue_s: float = 0.0
-
-
 def round_up(n: int, multiple: int = 128) -> int:
     return -(-n // multiple) * multiple
 
@@ -176,6 +166,7 @@ class Engine:
         revision: str = "",
         served_model: str = "",
         model_id: str = "",
+        floor_cache: int = DEFAULT_FLOOR_CACHE,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -242,6 +233,21 @@ class Engine:
         cpu_fp32 = self.device.type == "cpu" and self.quant == "fp32"
         gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
         self.batch_invariant = resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
+        # every caller's work reaches the device through this one loop (spinf.engine.loop)
+        self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
+
+    def new_loop(self, *, share_passes: bool, floor_cache: int) -> EngineLoop:
+        """An engine loop on this engine's model (``Engine.loop`` is the one every caller uses; tests make more)."""
+        return EngineLoop(
+            self.scorer,
+            self.tokenizer,
+            self.shape,
+            parse=self._parse_call,
+            respond=self._respond,
+            on_failure=self._failed,
+            share_passes=share_passes,
+            floor_cache=floor_cache,
+        )
 
     @classmethod
     def from_settings(cls, settings) -> Engine:
@@ -259,6 +265,7 @@ class Engine:
             revision=engine.revision,
             served_model=engine.served_model,
             model_id=engine.model_id,
+            floor_cache=engine.floor_cache,
         )
 
     @property
@@ -282,15 +289,6 @@ class Engine:
             parts.append(self.scale_table)
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
-    def prepare(
-        self, body: object, *, chat: bool = False, trusted: bool = False, request_id: str | None = None
-    ) -> Prepared:
-        """Parse and compile a body (CPU work, any thread): the jobs to run and what the answer needs."""
-        started = time.perf_counter()
-        with hostgc.paused():
-            compiled = compile_request(self.parse(body, chat=chat, trusted=trusted), self.tokenizer, self.shape)
-        return Prepared(request_id or new_request_id(), compiled, time.perf_counter() - started)
-
     def parse(self, body: object, *, chat: bool = False, trusted: bool = False) -> ScoreRequest:
         """The checked request of a body (api spec §4), or `ApiError`."""
         return parse_score_request(
@@ -302,46 +300,34 @@ class Engine:
             trusted=trusted,
         )
 
-    def run(self, job_lists: list[list[Job]]) -> tuple[list[Values], RunStats]:
-        """Run the jobs of one or more prepared requests in shared passes (the executor thread's work)."""
-        with hostgc.paused():
-            return self._on_device(self.scorer.run_many, job_lists)
+    def _parse_call(self, call: Call) -> ScoreRequest:
+        return self.parse(call.body, chat=call.chat, trusted=call.trusted)
 
-    def respond(
-        self,
-        prepared: Prepared,
-        values: Values | None,
-        stats: RunStats,
-        *,
-        internals: bool = False,
-        results: tuple[list[dict], list[dict]] | None = None,
-    ) -> dict:
-        """The response body of api spec §5.1 for a prepared request and its read log-probs (or its ``results``
-        and ``low_option_mass`` warnings, already made from them)."""
-        req, compiled = prepared.compiled.request, prepared.compiled
-        if results is None:
-            with hostgc.paused():
-                results = input_results(compiled, values)
-        input_entries, mass_warnings = results
-        response = {"id": prepared.request_id, "object": "score", "created": int(time.time())}
+    def _respond(self, scored: Scored) -> dict:
+        """The response body of api spec §5.1 for a call the loop finished."""
+        call, compiled = scored.call, scored.compiled
+        req = compiled.request
+        response = {"id": call.request_id, "object": "score", "created": int(time.time())}
         response["model"] = req.model if req.model is not None else self.served_name
         if req.endpoint is not None:
             response["endpoint"] = req.endpoint
         response["system_fingerprint"] = self.system_fingerprint
-        response["results"] = input_entries
-        response["warnings"] = compiled.warnings + mass_warnings
+        response["results"] = scored.results
+        response["warnings"] = compiled.warnings + scored.warnings
         response["usage"] = usage(compiled)
-        if internals:
-            response["usage"].update(_engine_counters(response["usage"], compiled.processed_tokens))
+        if call.internals:
+            response["usage"].update(_engine_counters(response["usage"], scored.ran_tokens))
         response["timing"] = {
-            "wall_ms": round(stats.wall_s * 1000),
-            "queue_ms": round(prepared.queue_s * 1000),
-            "compile_ms": round(prepared.compile_s * 1000),
-            "score_ms": round(stats.wall_s * 1000),
-            "gpu_busy_ms": round(stats.busy_s * 1000),
+            "wall_ms": round(scored.wall_s * 1000),
+            "queue_ms": round(call.queued_s * 1000),
+            "compile_ms": round(call.compile_s * 1000),
+            "score_ms": round(scored.wall_s * 1000),
+            "gpu_busy_ms": round(scored.busy_s * 1000),
         }
-        if internals:
+        if call.internals:
             response["engine"] = self.info()
+        if not self._idle_taken:  # the first call's passes allocated what the process keeps (IDLE_SLACK_BYTES)
+            self._idle_bytes, self._idle_taken = self.scorer.allocated_bytes() or 0, True
         return response
 
     def capability(self) -> str:
@@ -398,33 +384,29 @@ class Engine:
         return bodies
 
     def score(self, body: object, *, debug: bool = False, trusted: bool = False) -> dict:
-        """The response of spec §5 for a ``/v1/score`` body, or `ApiError` (prepare, run and respond in one).
+        """The response of spec §5 for a ``/v1/score`` body, or `ApiError`, through the engine loop.
 
         ``trusted`` honours the body's per-call ``limits`` and ``features`` (capped by the engine's own);
         ``debug`` adds the engine internals to the answer. The cyclic collector is paused for the whole call, and
         everything but the response is freed before it resumes (`spinf.engine.hostgc`).
         """
+        call = Call(body, new_request_id(), trusted=trusted, internals=debug)
         with hostgc.paused():
-            return self._on_device(self._score, body, debug=debug, trusted=trusted)
+            self.loop.run([call])
+            return call.unwrap()
 
-    def _on_device(self, work, *args, **kwargs):
-        """``work(*args, **kwargs)``, a call that reaches the device; running out of memory in it is 413
-        ``request_too_large`` (api spec §4.9), raised after the memory is freed and ``degraded`` checked."""
-        try:
-            result = work(*args, **kwargs)
-        except (RuntimeError, MemoryError) as exc:
-            if not is_out_of_memory(exc):
-                raise
-            error = exc
-        else:
-            if not self._idle_taken:
-                self._idle_bytes, self._idle_taken = self.scorer.allocated_bytes() or 0, True
-            return result
+    def _failed(self, error: BaseException) -> BaseException:
+        """The error a call whose pass raised ``error`` gets: running out of memory is 413 ``request_too_large``
+        (api spec §4.9), given after the memory is freed and ``degraded`` checked; anything else as it is."""
+        if not is_out_of_memory(error):
+            return error
         self._recover(error)
         kind = "GPU memory" if self.device.type == "cuda" else "memory"
-        raise ApiError(
+        refusal = ApiError(
             413, "request_too_large", None, f"out of {kind} while scoring this call; send fewer or shorter inputs"
-        ) from error
+        )
+        refusal.__cause__ = error
+        return refusal
 
     def _recover(self, error: BaseException) -> None:
         """Frees what the failed call held; marks the engine degraded if device memory is not back to idle."""
@@ -436,13 +418,3 @@ class Engine:
         if held > IDLE_SLACK_BYTES and self.degraded is None:
             self.degraded = f"{held / 2**30:.2f} GiB still held after an out-of-memory error"
             log.error("engine degraded: %s", self.degraded)
-
-    def _score(self, body: object, *, debug: bool, trusted: bool) -> dict:
-        started = time.perf_counter()
-        request_id = new_request_id()
-        req = self.parse(body, trusted=trusted)
-        parse_s = time.perf_counter() - started
-        scored = score_streamed(self.scorer, self.tokenizer, self.shape, req)  # compile, run and read overlapped
-        prepared = Prepared(request_id, scored.compiled, parse_s + scored.compile_s)
-        stats = attrs.evolve(scored.stats, wall_s=time.perf_counter() - started)
-        return self.respond(prepared, None, stats, internals=debug, results=(scored.results, scored.warnings))

@@ -12,8 +12,8 @@ This module owns reading and checking those files, the whole-prompt path (every 
 the longest common token prefix of a job's prompts is its shared prefix and each prompt keeps at least one token
 of its own as its branch; an option's log-prob is the float64 sum of its tokens' log-probs, the chain rule), the
 passes, the metrics, the recorded reference and the verdict against it (`judge`: bit for bit on the platform it
-was recorded on, within `CROSS_PLATFORM_BOUNDS` elsewhere). It takes a `Scorer` and a `TextTokenizer` rather than
-an `Engine`, so a benchmark can run it on a model built in memory.
+was recorded on, within `CROSS_PLATFORM_BOUNDS` elsewhere). Its jobs reach the device through the engine loop
+(`spinf.engine.loop`), as every caller's do, as caller-built jobs (`RawJobs`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from spinf.engine.loop import RawJobs
 from spinf.engine.query_tokens import ENDING_CHARS
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt
@@ -38,7 +39,7 @@ from spinf.errors import ConfigError
 
 if TYPE_CHECKING:
     from spinf.engine.engine import Engine
-    from spinf.engine.scorer import Scorer
+    from spinf.engine.loop import EngineLoop
 
 BUILTIN = "built-in"  # the fixture path reported when the package's own fixture is used
 _BUILTIN_FILE = ("data", "parity-fixture.json.gz")
@@ -318,8 +319,7 @@ def write_fixture(data: Mapping, path: str | Path) -> None:
 
 
 def run_parity(
-    scorer: Scorer,
-    tokenizer: TextTokenizer,
+    loop: EngineLoop,
     fixture: Mapping,
     reference: Mapping | None = None,
     *,
@@ -338,17 +338,17 @@ def run_parity(
     if passes < 1:
         raise ValueError(f"passes must be at least 1, got {passes}")
     started = time.perf_counter()
-    jobs, reads = build_jobs(tokenizer, fixture)
+    jobs, reads = build_jobs(loop.tokenizer, fixture)
     prepare_s = time.perf_counter() - started
     against = reference if reference is not None else (fixture if has_values(fixture) else None)
     expected = cell_values(against) if against is not None else None
     runs = []
     for _ in range(passes):
-        speed, lps = _one_pass(scorer, jobs, reads)
+        speed, lps = _one_pass(loop, jobs, reads)
         runs.append({**speed, "parity": compare(lps, expected) if expected is not None else None})
     report = {
         "boot": {"prepare_s": round(prepare_s, 4)},
-        "engine": dict(engine) if engine is not None else {"device": str(scorer.device)},
+        "engine": dict(engine) if engine is not None else {"device": str(loop.scorer.device)},
         "fixture": {
             "day": fixture.get("day"),
             "reference": fixture.get("reference"),
@@ -370,20 +370,24 @@ def run_parity(
     return report
 
 
-def _one_pass(scorer: Scorer, jobs: list[Job], reads: list) -> tuple[dict, list[LpPair]]:
+def _one_pass(loop: EngineLoop, jobs: list[Job], reads: list) -> tuple[dict, list[LpPair]]:
     """One run of every job: its speed figures, and each cell's option log-probs by the chain rule."""
-    (values,), stats = scorer.run_many([jobs])
+    started = time.perf_counter()
+    work = RawJobs(jobs=jobs)
+    loop.run([work])
+    values = work.unwrap()
+    wall_s = time.perf_counter() - started
     lps = [
         tuple(math.fsum(values[(j, node, token)] for node, token in option) for option in cell)
         for j, per_cell in enumerate(reads)
         for cell in per_cell
     ]
     speed = {
-        "wall_s": round(stats.wall_s, 4),
-        "gpu_busy_s": round(stats.busy_s, 4),
-        "tokens": stats.packed_tokens,
-        "tok_s": round(stats.packed_tokens / stats.wall_s, 1) if stats.wall_s > 0 else None,
-        "forward_passes": stats.passes,
+        "wall_s": round(wall_s, 4),
+        "gpu_busy_s": round(work.busy_s, 4),
+        "tokens": work.ran_tokens,
+        "tok_s": round(work.ran_tokens / wall_s, 1) if wall_s > 0 else None,
+        "forward_passes": work.passes,
     }
     return speed, lps
 
@@ -418,8 +422,7 @@ def run_engine(
     name = engine_reference_name(info, platform)
     try:
         report = run_parity(
-            engine.scorer,
-            engine.tokenizer,
+            engine.loop,
             files.fixture,
             files.reference,
             passes=passes,

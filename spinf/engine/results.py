@@ -48,72 +48,53 @@ def r6(x: float) -> float:
     return round(x, 6)
 
 
-FloorCache = dict[int, tuple[list[float], float]]  # id of a floor prompt -> its option ps and residual
+Floor = tuple[list[float], float]  # a floor's option ps and residual
+FloorKey = tuple  # (filled template text, options, case rule): what a floor read depends on (engine spec A.9)
 
 
-def _floor(floor: Prompt, values: Values, cache: FloorCache) -> tuple[list[float], float]:
-    """A floor prompt's ps and residual; floor prompts are shared by every input of a request, so computed once."""
-    found = cache.get(id(floor))
-    if found is None:
-        found = cache[id(floor)] = softmax_and_residual(option_logprobs(floor, values))
-    return found
+def floor_numbers(floor: Prompt, values: Values) -> Floor:
+    """A floor prompt's ps and residual, from its reads' values (the loop keeps them by `Prompt.key`)."""
+    return softmax_and_residual(option_logprobs(floor, values))
 
 
-def scored_query(
-    ci: CompiledInput, qi: int, values: Values, floors: FloorCache | None = None, deferred: list | None = None
-) -> tuple[dict, float]:
+def scored_query(ci: CompiledInput, qi: int, values: Values, deferred: list) -> tuple[dict, float]:
     """The result entry of one chosen scored query, and its mean residual (for ``low_option_mass``).
 
-    With ``deferred``, floor fields are left None and what `fill_floors` needs to set them is appended to it (a
-    streamed call reads the floor jobs last).
+    Floor fields are left None and what `fill_floors` needs to set them is appended to ``deferred``: the floors
+    are read once per key, in passes of their own or from the loop's cache, and arrive when they arrive.
     """
     cq = ci.queries[qi]
-    floors = {} if floors is None else floors
     combinations, residuals = [], []
     for k, combo in enumerate(cq.combos):
         lps = option_logprobs(ci.prompts[qi][k], values)
         ps, residual = softmax_and_residual(lps)
-        floor = ci.floors[qi][k]
-        later = floor is not None and deferred is not None
-        floor_ps, floor_residual = _floor(floor, values, floors) if floor and not later else (None, None)
         options = [
-            {
-                "text": text,
-                "logprob": r6(lp),
-                "p": r6(p),
-                "floor_p": None if floor_ps is None else r6(floor_ps[j]),
-            }
-            for j, (text, lp, p) in enumerate(zip(cq.spec.options, lps, ps, strict=True))
+            {"text": text, "logprob": r6(lp), "p": r6(p), "floor_p": None}
+            for text, lp, p in zip(cq.spec.options, lps, ps, strict=True)
         ]
-        combination = {
-            "values": dict(combo),
-            "options": options,
-            "residual": r6(residual),
-            "floor_residual": None if floor_residual is None else r6(floor_residual),
-        }
+        combination = {"values": dict(combo), "options": options, "residual": r6(residual), "floor_residual": None}
         combinations.append(combination)
-        if later:
-            deferred.append((floor, options, combination))
+        floor = ci.floors[qi][k]
+        if floor is not None:
+            deferred.append((floor.key, options, combination))
         residuals.append(residual)
     return {"id": cq.spec.id, "combinations": combinations}, sum(residuals) / len(residuals)
 
 
-def fill_floors(deferred: list, values: Values, floors: FloorCache) -> None:
-    """Set the floor fields `scored_query` deferred, now that the floor jobs' values are in ``values``."""
-    for floor, options, combination in deferred:
-        ps, residual = _floor(floor, values, floors)
+def fill_floors(deferred: list, floors: dict[FloorKey, Floor]) -> None:
+    """Set the floor fields `scored_query` deferred, from each floor key's numbers."""
+    for key, options, combination in deferred:
+        ps, residual = floors[key]
         for option, p in zip(options, ps, strict=True):
             option["floor_p"] = r6(p)
         combination["floor_residual"] = r6(residual)
 
 
-def input_result(
-    ci: CompiledInput, values: Values, floors: FloorCache, deferred: list | None = None
-) -> tuple[dict, list[dict]]:
-    """One input's ``results`` entry and its ``low_option_mass`` warnings."""
+def input_result(ci: CompiledInput, values: Values, deferred: list) -> tuple[dict, list[dict]]:
+    """One input's ``results`` entry (floor fields deferred) and its ``low_option_mass`` warnings."""
     queries, warnings = [], []
     for qi, cq in enumerate(ci.queries):
-        entry, mean_residual = scored_query(ci, qi, values, floors, deferred)
+        entry, mean_residual = scored_query(ci, qi, values, deferred)
         queries.append(entry)
         if cq.reads_one_row and mean_residual > LOW_MASS_RESIDUAL:
             warnings.append(
@@ -126,17 +107,6 @@ def input_result(
                 }
             )
     return {"input_id": ci.spec.id, "queries": queries}, warnings
-
-
-def input_results(compiled: CompiledRequest, values: Values) -> tuple[list[dict], list[dict]]:
-    """``results`` in input order, and the ``low_option_mass`` warnings."""
-    results, warnings = [], []
-    floors: FloorCache = {}
-    for ci in compiled.inputs:
-        result, found = input_result(ci, values, floors)
-        results.append(result)
-        warnings += found
-    return results, warnings
 
 
 def usage(compiled: CompiledRequest) -> dict:

@@ -1,6 +1,8 @@
-"""Running jobs through the model: pack them into passes, run each pass, read the wanted log-probs.
+"""The engine loop's runner: lays out one pass, runs it through the model, reads the wanted log-probs back.
 
-The scorer decides nothing about the request; it returns plain Python floats keyed by ``(job, node, token)``.
+The scorer decides nothing (the loop's scheduler chose the pass); it returns plain Python floats keyed by
+``(job, node, token)``, never tensors. `start` launches a pass without waiting for it and `collect` reads it back,
+so the loop's host work overlaps the device.
 Only the read rows go through the final norm and the LM head, and only the wanted columns leave the log-softmax.
 It keeps no buffer between runs (every pass allocates its own tensors), so a run that fails leaves nothing
 half-filled behind: once `Scorer.free_failed` has dropped what the failed run held, the next run starts clean.
@@ -20,7 +22,6 @@ import torch
 from spinf.engine.attention import AttentionPlan, JobSpan
 from spinf.engine.layout import PassLayout, build_pass
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
-from spinf.engine.packing import pack
 from spinf.engine.trie import Job
 
 # How running out of memory reads when torch raises a plain RuntimeError: the CPU allocator ("DefaultCPUAllocator:
@@ -34,14 +35,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _OUT_OF_MEMORY)
-
-
-@attrs.frozen
-class RunStats:
-    passes: int
-    packed_tokens: int
-    busy_s: float  # time inside the passes
-    wall_s: float  # the whole run, host work included
 
 
 def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
@@ -105,8 +98,8 @@ class Scorer:
 
         Its passes' tensors (activations, launched picks, pass plans) are held by the frames in the error's
         traceback, which the error keeps alive as long as anyone holds it (an `ApiError` raised from it, the
-        packer's log): as locals, and through the closures of the functions those frames ran (`stream`'s
-        ``in_flight``), which clearing a frame's locals does not drop. So the error and its causes lose their
+        packer's log): as locals, and through the closures of the functions those frames ran (the loop's
+        in-flight passes), which clearing a frame's locals does not drop. So the error and its causes lose their
         tracebacks (log one first); the cycles the paused collector left (`hostgc.paused`) are collected, and on a
         GPU the caching allocator's free blocks go back to the driver, so the next run does not start from a
         fragmented pool.
@@ -122,106 +115,32 @@ class Scorer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def run_many(self, job_lists: list[list[Job]]) -> tuple[list[dict[tuple[int, int, int], float]], RunStats]:
-        """Run several requests' jobs in shared passes; each request gets its values keyed by its own job indices.
+    def start(self, jobs: list[Job]) -> InFlight:
+        """Lay out and launch one pass of ``jobs``; on a GPU its picks are copied to pinned host memory behind it,
+        with an event to wait on, so the host goes on while the device runs."""
+        layout = build_pass(jobs)
+        launched = self.launch(layout)
+        pending = InFlight(layout, launched)
+        if self.device.type == "cuda":
+            pending.host = torch.empty(launched.picked.shape, dtype=launched.picked.dtype, pin_memory=True)
+            pending.host.copy_(launched.picked, non_blocking=True)
+            pending.ready = torch.cuda.Event()
+            pending.ready.record()
+        return pending
 
-        On a GPU every pass is launched before any result is read: the host lays out pass ``i + 1`` while the GPU
-        runs pass ``i``, and all picked log-probs come back in one copy at the end.
-        """
-        started = time.perf_counter()
-        owners = [(r, j) for r, jobs in enumerate(job_lists) for j in range(len(jobs))]
-        jobs = [job for jobs in job_lists for job in jobs]
-        group = self._launch_group(jobs, self._pack(jobs, range(len(jobs))))
-        found, busy = self._finish(group)
-        values: list[dict[tuple[int, int, int], float]] = [{} for _ in job_lists]
-        for (j, node, token), value in found.items():
-            request, local = owners[j]
-            values[request][(local, node, token)] = value
-        return values, attrs.evolve(group.stats(busy), wall_s=time.perf_counter() - started)
-
-    def stream(self, jobs: list[Job], arrivals, stats: list[RunStats] | None = None):
-        """Run jobs as they arrive, keeping the device busy while the caller makes more and reads what finished.
-
-        ``arrivals`` yields lists of indices into ``jobs`` (which may grow meanwhile). Jobs wait until a pass's
-        worth has arrived (two passes' worth after the first launch); then they are packed, the fullest pass is
-        launched and the rest wait. Launching one pass at a time lets the caller's work overlap the device: a GPU
-        queues about one pass of kernels, and launching a second one blocks the host until the first nearly ends.
-        Each pass is read back once the next one is launched; when arrivals end, the rest is packed and launched
-        pass by pass the same way. Yields ``(finished job indices, values keyed (job, node, token))``; appends one
-        `RunStats` per pass to ``stats``. Packing never changes a score (tree attention), so the values are those
-        `run_many` gives.
-        """
-        waiting: list[int] = []
-        waiting_tokens = 0
-        in_flight: list[_Group] = []
-
-        def launch(members: list[int]):
-            in_flight.append(self._launch_group(jobs, [members]))
-            while len(in_flight) > 1:  # the pass before the one just launched
-                yield self._finished(in_flight.pop(0), stats)
-
-        for indices in arrivals:
-            waiting.extend(indices)
-            waiting_tokens += sum(jobs[i].num_tokens for i in indices)
-            if waiting_tokens < (2 if in_flight else 1) * self.token_budget:
-                continue
-            passes = self._pack(jobs, waiting)
-            sizes = [sum(jobs[i].num_tokens for i in members) for members in passes]
-            fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
-            chosen = passes.pop(fullest)
-            waiting = [i for members in passes for i in members]
-            waiting_tokens -= sizes[fullest]
-            yield from launch(chosen)
-        for members in self._pack(jobs, waiting):
-            yield from launch(members)
-        while in_flight:
-            yield self._finished(in_flight.pop(0), stats)
-
-    def _pack(self, jobs: list[Job], indices) -> list[list[int]]:
-        """The passes (lists of indices into ``jobs``) that ``indices`` pack into."""
-        indices = list(indices)
-        return [
-            [indices[k] for k in members] for members in pack([jobs[i].num_tokens for i in indices], self.token_budget)
-        ]
-
-    def _finished(self, group: _Group, stats: list[RunStats] | None):
-        found, busy = self._finish(group)
-        if stats is not None:
-            stats.append(group.stats(busy))
-        return [i for members in group.members for i in members], found
-
-    def _launch_group(self, jobs: list[Job], passes: list[list[int]]) -> _Group:
-        """Lay out and launch ``passes`` (lists of indices into ``jobs``); on a GPU their picks are copied to pinned
-        host memory behind them, with an event to wait on."""
-        layouts = [build_pass([jobs[i] for i in members]) for members in passes]
-        launched = [self.launch(layout) for layout in layouts]
-        group = _Group(passes, layouts, launched)
-        if self.device.type == "cuda" and launched:
-            flat = torch.cat([item.picked for item in launched])
-            group.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            group.host.copy_(flat, non_blocking=True)
-            group.ready = torch.cuda.Event()
-            group.ready.record()
-        return group
-
-    def _finish(self, group: _Group) -> tuple[dict[tuple[int, int, int], float], float]:
-        """Wait for a launched group; its values keyed ``(index into jobs, node, token)`` and its busy seconds."""
-        if group.ready is not None:
-            group.ready.synchronize()
-            flat = group.host.double().tolist()
-            busy = sum(start.elapsed_time(end) for start, end in (item.timing for item in group.launched)) / 1000
-            picks, at = [], 0
-            for item in group.launched:
-                picks.append(flat[at : at + item.picked.numel()])
-                at += item.picked.numel()
+    def collect(self, pending: InFlight) -> tuple[dict[tuple[int, int, int], float], float]:
+        """Wait for a launched pass: its values keyed ``(job in the pass, node, token)`` and its busy seconds."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+            found = pending.host.double().tolist()
+            start, end = pending.launched.timing
+            busy = start.elapsed_time(end) / 1000
         else:
-            picks = [item.picked.double().tolist() for item in group.launched]
-            busy = sum(item.timing for item in group.launched)
-        values: dict[tuple[int, int, int], float] = {}
-        for members, layout, found in zip(group.members, group.layouts, picks, strict=True):
-            offsets = _pick_offsets(layout)
-            for (j, node, token), (row, col) in layout.read_index.items():
-                values[(members[j], node, token)] = found[offsets[row] + col]
+            found = pending.launched.picked.double().tolist()
+            busy = pending.launched.timing
+        layout = pending.layout
+        offsets = _pick_offsets(layout)
+        values = {key: found[offsets[row] + col] for key, (row, col) in layout.read_index.items()}
         return values, busy
 
     @torch.inference_mode()
@@ -270,18 +189,18 @@ class Launched:
     timing: object
 
 
-@attrs.define
-class _Group:
-    """Passes launched together (`Scorer._launch_group`)."""
+@attrs.define(eq=False)
+class InFlight:
+    """A pass launched by `Scorer.start` and not yet collected."""
 
-    members: list[list[int]]  # per pass, the indices of its jobs
-    layouts: list[PassLayout]
-    launched: list[Launched]
-    host: torch.Tensor | None = None  # pinned copy of every pass's picks (GPU)
+    layout: PassLayout
+    launched: Launched
+    host: torch.Tensor | None = None  # pinned copy of the picks (GPU)
     ready: torch.cuda.Event | None = None  # recorded after that copy
 
-    def stats(self, busy: float) -> RunStats:
-        return RunStats(len(self.layouts), sum(layout.num_tokens for layout in self.layouts), busy, 0.0)
+    @property
+    def num_tokens(self) -> int:
+        return self.layout.num_tokens
 
 
 def _pick_offsets(layout: PassLayout) -> list[int]:

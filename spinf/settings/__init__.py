@@ -153,6 +153,7 @@ SETTINGS: tuple[Setting, ...] = (
     _row("model_dir", _E, Text(), "", "a checkpoint folder, loaded as it is ('' = search)", "--model-dir"),
     _row("token_budget", _E, Integer(1, multiple=128), 16_384, "most tokens in one pass", "--token-budget"),
     _row("max_tokens", _E, Integer(1, multiple=128), 65_536, "the engine's largest input", "--max-tokens"),
+    _row("floor_cache", _E, Integer(0), 65_536, "floor reads kept across requests (0 = none)", "--floor-cache"),
     _row("lm_head", _E, Text(choices=("bf16", "f32out", "fp32")), "f32out", "LM-head precision", "--lm-head"),
     _row("compile", _E, Switch(), True, "compile the model's hot step", "--no-compile"),
     _row("warmup", _E, Text(choices=("full", "short", "none")), "full", "warm-up before ready", "--warmup"),
@@ -215,6 +216,7 @@ class EngineSettings:
     model_dir: str = _field("model_dir")
     token_budget: int = _field("token_budget")
     max_tokens: int = _field("max_tokens")
+    floor_cache: int = _field("floor_cache")
     lm_head: str = _field("lm_head")
     compile: bool = _field("compile")
     warmup: str = _field("warmup")

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from spinf import Engine
+from spinf.engine.loop import Call
 
 CONTENT = (
     "The harbour authority said on Tuesday that two cargo ships had been held outside the port for a week, after "
@@ -104,8 +105,9 @@ def test_when_the_input_is_split_into_pieces(tiny_cache, alone):
 
 
 def test_when_another_request_shares_the_passes(tiny_engine, alone):
-    mine = tiny_engine.prepare(body(TARGETS, [("a", CONTENT)]))
-    other = tiny_engine.prepare(body(other_questions(80), [("b", CONTENT[:200]), ("c", "Nothing to see.")]))
-    (values, other_values), stats = tiny_engine.run([mine.compiled.jobs, other.compiled.jobs])
-    assert stats.passes >= 1 and other_values
-    assert_same(numbers(tiny_engine.respond(mine, values, stats)), alone)
+    mine = Call(body(TARGETS, [("a", CONTENT)]), "scr_mine")
+    other = Call(body(other_questions(80), [("b", CONTENT[:200]), ("c", "Nothing to see.")]), "scr_other")
+    passes = tiny_engine.loop.statistics().passes
+    tiny_engine.loop.run([mine, other])
+    assert tiny_engine.loop.statistics().passes == passes + 1 and other.unwrap()["results"]  # one shared pass
+    assert_same(numbers(mine.unwrap()), alone)

@@ -14,9 +14,9 @@ import torch
 
 from spinf import Engine
 from spinf.engine.engine import IDLE_SLACK_BYTES
+from spinf.engine.loop import Call
 from spinf.errors import ApiError
 from tests.engine.test_independence import CONTENT, TARGETS, body, other_questions
-from tests.engine.test_pipeline import comparable, sequential
 
 INPUTS = [(f"i{k}", f"Message {k}. " + CONTENT[: 80 + 37 * k]) for k in range(4)]
 REQUEST = body(other_questions(12) + TARGETS, INPUTS)  # five passes at a budget of 256 tokens
@@ -24,6 +24,10 @@ OTHER = body(TARGETS, [("a", CONTENT)])
 OOM_MESSAGE = r"^out of memory while scoring this call; send fewer or shorter inputs$"
 GIB = 2**30
 TRIED = "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 139.80 GiB"
+
+
+def comparable(response: dict) -> dict:
+    return {k: v for k, v in response.items() if k not in {"id", "created", "timing"}}
 
 
 def make_engine(cache) -> Engine:
@@ -81,19 +85,18 @@ def test_an_out_of_memory_pass_answers_413_and_the_next_call_scores_as_a_fresh_e
     assert comparable(engine.score(OTHER)) == comparable(fresh.score(OTHER))
 
 
-def test_a_shared_run_out_of_memory_leaves_the_engine_able_to_run_each_call(engine, fresh):
-    """The packer's path: prepare, a shared run that fails, then the calls one by one (as it retries them)."""
-    first, second = engine.prepare(REQUEST), engine.prepare(OTHER)
-    failing = FailingPass(engine, 2)
-    refused(lambda: engine.run([first.compiled.jobs, second.compiled.jobs]))
-    assert [ref() for ref in failing.passes] == [None, None]
+def test_a_shared_pass_out_of_memory_is_retried_with_each_call_alone(tiny_cache):
+    """Two calls share the first pass, which runs out of memory: each runs again alone, and neither fails."""
+    engine, fresh = (Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache) for _ in range(2))
+    bodies = [OTHER, body(TARGETS[:1], [("b", "Where is my parcel?")])]
+    failing = FailingPass(engine, 1)
+    calls = [Call(b, f"scr_{k}") for k, b in enumerate(bodies)]
+    engine.loop.run(calls)
+    # the shared pass, then each of its works alone: the two calls and the floor read
+    assert len(failing.passes) == 4 and failing.passes[0]() is None
     assert engine.degraded is None
-    engine.scorer.launch = failing.launch
-    for request, prepared in ((REQUEST, first), (OTHER, second)):
-        (values,), stats = engine.run([prepared.compiled.jobs])
-        assert comparable(engine.respond(prepared, values, stats)) == comparable(sequential(fresh, request))
-    values, stats = engine.run([first.compiled.jobs, second.compiled.jobs])
-    assert comparable(engine.respond(second, values[1], stats)) == comparable(sequential(fresh, OTHER))
+    for call, request in zip(calls, bodies, strict=True):
+        assert comparable(call.unwrap()) == comparable(fresh.score(request))
 
 
 def test_the_cpu_allocators_own_failure_is_out_of_memory_too(engine):

@@ -125,7 +125,7 @@ def test_whole_prompt_values_match_a_plain_forward_pass(tiny_engine):
     """Each cell's two log-probs against transformers run on the whole prompt, option tokens by the chain rule."""
     oracle = Oracle(tiny_engine.folder)
     fixture = small_fixture()
-    report = run_parity(tiny_engine.scorer, tiny_engine.tokenizer, fixture, passes=1, record="r")
+    report = run_parity(tiny_engine.loop, fixture, passes=1, record="r")
     assert report["reference"] is None and report["passes"][0]["parity"] is None
     recorded = report["recorded"]
     assert any(len(oracle.tok(" " + w)) > 1 for cell in CELLS for w in cell["pair"])  # the chain rule is exercised
@@ -409,7 +409,7 @@ def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
     assert reference["reference"].startswith(f"spinf/tiny-gemma4@{tiny_engine.revision}; quant fp32; lm-head fp32")
     picked = [0, 13, 23]  # a subset keeps the test quick; the packing differs from the recorded run's
     subset = [{**data, "jobs": [data["jobs"][j] for j in picked]} for data in (fixture, reference)]
-    report = run_parity(tiny_engine.scorer, tiny_engine.tokenizer, subset[0], subset[1], passes=1)
+    report = run_parity(tiny_engine.loop, subset[0], subset[1], passes=1)
     parity = report["passes"][0]["parity"]
     assert parity["n"] == 3 * 56 and parity["raw_sign_agree"] == 1.0
     info = tiny_engine.info()

@@ -11,21 +11,71 @@ from spinf.errors import ApiError
 from spinf.supervisor import ServerOptions
 
 
-@attrs.frozen
-class FakeStats:
-    passes: int = 1
-    packed_tokens: int = 10
-    busy_s: float = 0.0
-    wall_s: float = 0.0
+@attrs.define(eq=False)
+class FakeCall:
+    body: object
+    request_id: str
+    abandoned: bool = False
+    response: dict | None = None
+    error: BaseException | None = None
 
 
 @attrs.define
-class FakePrepared:
-    request_id: str
-    body: dict
-    compiled: object
-    compile_s: float = 0.0
-    queue_s: float = 0.0
+class FakeLoop:
+    """The engine loop's surface (`spinf.engine.loop.EngineLoop`): each step runs every call added since the last
+    one in one shared run (or, when not batch-invariant, the oldest call alone)."""
+
+    engine: FakeEngine
+    calls: list[FakeCall] = attrs.field(factory=list)
+    pass_log: list = attrs.field(factory=list)
+
+    @staticmethod
+    def new_call(body, request_id, **flags) -> FakeCall:
+        return FakeCall(body, request_id)
+
+    def add(self, call: FakeCall) -> None:
+        self.calls.append(call)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.calls)
+
+    def step(self) -> list[FakeCall]:
+        dropped = [c for c in self.calls if c.abandoned]
+        calls = [c for c in self.calls if not c.abandoned]
+        if not self.engine.batch_invariant:
+            calls = calls[:1]
+        self.calls = [c for c in self.calls if c not in dropped and c not in calls]
+        valid = [c for c in calls if self._valid(c)]
+        if valid:
+            self.engine.runs.append(len(valid))
+            self.pass_log.append((10, 0.0))
+            for call in valid:
+                self._run(call)
+        return dropped + calls
+
+    def _valid(self, call: FakeCall) -> bool:
+        body = call.body
+        if not isinstance(body, dict) or ("inputs" in body) == ("messages" in body):
+            call.error = ApiError(400, "invalid_field", "messages", "send exactly one of messages and inputs")
+            return False
+        return True
+
+    def _run(self, call: FakeCall) -> None:
+        """A failing call fails alone (the real loop runs a failed shared pass's calls again one by one)."""
+        engine, ids = self.engine, _ids(call)
+        if engine.fail_on in ids:
+            call.error = RuntimeError("the engine broke on this call")
+        elif engine.oom_on in ids:
+            call.error = ApiError(413, "request_too_large", None, "out of GPU memory while scoring this call")
+        else:
+            engine.responded.append(call.request_id)
+            results = [{"input_id": i, "queries": []} for i in ids]
+            call.response = {"id": call.request_id, "object": "score", "results": results, "warnings": [], "usage": {}}
+
+
+def _ids(call: FakeCall) -> list[str]:
+    return [i["id"] for i in call.body.get("inputs", [])] or ["0"]
 
 
 @attrs.define
@@ -37,27 +87,12 @@ class FakeEngine:
     runs: list[int] = attrs.field(factory=list)
     responded: list[str] = attrs.field(factory=list)  # the request ids whose responses were built
     fail_on: str | None = None  # an input id whose run raises (an engine bug in one call)
-    oom_on: str | None = None  # an input id whose run runs out of device memory (Engine.run's 413, freed)
+    oom_on: str | None = None  # an input id whose run runs out of device memory (the loop's 413, freed)
     degraded: str | None = None  # as Engine.degraded: memory not freed after an out-of-memory error
+    loop: FakeLoop = attrs.field(default=None)
 
-    def prepare(self, body, *, chat=False, trusted=False, request_id=None):
-        if not isinstance(body, dict) or ("inputs" in body) == ("messages" in body):
-            raise ApiError(400, "invalid_field", "messages", "send exactly one of messages and inputs")
-        ids = [i["id"] for i in body.get("inputs", [])] or ["0"]
-        return FakePrepared(request_id, body, attrs.make_class("Compiled", {"jobs": attrs.field()})(ids))
-
-    def run(self, job_lists):
-        self.runs.append(len(job_lists))
-        if self.fail_on is not None and any(self.fail_on in jobs for jobs in job_lists):
-            raise RuntimeError("the engine broke on this call")
-        if self.oom_on is not None and any(self.oom_on in jobs for jobs in job_lists):
-            raise ApiError(413, "request_too_large", None, "out of GPU memory while scoring this call")
-        return [{"ids": jobs} for jobs in job_lists], FakeStats()
-
-    def respond(self, prepared, values, stats, *, internals=False):
-        self.responded.append(prepared.request_id)
-        results = [{"input_id": i, "queries": []} for i in values["ids"]]
-        return {"id": prepared.request_id, "object": "score", "results": results, "warnings": [], "usage": {}}
+    def __attrs_post_init__(self):
+        self.loop = FakeLoop(self)
 
     def warmup_bodies(self, mode):
         return [] if mode == "none" else [{"messages": [{"content": "warm"}]}]
@@ -86,18 +121,11 @@ class FakeExecutor:
             job.reply.send_nowait(outcome.capture(job.fn))
 
 
-async def _inline(fn):
-    return fn()
+InlinePacker = Packer  # the packer compiles nothing itself any more (the loop does, in the executor's step)
 
 
-class InlinePacker(Packer):
-    """Compiles on the event loop: with no worker threads, the mock clock orders everything exactly."""
-
-    offload = staticmethod(_inline)
-
-
-def models_entry(state):
-    return {"id": "fake", "status": "available" if state.ready else "loading"}
+def models_entry(lifecycle):
+    return {"id": "fake", "status": "available" if lifecycle.is_warm else "loading"}
 
 
 def options(**changes) -> ServerOptions:

@@ -1,0 +1,482 @@
+"""The engine loop: the one path by which every job reaches the device.
+
+The server's packer, `Engine.score`, warm-up, ``spinf-serve score``, parity and the benchmarks all add work here
+and call `EngineLoop.step` until it is done. One step, in the order that keeps the device busy:
+
+1. drop the calls whose caller went away;
+2. host work while the device runs the pass launched last: parse and compile waiting calls, one input at a time,
+   until the next pass's worth of jobs waits (`Scheduler.target_tokens`) or nothing is left to compile;
+3. the scheduler (pure policy) picks the next pass and the runner (`Scorer`, which decides nothing) launches it;
+4. the oldest pass is read back once another is queued behind it (or when nothing else can go), and its values
+   are routed to their calls; an input whose jobs are all read gets its ``results`` entry at once, and a call whose
+   last job and floors are in is answered in this step, not when the others end.
+
+Floors are read once per key. Under a batch-invariant engine (``share_passes``) the loop owns them: a floor key is
+served from an LRU cache (`FloorCache`), or from a read already on its way for another call, or read in a floor job
+of the loop's own, whose numbers go to every call waiting on the key and into the cache. A floor's numbers depend
+only on its key and the engine (engine spec C.2), so a warm cache gives the bits a cold one gives. Otherwise each
+call reads its own floors, in passes that hold its jobs alone, and nothing is reused across calls (api spec §5.10).
+
+A pass that fails is retried with each of its calls alone, so one call's failure never fails another; a call that
+fails alone gets the error (`on_failure` maps running out of memory to 413). The loop is synchronous and owned by
+one thread at a time (the executor's in the server).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from spinf.engine import hostgc
+from spinf.engine.compiler import CompiledRequest, CompileStream, EngineShape, Prompt, lay_out_floors
+from spinf.engine.results import Floor, FloorKey, fill_floors, floor_numbers, input_result
+from spinf.engine.scheduler import MAX_IN_FLIGHT, Scheduler, Waiting
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.engine.trie import Job
+
+if TYPE_CHECKING:
+    from spinf.engine.scorer import InFlight, Scorer
+
+log = logging.getLogger(__name__)
+Values = dict[tuple[int, int, int], float]
+
+
+@attrs.define(eq=False)
+class Work:
+    """What every kind of work in the loop has: its jobs, the values read for them, what it cost."""
+
+    jobs: list[Job] = attrs.field(factory=list, kw_only=True)
+    values: Values = attrs.field(factory=dict, kw_only=True)
+    error: BaseException | None = attrs.field(default=None, kw_only=True)
+    finished: bool = attrs.field(default=False, kw_only=True)
+    abandoned: bool = attrs.field(default=False, kw_only=True)  # set by the owner; dropped at the next step
+    outstanding: int = attrs.field(default=0, kw_only=True)  # jobs scheduled and not yet read back
+    ran_tokens: int = attrs.field(default=0, kw_only=True)  # tokens of its jobs that ran (its share of passes)
+    passes: int = attrs.field(default=0, kw_only=True)
+    busy_s: float = attrs.field(default=0.0, kw_only=True)  # device time of the passes it was in
+    added_at: float = attrs.field(default=0.0, kw_only=True)
+    started_at: float = attrs.field(default=0.0, kw_only=True)
+
+    def unwrap(self):
+        if not self.finished:
+            raise RuntimeError("the work is not finished")
+        if self.error is not None:
+            raise self.error
+        return self.result()
+
+    def result(self):
+        return self.values
+
+
+@attrs.define(eq=False)
+class Call(Work):
+    """One ``/v1/score`` (or chat) body; its answer is ``response`` (api spec §5.1)."""
+
+    body: object
+    request_id: str
+    chat: bool = False
+    trusted: bool = False
+    internals: bool = False  # the trusted/--debug counters and engine block (api spec §5.7)
+    queued_s: float = 0.0  # waited before the loop got it (the server's admission queue)
+    response: dict | None = None
+    # the loop's own state for the call
+    stream: CompileStream | None = None
+    steps: Iterable | None = None
+    compiled: CompiledRequest | None = None
+    compile_s: float = 0.0
+    input_of: dict[int, int] = attrs.field(factory=dict)  # job index -> its input
+    left: dict[int, int] = attrs.field(factory=dict)  # input -> its jobs not yet read back
+    entries: dict[int, tuple[dict, list[dict]]] = attrs.field(factory=dict)
+    deferred: list = attrs.field(factory=list)  # floor fields to fill (`results.fill_floors`)
+    floors: dict[FloorKey, Floor] = attrs.field(factory=dict)
+    floors_waiting: int = 0
+    reads: list[_FloorRead] = attrs.field(factory=list)  # the floor reads it waits on, once per key
+
+    def result(self):
+        return self.response
+
+
+@attrs.define(eq=False)
+class RawJobs(Work):
+    """Jobs built by the caller (parity's whole prompts); its result is the values, keyed ``(job, node, token)``."""
+
+
+@attrs.define(eq=False)
+class _FloorRead(Work):
+    """Floor prompts the loop reads for every call waiting on their keys (batch-invariant engines only)."""
+
+    payer: Call
+    prompts: list[Prompt] = attrs.field(factory=list)
+    waiters: dict[FloorKey, list[Call]] = attrs.field(factory=dict)
+    live: int = 0  # waits of calls still in the loop; none left: the read is dropped
+
+
+@attrs.frozen
+class Scored:
+    """What a finished call's response is made of (`EngineLoop` hands it to ``respond``)."""
+
+    call: Call
+    compiled: CompiledRequest
+    results: list[dict]
+    warnings: list[dict]  # the low_option_mass warnings, in input order
+    ran_tokens: int
+    wall_s: float
+    busy_s: float
+
+
+@attrs.frozen
+class LoopStats:
+    passes: int
+    packed_tokens: int
+    busy_s: float
+    floor_hits: int  # floor keys served from the cache or from a read already under way
+    floor_misses: int  # floor keys read in passes
+    floor_entries: int
+
+
+class FloorCache:
+    """Floor numbers by key, the least recently used dropped beyond ``size`` (0: nothing is kept)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: collections.OrderedDict[FloorKey, Floor] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: FloorKey) -> Floor | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: FloorKey, numbers: Floor) -> None:
+        if not self.size:
+            return
+        self._entries[key] = numbers
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+@attrs.define(eq=False)
+class _Pass:
+    members: list[Waiting]
+    pending: InFlight
+
+
+class EngineLoop:
+    """Admitted work in (`add`), one step at a time (`step`), finished work out.
+
+    ``parse(call)`` checks a call's body (`ApiError` on a bad one); ``respond(scored)`` builds its response;
+    ``on_failure(exc)`` turns a pass's exception into the error a call that failed alone gets.
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        tokenizer: TextTokenizer,
+        shape: EngineShape,
+        *,
+        parse: Callable,
+        respond: Callable[[Scored], dict],
+        on_failure: Callable[[BaseException], BaseException],
+        share_passes: bool,
+        floor_cache: int = 0,
+    ):
+        self.scorer, self.tokenizer, self.shape = scorer, tokenizer, shape
+        self._parse, self._respond, self._on_failure = parse, respond, on_failure
+        self.share_passes = share_passes
+        self.scheduler = Scheduler(shape.token_budget, share_passes=share_passes)
+        self.floor_cache = FloorCache(floor_cache if share_passes else 0)
+        self._works: dict[Work, None] = {}  # added and not finished, in arrival order
+        self._compiling: collections.deque[Call] = collections.deque()
+        self._in_flight: collections.deque[_Pass] = collections.deque()
+        self._done: list[Work] = []
+        self._floor_reads: dict[FloorKey, _FloorRead] = {}  # keys being read, and by which read
+        self.pass_log: list[tuple[int, float]] = []  # (tokens, busy seconds) per pass, for the server's metrics
+        self._passes = self._tokens = self._floor_hits = self._floor_misses = 0
+        self._busy_s = 0.0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._works or self._in_flight or self._done)
+
+    @staticmethod
+    def new_call(
+        body: object,
+        request_id: str,
+        *,
+        chat: bool = False,
+        trusted: bool = False,
+        internals: bool = False,
+        queued_s: float = 0.0,
+    ) -> Call:
+        """A call for `add` (the server's packer makes its calls here, without importing the engine)."""
+        return Call(body, request_id, chat=chat, trusted=trusted, internals=internals, queued_s=queued_s)
+
+    def add(self, work: Work) -> None:
+        work.added_at = time.perf_counter()
+        self._works[work] = None
+        if isinstance(work, Call):
+            self._compiling.append(work)
+        else:
+            work.started_at = work.added_at
+            self._schedule(work, range(len(work.jobs)))
+            self._maybe_finish(work)
+
+    def run(self, works: list[Work]) -> None:
+        """Add ``works`` and step until every one is finished (the in-process callers' way in)."""
+        if self.has_work:
+            raise RuntimeError("the engine loop is serving other work; one caller drives it at a time")
+        for work in works:
+            self.add(work)
+        while self.has_work:
+            self.step()
+
+    def step(self) -> list[Work]:
+        """One step (module docstring); the works finished in it, failed and dropped ones included."""
+        with hostgc.paused():
+            self._drop_abandoned()
+            self._compile_until(self.scheduler.target_tokens(len(self._in_flight)))
+            launched = False
+            if self.scheduler.can_schedule(in_flight=len(self._in_flight), more_coming=bool(self._compiling)):
+                launched = self._launch(self.scheduler.schedule())
+            if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and not launched):
+                self._collect(self._in_flight.popleft())
+            done, self._done = self._done, []
+            return done
+
+    def statistics(self) -> LoopStats:
+        return LoopStats(
+            self._passes,
+            self._tokens,
+            self._busy_s,
+            self._floor_hits,
+            self._floor_misses,
+            len(self.floor_cache),
+        )
+
+    # host work: parsing and compiling
+
+    def _compile_until(self, target: int) -> None:
+        while self._compiling and self.scheduler.waiting_tokens < target:
+            call = self._compiling[0]
+            if not self._advance(call) and self._compiling and self._compiling[0] is call:
+                self._compiling.popleft()  # compiled (a call that failed or finished has left already)
+
+    def _advance(self, call: Call) -> bool:
+        """Compile one more input of ``call``; False once it is compiled (or failed)."""
+        began = time.perf_counter()
+        try:
+            if call.stream is None:
+                call.started_at = began
+                call.queued_s += began - call.added_at
+                call.stream = CompileStream(self._parse(call), self.tokenizer, self.shape)
+                call.jobs, call.steps = call.stream.jobs, iter(call.stream)
+            step = next(call.steps, None)
+            if step is None:
+                call.compiled = call.stream.result()
+        except Exception as exc:  # a refusal (ApiError), or a bug that fails this call only
+            self._fail(call, exc)
+            return False
+        finally:
+            call.compile_s += time.perf_counter() - began
+        if step is None:
+            self._claim_floors(call)
+            self._maybe_finish(call)
+            return False
+        i, indices = step
+        if i is None:
+            if not self.share_passes:  # the call reads its own floors; otherwise the loop reads them
+                self._schedule(call, indices)
+            return True
+        for j in indices:
+            call.input_of[j] = i
+        call.left[i] = len(indices)
+        self._schedule(call, indices)
+        return True
+
+    def _schedule(self, work: Work, indices: Iterable[int]) -> None:
+        for j in indices:
+            self.scheduler.add(work, j, work.jobs[j].num_tokens)
+            work.outstanding += 1
+
+    def _claim_floors(self, call: Call) -> None:
+        """Each floor key of a compiled call: from the cache, from a read under way, or read anew by the loop."""
+        if not self.share_passes:
+            return
+        fresh = _FloorRead(payer=call)
+        for key, prompt in call.compiled.floors.items():
+            cached = self.floor_cache.get(key)
+            if cached is not None:
+                call.floors[key] = cached
+                self._floor_hits += 1
+                continue
+            read = self._floor_reads.get(key)
+            if read is None:
+                read = self._floor_reads[key] = fresh
+                fresh.prompts.append(attrs.evolve(prompt, reads=[]))
+                self._floor_misses += 1
+            else:
+                self._floor_hits += 1
+            read.waiters.setdefault(key, []).append(call)
+            read.live += 1
+            call.reads.append(read)
+            call.floors_waiting += 1
+        if fresh.prompts:
+            lay_out_floors(self.tokenizer.bos, fresh.prompts, self.shape, fresh.jobs)
+            fresh.added_at = fresh.started_at = time.perf_counter()
+            self._works[fresh] = None
+            self._schedule(fresh, range(len(fresh.jobs)))
+
+    # the device: launching and reading back
+
+    def _launch(self, members: list[Waiting]) -> bool:
+        try:
+            pending = self.scorer.start([w.owner.jobs[w.index] for w in members])
+        except Exception as exc:
+            self._pass_failed(members, exc)
+            return False
+        self._in_flight.append(_Pass(members, pending))
+        return True
+
+    def _collect(self, done: _Pass) -> None:
+        try:
+            values, busy = self.scorer.collect(done.pending)
+        except Exception as exc:
+            self._pass_failed(done.members, exc)
+            return
+        self._passes += 1
+        self._tokens += done.pending.num_tokens
+        self._busy_s += busy
+        self.pass_log.append((done.pending.num_tokens, busy))
+        members = done.members
+        for (k, node, token), value in values.items():
+            w = members[k]
+            if not w.owner.finished:
+                w.owner.values[(w.index, node, token)] = value
+        for owner in dict.fromkeys(w.owner for w in members):
+            owner.passes += 1
+            owner.busy_s += busy
+        for w in members:
+            self._job_read(w.owner, w.index, w.num_tokens)
+
+    def _job_read(self, work: Work, index: int, num_tokens: int) -> None:
+        if work.finished:  # failed or dropped meanwhile
+            return
+        work.outstanding -= 1
+        work.ran_tokens += num_tokens
+        if isinstance(work, Call):
+            i = work.input_of.get(index)
+            if i is not None:
+                work.left[i] -= 1
+                if not work.left[i]:
+                    work.entries[i] = input_result(work.stream.inputs[i], work.values, work.deferred)
+        self._maybe_finish(work)
+
+    def _pass_failed(self, members: list[Waiting], exc: BaseException) -> None:
+        """Retry a shared pass's works each alone; a work that failed alone gets the error."""
+        while self._in_flight:  # read what is on the device first: the engine measures memory once it is idle
+            self._collect(self._in_flight.popleft())
+        error = self._on_failure(exc)
+        owners = list(dict.fromkeys(w.owner for w in members))
+        if len(owners) == 1:
+            self._fail(owners[0], error)
+            return
+        log.warning("a pass shared by %d works failed (%s); running each alone", len(owners), error)
+        for owner in owners:
+            self.scheduler.mark_solo(owner)
+        for w in members:
+            self.scheduler.add(w.owner, w.index, w.num_tokens)
+
+    # finishing
+
+    def _maybe_finish(self, work: Work) -> None:
+        if work.finished or work.outstanding:
+            return
+        if isinstance(work, Call):
+            if work.compiled is None or work.floors_waiting:
+                return
+            try:
+                work.response = self._respond(self._scored(work))
+            except Exception as exc:  # a bug in building one answer fails that call only
+                self._fail(work, exc)
+                return
+        elif isinstance(work, _FloorRead):
+            self._floors_read(work)
+        self._end(work)
+
+    def _scored(self, call: Call) -> Scored:
+        compiled = call.compiled
+        for i, ci in enumerate(compiled.inputs):  # inputs with no jobs of their own (nothing to read)
+            if i not in call.entries:
+                call.entries[i] = input_result(ci, call.values, call.deferred)
+        for key, prompt in compiled.floors.items():  # read among the call's own jobs (not batch-invariant)
+            if key not in call.floors:
+                call.floors[key] = floor_numbers(prompt, call.values)
+        fill_floors(call.deferred, call.floors)
+        entries = [call.entries[i] for i in range(len(compiled.inputs))]
+        return Scored(
+            call,
+            compiled,
+            [entry for entry, _ in entries],
+            [w for _, found in entries for w in found],
+            call.ran_tokens,
+            time.perf_counter() - call.started_at,
+            call.busy_s,
+        )
+
+    def _floors_read(self, read: _FloorRead) -> None:
+        if not read.payer.finished:
+            read.payer.ran_tokens += read.ran_tokens
+        for prompt in read.prompts:
+            numbers = floor_numbers(prompt, read.values)
+            self.floor_cache.put(prompt.key, numbers)
+            del self._floor_reads[prompt.key]
+            for call in read.waiters.get(prompt.key, []):
+                if not call.finished:
+                    call.floors[prompt.key] = numbers
+                    call.floors_waiting -= 1
+                    self._maybe_finish(call)
+
+    def _fail(self, work: Work, error: BaseException) -> None:
+        if work.finished:
+            return
+        work.error = error
+        self._end(work)
+        if isinstance(work, _FloorRead):
+            for waiting in work.waiters.values():
+                for call in waiting:
+                    self._fail(call, error)
+
+    def _drop_abandoned(self) -> None:
+        for work in [w for w in self._works if w.abandoned]:
+            self._end(work)
+
+    def _end(self, work: Work) -> None:
+        """Take ``work`` out of the loop and hand it back; what it held for the device is let go."""
+        work.finished = True
+        self.scheduler.drop(work)
+        self._works.pop(work, None)
+        if isinstance(work, _FloorRead):
+            for prompt in work.prompts:
+                if self._floor_reads.get(prompt.key) is work:
+                    del self._floor_reads[prompt.key]
+            return
+        self._done.append(work)
+        if isinstance(work, Call):
+            if work in self._compiling:
+                self._compiling.remove(work)
+            for read in work.reads:  # a read nobody waits for any more is not run
+                if not read.finished:
+                    read.live -= 1
+                    if not read.live:
+                        self._end(read)
+            work.stream = work.steps = work.compiled = None
+            work.values, work.entries, work.deferred, work.reads = {}, {}, [], []

@@ -1,0 +1,89 @@
+"""The scheduling policy of the engine loop: which waiting jobs go into the next pass (pure Python, no torch).
+
+Jobs wait in arrival order, each with its owner (a call, or the loop's own floor reads) and its size. When the loop
+asks, the waiting jobs are packed first-fit-decreasing (`spinf.engine.packing.pack`) and the fullest pass is taken;
+the rest wait for the next one, with whatever arrives meanwhile. The loop launches a pass once a pass's worth is
+waiting (two passes' worth while one is already on the device, so that the one it takes is full), or once nothing
+more is coming; it never has more than `MAX_IN_FLIGHT` passes launched and unread, since a GPU queues about one
+pass of kernels and a third launch would only block the host.
+
+Owners share passes only when the engine is batch-invariant (``share_passes``): a question's numbers then do not
+depend on what else is in its pass. Otherwise, and for an owner marked ``solo`` (one whose shared pass failed, so
+that one call's failure never fails another), a pass holds the jobs of one owner, the oldest waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import attrs
+
+from spinf.engine.packing import pack
+
+MAX_IN_FLIGHT = 2
+
+
+@attrs.frozen
+class Waiting:
+    """One job waiting for a pass: its owner, its index in the owner's jobs, its tokens."""
+
+    owner: Hashable
+    index: int
+    num_tokens: int
+
+
+class Scheduler:
+    """Check/action pairs for the loop: `can_schedule` / `schedule`; `add` and `drop` change what waits."""
+
+    def __init__(self, token_budget: int, *, share_passes: bool):
+        self.token_budget = token_budget
+        self.share_passes = share_passes
+        self._waiting: list[Waiting] = []
+        self._solo: set = set()
+        self.waiting_tokens = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def add(self, owner: Hashable, index: int, num_tokens: int) -> None:
+        self._waiting.append(Waiting(owner, index, num_tokens))
+        self.waiting_tokens += num_tokens
+
+    def mark_solo(self, owner: Hashable) -> None:
+        """From now on ``owner``'s jobs run in passes of their own."""
+        self._solo.add(owner)
+
+    def drop(self, owner: Hashable) -> None:
+        """Forget ``owner``'s waiting jobs (a call that failed or whose caller went away)."""
+        self._waiting = [w for w in self._waiting if w.owner != owner]
+        self.waiting_tokens = sum(w.num_tokens for w in self._waiting)
+        self._solo.discard(owner)
+
+    def target_tokens(self, in_flight: int) -> int:
+        """How many tokens should wait before a launch: a pass's worth, two while one is on the device."""
+        return self.token_budget * (1 + min(in_flight, 1))
+
+    def can_schedule(self, *, in_flight: int, more_coming: bool) -> bool:
+        if not self._waiting or in_flight >= MAX_IN_FLIGHT:
+            return False
+        return not more_coming or self.waiting_tokens >= self.target_tokens(in_flight)
+
+    def schedule(self) -> list[Waiting]:
+        """Take the next pass: the fullest of the waiting jobs' packing (the earliest among equals)."""
+        candidates = self._candidates()
+        passes = pack([w.num_tokens for w in candidates], self.token_budget)
+        sizes = [sum(candidates[k].num_tokens for k in members) for members in passes]
+        fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
+        chosen = [candidates[k] for k in passes[fullest]]
+        taken = {id(w) for w in chosen}
+        self._waiting = [w for w in self._waiting if id(w) not in taken]
+        self.waiting_tokens -= sizes[fullest]
+        return chosen
+
+    def _candidates(self) -> list[Waiting]:
+        """The jobs the next pass may hold: all of them, or one owner's when passes are not shared."""
+        first = self._waiting[0].owner
+        if self.share_passes and first not in self._solo:
+            return [w for w in self._waiting if w.owner not in self._solo]
+        return [w for w in self._waiting if w.owner == first]
