@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from spinf.engine.lru import LRU
 from spinf.engine.query_tokens import ENDING_CHARS, CompiledQuery, compile_query, spell_options
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt
@@ -73,8 +74,35 @@ class EngineShape:
         return max(self.token_budget, self.max_tokens)
 
 
-def compile_request(req: ScoreRequest, tk: TextTokenizer, shape: EngineShape) -> CompiledRequest:
-    stream = CompileStream(req, tk, shape)
+class CompileCache:
+    """What a compile reuses from earlier requests on the same tokenizer: compiled queries, the spellings of floor
+    reads and the tries of branch lists.
+
+    Each is a function of its key alone, so a request compiles exactly as it would with an empty cache: a query by
+    its spec as sent, the limits and the case rule (`compile_query`); a floor's spellings by its floor key; a trie
+    by the branches and spellings laid into it, in order (a job's prefix is not part of its trie). Many calls with
+    the same questions, one input each, then tokenize each template once and build each trie once.
+    """
+
+    def __init__(self, size: int = 4096):
+        self.queries, self.floor_spellings, self.tries = LRU(size), LRU(size), LRU(max(1, size // 16))
+
+    def query(self, q, tk: TextTokenizer, limits, case_insensitive: bool) -> CompiledQuery:
+        key = (repr(q), limits, case_insensitive)
+        found = self.queries.get(key)
+        if found is None:
+            found = compile_query(q, tk, limits, case_insensitive=case_insensitive)
+            self.queries.put(key, found)
+        return found
+
+
+NO_CACHE = CompileCache(0)
+
+
+def compile_request(
+    req: ScoreRequest, tk: TextTokenizer, shape: EngineShape, cache: CompileCache = NO_CACHE
+) -> CompiledRequest:
+    stream = CompileStream(req, tk, shape, cache)
     for _ in stream:
         pass
     return stream.result()
@@ -89,11 +117,11 @@ class CompileStream:
     token limit nothing more is yielded (the rest is still compiled, so the 413 names the full count).
     """
 
-    def __init__(self, req: ScoreRequest, tk: TextTokenizer, shape: EngineShape):
+    def __init__(self, req: ScoreRequest, tk: TextTokenizer, shape: EngineShape, cache: CompileCache = NO_CACHE):
         for i, inp in enumerate(req.inputs):
             if any(isinstance(s, MediaPart) for s in inp.segments):
                 raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
-        self.req, self.tk, self.shape = req, tk, shape
+        self.req, self.tk, self.shape, self.cache = req, tk, shape, cache
         self.inputs: list[CompiledInput] = []
         self.jobs: list[Job] = []
         self.floors: dict[tuple, Prompt] = {}
@@ -105,15 +133,15 @@ class CompileStream:
         req, shape, jobs = self.req, self.shape, self.jobs
         tokens = 0
         for i in range(len(req.inputs)):
-            ci = _compile_input(req, i, self.tk, shape, self._queries, self.floors, self.warnings)
+            ci = _compile_input(req, i, self.tk, shape, self, self.floors, self.warnings)
             self.inputs.append(ci)
             start = len(jobs)
-            _lay_out_input(ci, shape, jobs)
+            _lay_out_input(ci, shape, jobs, self.cache)
             tokens += sum(job.num_tokens for job in jobs[start:])
             if tokens <= req.limits.max_processed_tokens:
                 yield i, range(start, len(jobs))
         start = len(jobs)
-        lay_out_floors(self.tk.bos, list(self.floors.values()), shape, jobs)
+        lay_out_floors(self.tk.bos, list(self.floors.values()), shape, jobs, self.cache)
         tokens += sum(job.num_tokens for job in jobs[start:])
         self._done = True
         if tokens <= req.limits.max_processed_tokens:
@@ -134,7 +162,7 @@ class CompileStream:
         return compiled
 
 
-def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
+def _compile_input(req, i, tk, shape, stream, floors, warnings) -> CompiledInput:
     inp = req.inputs[i]
     text = inp.text
     content = tk.tok(text)
@@ -144,7 +172,7 @@ def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
             f"inputs.{i}",
             f"the content has {len(content)} tokens; the limit is {req.limits.max_content_tokens}",
         )
-    queries = _chosen_queries(req, i, tk, cache)
+    queries = _chosen_queries(req, i, tk, stream)
     _check_fits(req, i, tk, shape, content, queries)
     cut, tail, merged = _join(text, content, queries, tk)
     if not merged:
@@ -162,17 +190,18 @@ def _compile_input(req, i, tk, shape, cache, floors, warnings) -> CompiledInput:
         branches = cq.filled_tokens if cut is None else tuple(tk.tok_many([tail + f for f in cq.filled]))
         prompts.append([Prompt(branch, cq, cq.spellings, cq.spec.group or "") for branch in branches])
         on = _floor_on(req, cq)
-        input_floors.append([_floor(floors, cq, k, tk) if on else None for k in range(len(cq.combos))])
+        input_floors.append([_floor(floors, cq, k, tk, stream.cache) if on else None for k in range(len(cq.combos))])
     return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
 
 
-def _chosen_queries(req: ScoreRequest, i: int, tk: TextTokenizer, cache: dict) -> list[CompiledQuery]:
-    """The input's queries, each compiled once per request, with the running prompt count (api spec §4.9)."""
-    queries, prompts_seen = [], 0
+def _chosen_queries(req: ScoreRequest, i: int, tk: TextTokenizer, stream: CompileStream) -> list[CompiledQuery]:
+    """The input's queries, each compiled once per request (or taken from the compile cache), with the running
+    prompt count (api spec §4.9)."""
+    queries, prompts_seen, compiled = [], 0, stream._queries
     for q in choose_queries(req, i):
-        if q.path not in cache:
-            cache[q.path] = compile_query(q, tk, req.limits, case_insensitive=req.case_insensitive)
-        cq = cache[q.path]
+        if q.path not in compiled:
+            compiled[q.path] = stream.cache.query(q, tk, req.limits, req.case_insensitive)
+        cq = compiled[q.path]
         prompts_seen += len(cq.combos)
         if prompts_seen > req.limits.max_prompts_per_input:
             raise bad_request(
@@ -208,7 +237,7 @@ def _floor_on(req: ScoreRequest, cq: CompiledQuery) -> bool:
     return cq.spec.empty_floor if cq.spec.empty_floor is not None else req.empty_floor
 
 
-def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int, tk: TextTokenizer) -> Prompt:
+def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int, tk: TextTokenizer, cache: CompileCache) -> Prompt:
     """The floor read of combination ``k``, shared by key (filled text, options, case rule) (engine spec A.9).
 
     Its spellings follow the boundary rule on its own filled text alone, so a floor is a function of its key and
@@ -217,17 +246,22 @@ def _floor(floors: dict[tuple, Prompt], cq: CompiledQuery, k: int, tk: TextToken
     text = cq.filled[k]
     key = (text, cq.spec.options, cq.case_insensitive)
     if key not in floors:
-        ending = text[-ENDING_CHARS:]
-        spellings = spell_options(
-            tk, cq.spec.options, cq.option_tokens, [(ending, tk.tok(ending))], cq.case_insensitive
-        )
+        spellings = cache.floor_spellings.get(key)
+        if spellings is None:
+            ending = text[-ENDING_CHARS:]
+            spellings = spell_options(
+                tk, cq.spec.options, cq.option_tokens, [(ending, tk.tok(ending))], cq.case_insensitive
+            )
+            cache.floor_spellings.put(key, spellings)
         floors[key] = Prompt(cq.filled_tokens[k], cq, spellings, key=key)
     return floors[key]
 
 
-def lay_out_floors(bos: tuple[int, ...], floors: list[Prompt], shape: EngineShape, jobs: list[Job]) -> None:
+def lay_out_floors(
+    bos: tuple[int, ...], floors: list[Prompt], shape: EngineShape, jobs: list[Job], cache: CompileCache = NO_CACHE
+) -> None:
     """Append the jobs that read ``floors`` (each ``<bos>`` + a filled template) to ``jobs``."""
-    _lay_out(tuple(bos), floors, shape.token_budget, shape.engine_max, jobs)
+    _lay_out(tuple(bos), floors, shape.token_budget, shape.engine_max, jobs, cache)
 
 
 def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:
@@ -255,7 +289,7 @@ def _join(text, content, queries, tk) -> tuple[int | None, str, bool]:
     return None, "", False
 
 
-def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job]) -> None:
+def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job], cache: CompileCache) -> None:
     """One job per input; when too large, one per query group (ungrouped first), then halves (A.11.1).
 
     Content longer than half the budget is not re-sent into budget-sized pieces: its job may grow up to the engine
@@ -263,17 +297,26 @@ def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job]) -> No
     """
     limit = shape.max_tokens if len(ci.content_tokens) > shape.token_budget // 2 else shape.token_budget
     ordered = sorted((p for per_query in ci.prompts for p in per_query), key=lambda p: (p.group != "", p.group))
-    job, reads = _build(ci.prefix, ordered)
+    job, reads = _build(ci.prefix, ordered, cache)
     if job.num_tokens <= limit:
         _keep(job, ordered, reads, jobs)
         return
     for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
-        _lay_out(ci.prefix, [p for p in ordered if p.group == group], limit, shape.engine_max, jobs)
+        _lay_out(ci.prefix, [p for p in ordered if p.group == group], limit, shape.engine_max, jobs, cache)
 
 
-def _build(prefix: tuple[int, ...], prompts: list[Prompt]) -> tuple[Job, list]:
-    job = Job(prefix)
-    return job, [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
+def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache) -> tuple[Job, list]:
+    """A job of ``prompts`` after ``prefix``, and each prompt's reads; the trie comes from the cache when the same
+    branches and spellings were laid out before (a trie and its reads are never changed once built)."""
+    key = tuple((p.branch, p.spellings) for p in prompts)
+    found = cache.tries.get(key)
+    if found is None:
+        job = Job(())
+        reads = [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
+        found = (job.trie, job.reads, reads)
+        cache.tries.put(key, found)
+    trie, job_reads, reads = found
+    return Job(prefix, trie, job_reads), reads
 
 
 def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
@@ -284,15 +327,15 @@ def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None
         p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
 
 
-def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job]) -> None:
+def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job], cache: CompileCache) -> None:
     """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs."""
     if not prompts:
         return
-    job, reads = _build(prefix, prompts)
+    job, reads = _build(prefix, prompts, cache)
     if job.num_tokens > limit and len(prompts) > 1:
         half = len(prompts) // 2
-        _lay_out(prefix, prompts[:half], limit, engine_max, jobs)
-        _lay_out(prefix, prompts[half:], limit, engine_max, jobs)
+        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache)
+        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache)
         return
     if job.num_tokens > engine_max:
         raise ApiError(

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from spinf.engine import hostgc
-from spinf.engine.compiler import CompiledRequest, CompileStream, EngineShape, Prompt, lay_out_floors
+from spinf.engine.compiler import CompileCache, CompiledRequest, CompileStream, EngineShape, Prompt, lay_out_floors
+from spinf.engine.lru import LRU
 from spinf.engine.results import Floor, FloorKey, fill_floors, floor_numbers, input_result
 from spinf.engine.scheduler import MAX_IN_FLIGHT, Scheduler, Waiting
 from spinf.engine.tokenizer import TextTokenizer
@@ -139,29 +140,8 @@ class LoopStats:
     floor_entries: int
 
 
-class FloorCache:
+class FloorCache(LRU):
     """Floor numbers by key, the least recently used dropped beyond ``size`` (0: nothing is kept)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._entries: collections.OrderedDict[FloorKey, Floor] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: FloorKey) -> Floor | None:
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: FloorKey, numbers: Floor) -> None:
-        if not self.size:
-            return
-        self._entries[key] = numbers
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
 
 
 @attrs.define(eq=False)
@@ -194,6 +174,7 @@ class EngineLoop:
         self.share_passes = share_passes
         self.scheduler = Scheduler(shape.token_budget, share_passes=share_passes)
         self.floor_cache = FloorCache(floor_cache if share_passes else 0)
+        self.compile_cache = CompileCache()  # content-free, so shared by every call whatever the scheme
         self._works: dict[Work, None] = {}  # added and not finished, in arrival order
         self._compiling: collections.deque[Call] = collections.deque()
         self._in_flight: collections.deque[_Pass] = collections.deque()
@@ -277,7 +258,7 @@ class EngineLoop:
             if call.stream is None:
                 call.started_at = began
                 call.queued_s += began - call.added_at
-                call.stream = CompileStream(self._parse(call), self.tokenizer, self.shape)
+                call.stream = CompileStream(self._parse(call), self.tokenizer, self.shape, self.compile_cache)
                 call.jobs, call.steps = call.stream.jobs, iter(call.stream)
             step = next(call.steps, None)
             if step is None:
@@ -330,7 +311,7 @@ class EngineLoop:
             call.reads.append(read)
             call.floors_waiting += 1
         if fresh.prompts:
-            lay_out_floors(self.tokenizer.bos, fresh.prompts, self.shape, fresh.jobs)
+            lay_out_floors(self.tokenizer.bos, fresh.prompts, self.shape, fresh.jobs, self.compile_cache)
             fresh.added_at = fresh.started_at = time.perf_counter()
             self._works[fresh] = None
             self._schedule(fresh, range(len(fresh.jobs)))

@@ -146,3 +146,31 @@ def test_content_over_the_engine_maximum_is_refused(tiny_engine):
     with pytest.raises(Exception) as info:
         compiled(body, tiny_engine.tokenizer, EngineShape(128, 128), Limits(max_content_tokens=4096))
     assert (info.value.status, info.value.code, info.value.param) == (400, "content_too_long", "inputs.0")
+
+
+def _laid_out(compiled) -> list:
+    """Everything a compiled request hands the loop: each job's prefix, trie and reads, each prompt's reads."""
+    jobs = [(j.prefix, j.trie.tokens, j.trie.parent, j.trie.preorder(), sorted(j.reads)) for j in compiled.jobs]
+    prompts = [p.reads for ci in compiled.inputs for per_query in ci.prompts for p in per_query]
+    floors = [(key, p.spellings, p.reads) for key, p in compiled.floors.items()]
+    return [jobs, prompts, floors, compiled.processed_tokens]
+
+
+def test_a_warm_compile_cache_compiles_exactly_as_a_cold_one(tiny_engine):
+    from spinf.engine.compiler import CompileCache
+    from tests.engine.test_independence import CONTENT, TARGETS, body, other_questions
+
+    cache = CompileCache()
+    shape = EngineShape(384, 1024)  # small: the second request's input is split into several jobs
+    requests = [
+        body(other_questions(40) + TARGETS, [("a", CONTENT), ("b", "Nothing to see here.")]),
+        body(other_questions(40) + TARGETS, [("c", "Nothing to see here."), ("d", CONTENT)]),  # the same tries
+        body(TARGETS, [("e", CONTENT + " The end")]),  # another cut, the same queries
+    ]
+    for request in requests * 2:
+        parsed = tiny_engine.parse(request)
+        cold = compile_request(parsed, tiny_engine.tokenizer, shape)
+        warm = compile_request(parsed, tiny_engine.tokenizer, shape, cache)
+        assert _laid_out(warm) == _laid_out(cold)
+    # a query is keyed by its spec as sent, path included: the third request's targets sit at other paths
+    assert len(cache.queries) == len(other_questions(40)) + 2 * len(TARGETS) and len(cache.tries) > 0
