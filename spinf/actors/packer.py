@@ -50,8 +50,8 @@ class Packer:
     **Outbox**: each work's ``reply`` (the response dict or the error); `ExecJob`s (one loop step each) to the
     executor; ``status.degrade`` when the engine reports device memory not freed after an out-of-memory error.
     **Ends**: when ``warmed`` closes without an engine, or when the inbox closes and every call taken has been
-    answered. **Cancellation**: a step in progress completes in the executor; the calls in the loop are not
-    answered (their callers are being cancelled too).
+    answered; it closes its clone of the executor's inbox as it ends. **Cancellation**: a step in progress
+    completes in the executor; the calls in the loop are not answered (their callers are being cancelled too).
     """
 
     inbox: trio.MemoryReceiveChannel[ScoreWork]
@@ -67,6 +67,10 @@ class Packer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        with self.executor:  # its own clone of the executor's inbox: closed when the packer ends
+            await self._serve()
+
+    async def _serve(self) -> None:
         with self.warmed:
             try:
                 engine = await self.warmed.receive()
