@@ -2,7 +2,8 @@
 
 The tiny model on CUDA through the fused path (bf16 activations, Triton tree attention, fp8s linears after a
 calibration): every question's log-probs alone, with its input's other questions, in a crowd of other inputs, in
-another order, and in a pass shared with a concurrent request. The 12B-shaped run of the same check is
+another order, and in passes shared with 255 concurrent calls through the engine loop, with a cold and a warm floor
+cache. The 12B-shaped run of the same check is
 ``python benchmarks/gpu_fast.py --invariance`` (benchmarks/RESULTS.md).
 """
 
@@ -13,6 +14,7 @@ import random
 import pytest
 
 from spinf import Engine
+from spinf.engine.loop import Call
 from spinf.engine.quant import AmaxRecorder
 from tests.engine.test_independence import CONTENT, TARGETS, body, numbers, other_questions
 
@@ -53,8 +55,13 @@ def test_every_question_keeps_its_bits_in_five_compositions(gpu_engine):
     inputs = [("z", "Other news."), ("b", OTHER), ("a", CONTENT)]
     rng.shuffle(inputs)
     assert numbers(engine.score(body(other_questions(40) + shuffled, inputs))) == whole
-    # in passes shared with a concurrent request
-    first = engine.prepare(body(TARGETS, [("a", CONTENT)]))
-    second = engine.prepare(body(other_questions(200), [("b", OTHER), ("c", CONTENT + " More.")]))
-    values, stats = engine.run([second.compiled.jobs, first.compiled.jobs])
-    assert numbers(engine.respond(first, values[1], stats)) == whole
+    # in passes shared with 255 concurrent calls, with a cold floor cache, then alone with a warm one
+    shared = engine.new_loop(share_passes=True, floor_cache=4096)
+    mine = Call(body(TARGETS, [("a", CONTENT)]), "scr_mine")
+    crowd_calls = [Call(body(other_questions(20), [("b", f"{k}. {OTHER}")]), f"scr_{k}") for k in range(255)]
+    shared.run([*crowd_calls[:128], mine, *crowd_calls[128:]])
+    assert numbers(mine.unwrap()) == whole
+    again = Call(body(TARGETS, [("a", CONTENT)]), "scr_again")
+    hits = shared.statistics().floor_hits
+    shared.run([again])
+    assert numbers(again.unwrap()) == whole and shared.statistics().floor_hits > hits
