@@ -87,14 +87,22 @@ class Recorder:
         return collections.Counter(i for call in self.calls for i in call)
 
 
+# The engine is the session's tiny engine, shared by every FakeServer, and one caller drives it at a time.
+_ENGINE_LOCK = threading.Lock()
+
+
 class _Handler(JsonHandler):
     def do_POST(self) -> None:
         fake: FakeServer = self.server.fake
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with fake.lock:
-            fake.seen.append((self.path, self.headers.get("Authorization"), [i["id"] for i in body["inputs"]]))
-            reply = fake.script.pop(0) if fake.script else None
-            if reply is None:
+            ids = [i["id"] for i in body["inputs"]]
+            fake.seen.append((self.path, self.headers.get("Authorization"), ids))
+            reply = fake.once_for.pop(ids[0], None) if ids else None
+            if reply is None and fake.script:
+                reply = fake.script.pop(0)
+        if reply is None:
+            with _ENGINE_LOCK:
                 try:
                     reply = (200, {}, fake.engine.score(body))
                 except ApiError as exc:
@@ -105,12 +113,16 @@ class _Handler(JsonHandler):
 
 class FakeServer(LoopbackServer):
     """A ``/v1/score`` server on 127.0.0.1: answers ``script`` replies ``(status, headers, body)`` first, then
-    scores with ``engine`` (one call at a time). ``seen`` records ``(path, Authorization, input ids)`` per call."""
+    scores with ``engine`` (one call at a time, across all fake servers). ``once_for`` maps an input id to a reply
+    given once, to the first call whose inputs start with it, whenever that call comes: a test that must not
+    depend on which of several concurrent calls arrives first names its call. ``seen`` records ``(path,
+    Authorization, input ids)`` per call."""
 
-    def __init__(self, engine, script: list | None = None):
+    def __init__(self, engine, script: list | None = None, *, once_for: dict | None = None):
         super().__init__(_Handler)
         self.engine = engine
         self.script = list(script or [])
+        self.once_for = dict(once_for or {})
         self.seen: list[tuple[str, str | None, list[str]]] = []
         self.lock = threading.Lock()
 

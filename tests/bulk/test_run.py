@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import collections
 import json
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,47 +59,48 @@ def test_a_thousand_inputs_match_one_engine_call(tiny_engine, tmp_path):
 
 
 def test_results_stay_in_input_order_when_batches_finish_out_of_order(tmp_path):
+    """Every even batch waits until the batch after it has finished, so the batches finish in pairs reversed,
+    whatever the timing (the workers take batches in submission order, so the one waited for always runs)."""
     inputs = [{"id": f"in-{k:04d}", "content": "x" * (k % 13)} for k in range(300)]
     src, out = write_jsonl(tmp_path / "in.jsonl", inputs), tmp_path / "out.jsonl"
-    rng = random.Random(7)
+    num_batches = 43
+    finished, done = [], [threading.Event() for _ in range(num_batches)]
     recorders = [Recorder() for _ in range(3)]
 
-    def slow(recorder):
+    def after_the_next(recorder):
         def scorer(body):
-            time.sleep(rng.random() * 0.01)
-            return recorder(body)
+            k = int(body["inputs"][0]["id"].split("-")[1]) // 7
+            if k % 2 == 0 and k + 1 < num_batches:
+                assert done[k + 1].wait(60), f"batch {k + 1} never finished"
+            response = recorder(body)
+            finished.append(k)
+            done[k].set()
+            return response
 
         return scorer
 
-    run_bulk({}, src, out, scorer=[slow(r) for r in recorders], batch_size=7, concurrency=4)
+    run_bulk({}, src, out, scorer=[after_the_next(r) for r in recorders], batch_size=7, concurrency=4)
+    assert finished[:4] == [1, 0, 3, 2] and sorted(finished) == list(range(num_batches))
     assert ids_of(out) == [item["id"] for item in inputs]
     assert [len(r.calls) for r in recorders] == [15, 14, 14]  # round-robin over 43 batches
     assert read_jsonl(out)[5] == fake_response({"inputs": [as_api_input(inputs[5])]})["results"][0]
 
 
-def test_at_most_two_batches_per_worker_are_in_flight(tmp_path):
+def test_at_most_two_batches_per_worker_are_in_flight(tmp_path, monkeypatch):
+    """Counted at every submission against the lines written so far: both happen in the run's own thread, so the
+    count does not depend on how fast the workers are."""
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": str(k), "content": "x"} for k in range(100)])
-    release, started = threading.Event(), []
+    in_flight, written = [], [0]
 
-    def scorer(body):
-        started.append(body["inputs"][0]["id"])
-        if body["inputs"][0]["id"] == "0":
-            release.wait(10)
-        return fake_response(body)
+    class CountingPool(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            in_flight.append(len(in_flight) + 1 - written[0] // 5)  # batches submitted, less those written
+            return super().submit(*args, **kwargs)
 
-    runner = threading.Thread(
-        target=run_bulk,
-        args=({}, src, tmp_path / "out.jsonl"),
-        kwargs={"scorer": scorer, "batch_size": 5, "concurrency": 2},
-    )
-    runner.start()
-    deadline = time.monotonic() + 10
-    while len(started) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # time for a fifth batch to start, were it allowed to
-    assert started == ["0", "5", "10", "15"]  # the first batch holds the line: nothing past 2 x 2 batches starts
-    release.set()
-    runner.join(10)
+    monkeypatch.setattr("spinf.bulk.run.ThreadPoolExecutor", CountingPool)
+    progress = lambda done, total: written.__setitem__(0, done)  # noqa: E731
+    run_bulk({}, src, tmp_path / "out.jsonl", scorer=Recorder(), batch_size=5, concurrency=2, progress=progress)
+    assert in_flight == [1, 2, 3, 4] + [4] * 16  # the window fills to 2 x 2 batches and never grows past it
     assert len(ids_of(tmp_path / "out.jsonl")) == 100
 
 
@@ -131,12 +132,11 @@ def test_resume_after_sigkill_and_a_partial_line(tmp_path):
     command = [sys.executable, "-m", "tests.bulk.slow_run", str(src), str(out), str(log), "100"]
     proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a guard against a hang, not a measure: the batches from 100 never end
         while not (out.exists() and out.read_bytes().count(b"\n") >= 100):
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "the run never wrote 100 lines"
             time.sleep(0.02)
-        time.sleep(0.2)  # nothing past the hanging batches may come
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
