@@ -17,9 +17,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_jobsets import job_bodies, tiny_tokenizer  # noqa: E402
+from benchmarks.gpu_jobsets import job_bodies, parse_body, tiny_tokenizer  # noqa: E402
 from benchmarks.gpu_probe import timed  # noqa: E402
-from spinf.engine.compiler import EngineShape  # noqa: E402
+from spinf.engine.compiler import EngineShape, compile_request  # noqa: E402
 from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.packing import pack  # noqa: E402
@@ -44,10 +44,9 @@ KINDS = {256: (16, 8, 1024), 512: (16, 1, None)}
 
 
 def first_pass(name: str):
-    from benchmarks.gpu_fast import compiled
-
+    """The pass layout the engine would run first for the job set's body (its jobs packed as the packer packs)."""
     bodies, _ = job_bodies(name, None)
-    jobs = compiled(bodies[0], tiny_tokenizer(), EngineShape(16_384, 65_536)).jobs
+    jobs = compile_request(parse_body(bodies[0]), tiny_tokenizer(), EngineShape(16_384, 65_536)).jobs
     members = pack([job.num_tokens for job in jobs], 16_384)[0]
     return build_pass([jobs[i] for i in members])
 

@@ -1,8 +1,10 @@
 """How far the engine and the transformers baseline drift apart with depth, on the same random weights.
 
 Run on the GPU machine: ``python benchmarks/depth_precision.py``. The J3 body is scored by both at the 12B width
-with 2, 6, 12 and 48 layers, in fp32 and bf16, and the largest logprob difference is printed per row. Untrained
+with 2, 6, 12 and 48 layers in bf16, and the largest logprob difference is printed per row: the engine through
+`Engine.score` on a checkpoint folder (`benchmarks.checkpoint`), the baseline with the folder's weights. Untrained
 random layers amplify any difference in arithmetic, so the gap grows with depth; a bug shows at 2 layers already.
+(The engine runs no fp32 on a GPU; the fp32 comparison is the CPU tests', tests/benchmarks/test_baseline.py.)
 """
 
 from __future__ import annotations
@@ -14,36 +16,33 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gemma12b import (  # noqa: E402
-    GEMMA_12B_TEXT_CONFIG,
-    build_random_engine_model,
-    build_random_transformers_model,  # noqa: E402
-)
+from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
+from benchmarks.checkpoint import free_memory, open_engine, text_state, work_dir, write_checkpoint  # noqa: E402
+from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, build_random_transformers_model, truncated  # noqa: E402
 from benchmarks.gpu_jobsets import baseline_call, engine_call, max_difference, tiny_tokenizer  # noqa: E402
 from benchmarks.jobsets import load_jobset  # noqa: E402
-from spinf.engine.compiler import EngineShape  # noqa: E402
-from spinf.engine.scorer import Scorer  # noqa: E402
 
 
-def config_with(layers: int) -> dict:
-    kinds = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)]
-    return {**GEMMA_12B_TEXT_CONFIG, "num_hidden_layers": layers, "layer_types": kinds}
+def engine_logprobs(folder, root: Path, body: dict) -> list:
+    engine = open_engine(folder, root, quant="bf16", limits=BENCH_LIMITS)
+    return engine_call(engine, body).logprobs
 
 
 def main() -> None:
-    body, tokenizer, device = load_jobset("j3"), tiny_tokenizer(), torch.device("cuda")
-    for layers in (2, 6, 12, 48):
-        for dtype in (torch.float32, torch.bfloat16):
-            ours = build_random_engine_model(device, dtype, config=config_with(layers))
-            engine = engine_call(Scorer(ours, device, 16_384), tokenizer, EngineShape(16_384, 65_536), body)
-            del ours
-            torch.cuda.empty_cache()
-            reference = build_random_transformers_model(device, dtype, config=config_with(layers))
-            baseline = baseline_call(reference, tokenizer, 64, body)
-            del reference
-            torch.cuda.empty_cache()
-            gap = max_difference(engine.logprobs, baseline.logprobs)
-            print(f"layers {layers:2d} {dtype}: max |engine - baseline| logprob {gap:.3g}", flush=True)
+    body, device = load_jobset("j3"), torch.device("cuda")
+    with work_dir(None) as root:
+        for layers in (2, 6, 12, 48):
+            config = truncated(GEMMA_12B_TEXT_CONFIG, layers)
+            folder = write_checkpoint(root, config, device=device)
+            ours = engine_logprobs(folder, root, body)
+            free_memory()
+            state = text_state(folder.path)
+            reference = build_random_transformers_model(device, torch.bfloat16, config=config, state=state)
+            baseline = baseline_call(reference, tiny_tokenizer(), 64, body)
+            del reference, state
+            free_memory()
+            gap = max_difference(ours, baseline.logprobs)
+            print(f"layers {layers:2d} bf16: max |engine - baseline| logprob {gap:.3g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,20 @@
 a full-attention layer with head dim 512 and one KV head whose keys also serve as values; sliding layers (window
 1024) with 8 KV heads of dim 256; 16 query heads; hidden 3840; vocabulary 262,144; tied embeddings; soft-cap 30.
 
-Both builders draw the same checkpoint-named tensors (`random_checkpoint`) from one seeded generator on the target
-device, so nothing is downloaded, nothing is written to disk, and transformers' model
-(`build_random_transformers_model`) and ours (`build_random_engine_model`) hold identical weights for a given
-device, dtype and seed. Modules are built on ``meta`` and the tensors assigned. `scaled` shrinks the shape so the
-same code runs on a CPU in tests. ``python benchmarks/gemma12b.py`` prints the decoder's linear parameter count.
+Both builders draw the same checkpoint-named tensors (`random_tensors`) from one seeded generator on the target
+device, so nothing is downloaded and transformers' model (`build_random_transformers_model`) and ours
+(`build_random_engine_model`) hold identical weights for a given device, dtype and seed; `benchmarks.checkpoint`
+writes the same tensors to a checkpoint folder, which is how the benchmarks give them to the engine. Modules are
+built on ``meta`` and the tensors assigned. `scaled` shrinks the shape so the same code runs on a CPU in tests;
+`truncated` keeps the width and drops layers. ``python benchmarks/gemma12b.py`` prints the decoder's linear
+parameter count.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +102,24 @@ def scaled(
     }
 
 
-def random_checkpoint(
+def truncated(config: dict[str, Any] = GEMMA_12B_TEXT_CONFIG, layers: int = NUM_LAYERS) -> dict[str, Any]:
+    """The 12B shape at full width with only its first ``layers`` layers; below 6 the last one is a full-attention
+    layer (as in `scaled`), so both layer kinds and both attention kernels still run."""
+    kinds = config["layer_types"][:layers]
+    if "full_attention" not in kinds:
+        kinds = [*kinds[:-1], "full_attention"]
+    return {**config, "num_hidden_layers": layers, "layer_types": kinds}
+
+
+def random_tensors(
     config: dict[str, Any] = GEMMA_12B_TEXT_CONFIG,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
-) -> dict[str, torch.Tensor]:
-    """Random weights under the checkpoint's names (``model.embed_tokens.weight`` …), drawn on ``device``.
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random weights under the checkpoint's names (``model.embed_tokens.weight`` …), drawn on ``device`` one at a
+    time, so a writer holds one tensor on the device at once.
 
     Sensible scales: linears ``N(0, 1/in)``, norms ``1 + N(0, 0.1²)``, the embedding ``N(0, 1/hidden)`` (unit
     scale once multiplied by sqrt(hidden) on the way in), layer scalars 1. Keys are drawn in sorted order from
@@ -115,10 +128,9 @@ def random_checkpoint(
     device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     hidden = config["hidden_size"]
-    weights = {}
     for key, shape in sorted(tiny_weight_shapes(config).items()):
         if key.endswith("layer_scalar"):
-            weights[key] = torch.ones(shape, device=device, dtype=dtype)
+            yield key, torch.ones(shape, device=device, dtype=dtype)
             continue
         t = torch.randn(shape, generator=generator, device=device, dtype=dtype)
         if key == "model.embed_tokens.weight":
@@ -127,8 +139,18 @@ def random_checkpoint(
             t.mul_(_NORM_STD).add_(1.0)
         else:  # a linear layer: (out_features, in_features)
             t.mul_(1 / math.sqrt(shape[1]))
-        weights[key] = t
-    return weights
+        yield key, t
+
+
+def random_checkpoint(
+    config: dict[str, Any] = GEMMA_12B_TEXT_CONFIG,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Every tensor of `random_tensors` at once, by name."""
+    return dict(random_tensors(config, device=device, dtype=dtype, seed=seed))
 
 
 def build_random_engine_model(
@@ -168,11 +190,13 @@ def build_random_transformers_model(
     config: dict[str, Any] = GEMMA_12B_TEXT_CONFIG,
     seed: int = 0,
     attn_implementation: str | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ):
-    """transformers' ``AutoModelForCausalLM`` for ``config`` on ``device``, holding `random_checkpoint`'s weights.
+    """transformers' ``AutoModelForCausalLM`` for ``config`` on ``device``, holding `random_checkpoint`'s weights
+    (or ``state``, under the same names: a checkpoint folder's, `benchmarks.checkpoint.text_state`).
 
     Built on ``meta``; the buffers that are not weights (rope frequencies, the embedding scale) are recreated on
-    ``device`` by the model's own initialiser, then the random weights are assigned and the head tied.
+    ``device`` by the model's own initialiser, then the weights are assigned and the head tied.
     """
     from transformers import AutoModelForCausalLM
 
@@ -186,7 +210,10 @@ def build_random_transformers_model(
             module._buffers[name] = torch.empty_like(module._buffers[name], device=device)
         if meta:
             model._init_weights(module)  # its weights are still on meta, so only the buffers get values
-    state = random_checkpoint(config, device=device, dtype=dtype, seed=seed)
+    if state is None:
+        state = random_checkpoint(config, device=device, dtype=dtype, seed=seed)
+    else:
+        state = {key: t.to(device=device, dtype=dtype) for key, t in state.items()}
     result = model.load_state_dict(state, assign=True, strict=False)
     if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
         raise ValueError(f"random weights do not fit transformers' model: {result}")

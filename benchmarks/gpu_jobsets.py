@@ -1,25 +1,26 @@
 """The job sets J1–J4 on the 12B-shaped random model in bf16, and optionally the baseline (shared pieces too).
 
-Run on the GPU machine: ``python benchmarks/gpu_jobsets.py [--jobs J1,J2,J3,J4] [--baseline]``. It builds our
-`Gemma4Text` in the 12B shape of engine spec B.19 with random weights on the GPU in bf16 (the fp8s measurement of
-issue 5 is benchmarks/gpu_fast.py, which reuses this module's pieces), scores each job set as `Engine.score` does
-(parse, then `spinf.engine.pipeline.score_streamed`), and with ``--baseline``
-frees it, builds transformers' model with the same weights and times `benchmarks.baseline` on the same bodies.
-Token ids come from the built-in tiny tokenizer (8,192 ids, all valid in the 262,144-id vocabulary), so the job
-sets' token counts are the tiny tokenizer's, not the real 12B tokenizer's.
+Run on the GPU machine: ``python benchmarks/gpu_jobsets.py [--jobs J1,J2,J3,J4] [--baseline]``. It writes the 12B
+shape of engine spec B.19 with random weights as a checkpoint folder (`benchmarks.checkpoint`: sharded bf16
+safetensors, ``config.json``, a tokenizer), opens an `Engine` on it in bf16 as ``spinf-serve serve --model-dir``
+would, and scores each job set with `Engine.score`, through the engine loop every caller uses (the fp8s
+measurement of issue 5 is benchmarks/gpu_fast.py, which reuses this module's pieces). With ``--baseline`` it frees
+the engine, builds transformers' model with the folder's weights and times `benchmarks.baseline` on the same
+bodies. Token ids come from the built-in tiny tokenizer (8,192 ids, all valid in the 262,144-id vocabulary), so
+the job sets' token counts are the tiny tokenizer's, not the real 12B tokenizer's.
 
 Each job's line is printed, and appended to benchmarks/RESULTS.md (``--results``), as soon as it is measured, so a
 run cut short keeps what it measured. Per job: questions, seconds (median of the timed rounds), questions/s,
 tokens run (the engine's packed tokens; the baseline's content and padded question rows), passes, peak GPU memory,
 and MFU against the bf16 GEMM peak measured in the same run. ``GIT_SHA`` names the revision where the working
-tree has no git history. Smoke test on a CPU: ``python benchmarks/gpu_jobsets.py --device cpu --scaled``.
+tree has no git history. Smoke test on a CPU: ``python benchmarks/gpu_jobsets.py --device cpu --scaled`` (fp32: the
+CPU engine opens the folder by its path).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import platform
 import statistics
 import sys
@@ -36,19 +37,16 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import jobsets  # noqa: E402
 from benchmarks.baseline import BENCH_LIMITS, DEFAULT_BATCH, run_baseline_stats  # noqa: E402
+from benchmarks.checkpoint import Folder, free_memory, open_engine, text_state, work_dir, write_checkpoint  # noqa: E402
 from benchmarks.gemma12b import (  # noqa: E402
     GEMMA_12B_TEXT_CONFIG,
-    build_random_engine_model,
     build_random_transformers_model,
     decoder_linear_params,
     scaled,
+    truncated,
 )
 from benchmarks.results import RESULTS, revision  # noqa: E402
-from spinf.engine import hostgc  # noqa: E402
-from spinf.engine.compiler import EngineShape  # noqa: E402
-from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, round_up  # noqa: E402
-from spinf.engine.pipeline import score_streamed  # noqa: E402
-from spinf.engine.scorer import Scorer  # noqa: E402
+from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
 from spinf.protocol.request import parse_score_request  # noqa: E402
@@ -103,20 +101,29 @@ def parse_body(body: dict):
     return parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
 
 
-def engine_call(scorer: Scorer, tokenizer: TextTokenizer, shape: EngineShape, body: dict) -> Call:
-    """One body through the engine as `Engine.score` runs it (parse, then `score_streamed`: compile, run and read
-    back overlapped); the option log-probs."""
+def response_logprobs(results: list[dict]) -> list:
+    """A response's option log-probs: per input, per query, per combination, per option."""
+    return [[[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results]
+
+
+def engine_call(engine: Engine, body: dict) -> Call:
+    """One body through `Engine.score` (trusted, so the benchmarks' content limit holds), with the tokens, passes
+    and device time the engine loop ran for it."""
+    before = engine.loop.statistics()
     started = time.perf_counter()
-    with hostgc.paused():  # as Engine.score: everything but the answer is freed before the collector resumes
-        scored = score_streamed(scorer, tokenizer, shape, parse_body(body))
-        compiled, results, stats = scored.compiled, scored.results, scored.stats
-        questions = sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries)
-        del scored, compiled
+    response = engine.score(body, trusted=True)
     seconds = time.perf_counter() - started
-    logprobs = [
-        [[[o["logprob"] for o in c["options"]] for c in q["combinations"]] for q in r["queries"]] for r in results
-    ]
-    return Call(seconds, questions, stats.packed_tokens, stats.passes, logprobs, stats.busy_s)
+    after = engine.loop.statistics()
+    logprobs = response_logprobs(response["results"])
+    questions = sum(len(q) for per_input in logprobs for q in per_input)
+    return Call(
+        seconds,
+        questions,
+        after.packed_tokens - before.packed_tokens,
+        after.passes - before.passes,
+        logprobs,
+        after.busy_s - before.busy_s,
+    )
 
 
 def baseline_call(model, tokenizer: TextTokenizer, batch: int, body: dict) -> Call:
@@ -224,6 +231,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline", action="store_true", help="also time the transformers baseline")
     p.add_argument("--device", default="cuda")
     p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model of the same architecture")
+    p.add_argument("--layers", type=int, default=None, help="the 12B width with only this many layers")
+    p.add_argument(
+        "--work", type=Path, default=None, help="where the checkpoint folder goes (default: a temporary one)"
+    )
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="baseline question batch (default 64)")
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per job (median; default 3)")
@@ -240,15 +251,26 @@ def small(body: dict) -> dict:
     return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
 
 
+def model_config(args: argparse.Namespace) -> dict:
+    """The text config a run measures: the 12B shape, ``--scaled`` down, or ``--layers`` deep at full width."""
+    if args.scaled:
+        return scaled(GEMMA_12B_TEXT_CONFIG)
+    return truncated(GEMMA_12B_TEXT_CONFIG, args.layers) if args.layers else GEMMA_12B_TEXT_CONFIG
+
+
+def model_title(args: argparse.Namespace) -> str:
+    if args.scaled:
+        return "the scaled-down 12B-shaped random model"
+    return f"the 12B-shaped random model cut to {args.layers} layers" if args.layers else "the 12B-shaped random model"
+
+
 @attrs.define
 class Bench:
     args: argparse.Namespace
     jobs: dict[str, list[dict]]
     device: torch.device
-    dtype: torch.dtype
     config: dict
-    tokenizer: TextTokenizer
-    shape: EngineShape
+    root: Path  # the checkpoint folder goes here (`benchmarks.checkpoint.write_checkpoint`)
     report: Report
     peak_tflops: float | None
     engine_logprobs: dict = attrs.field(factory=dict)
@@ -257,24 +279,27 @@ class Bench:
     def flops_per_token(self) -> float:
         return 2 * decoder_linear_params(self.config)
 
-    def header(
-        self, command: str, engine: str = "the engine as `Scorer` runs it on this device", peak_name: str = "bf16 GEMM"
-    ) -> None:
+    def folder(self) -> Folder:
+        """The run's checkpoint folder: written the first time, found after that."""
+        return write_checkpoint(self.root, self.config, device=self.device)
+
+    def header(self, command: str, engine: str, peak_name: str = "bf16 GEMM") -> None:
         import transformers
 
         device = self.device
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
         peak = f"{self.peak_tflops:.0f} TFLOP/s" if self.peak_tflops else "not measured"
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
         self.report.line(
-            f"\n## Job sets on the {'scaled-down ' if self.args.scaled else ''}12B-shaped random model — "
-            f"{datetime.date.today().isoformat()}, revision {revision()}\n\n"
+            f"\n## Job sets on {model_title(self.args)} — {datetime.date.today().isoformat()}, "
+            f"revision {revision()}\n\n"
             f"- command: `{command}`; device: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
             f"transformers {transformers.__version__}, Python {platform.python_version()}\n"
-            f"- model: random weights in {str(self.dtype).removeprefix('torch.')}, "
-            f"{decoder_linear_params(self.config):,} decoder linear parameters; runner: {engine}; "
-            "tokens run are real tokens (this engine runs no pad rows)\n"
+            f"- model: random weights in {dtype}, {decoder_linear_params(self.config):,} decoder linear parameters, "
+            "written as a checkpoint folder (sharded safetensors, config.json, tokenizer) and loaded from it; "
+            f"runner: {engine}; tokens run are real tokens (this engine runs no pad rows)\n"
             f"- token ids from the tiny tokenizer (8,192 ids, valid in the {self.config['vocab_size']:,}-id "
-            f"vocabulary), so counts are the tiny tokenizer's; engine token budget {self.shape.token_budget:,}; "
+            f"vocabulary), so counts are the tiny tokenizer's; engine token budget {self.args.token_budget:,}; "
             f"baseline batch {self.args.batch}; content limit {BENCH_LIMITS.max_content_tokens:,} tokens\n"
             f"- MFU: tokens run × 2 × linear parameters / time / the {peak_name} peak measured in this run "
             f"({peak})\n\n"
@@ -284,23 +309,24 @@ class Bench:
 
     def run_engine(self) -> None:
         self._engine_jobs()
-        gc.collect()  # the engine model is gone with the call's frame; free its memory before the baseline's
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_memory()  # the engine went with the call's frame; its memory goes before the baseline's model comes
 
     def _engine_jobs(self) -> None:
+        folder = self.folder()
         started = time.perf_counter()
-        model = build_random_engine_model(self.device, self.dtype, config=self.config)
-        scorer = Scorer(model, self.device, self.shape.token_budget)
-        print(f"engine model built in {time.perf_counter() - started:.1f} s", flush=True)
-        runner = f"engine, {str(self.dtype).removeprefix('torch.')}"
-        self._run_jobs(lambda body: engine_call(scorer, self.tokenizer, self.shape, body), runner)
+        quant = "bf16" if folder.on_gpu else "fp32"
+        engine = open_engine(folder, self.root, quant=quant, limits=BENCH_LIMITS, token_budget=self.args.token_budget)
+        self.report.line(note_row("setup", setup_text(folder, time.perf_counter() - started)))
+        self._run_jobs(lambda body: engine_call(engine, body), f"engine, {engine.quant}")
 
     def run_baseline(self) -> None:
         started = time.perf_counter()
-        model = build_random_transformers_model(self.device, self.dtype, config=self.config)
-        print(f"transformers model built in {time.perf_counter() - started:.1f} s", flush=True)
-        self._run_jobs(lambda body: baseline_call(model, self.tokenizer, self.args.batch, body), "baseline")
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        state = text_state(self.folder().path)
+        model = build_random_transformers_model(self.device, dtype, config=self.config, state=state)
+        del state
+        print(f"transformers model loaded from the folder in {time.perf_counter() - started:.1f} s", flush=True)
+        self._run_jobs(lambda body: baseline_call(model, tiny_tokenizer(), self.args.batch, body), "baseline")
 
     def _run_jobs(self, call, runner: str) -> None:
         warm = False
@@ -323,9 +349,12 @@ class Bench:
                 self.engine_logprobs[name] = m["logprobs"]
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    device = torch.device(args.device)
+def setup_text(folder: Folder, load_s: float) -> str:
+    written = f"written in {folder.write_s:.1f} s" if folder.write_s else "written earlier in this run"
+    return f"checkpoint folder {folder.num_bytes / 2**30:.2f} GiB {written}; engine loaded in {load_s:.1f} s"
+
+
+def read_jobs(args: argparse.Namespace) -> dict[str, list[dict]]:
     jobs = {}
     for name in [j.strip() for j in args.jobs.split(",") if j.strip()]:
         bodies, note = job_bodies(name, args.max_inputs)
@@ -333,21 +362,27 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {note}" + ("" if bodies is not None else "; skipped"), flush=True)
         if bodies is not None:
             jobs[name] = bodies
-    bench = Bench(
-        args,
-        jobs,
-        device,
-        torch.bfloat16 if device.type == "cuda" else torch.float32,
-        scaled(GEMMA_12B_TEXT_CONFIG) if args.scaled else GEMMA_12B_TEXT_CONFIG,
-        tiny_tokenizer(),
-        EngineShape(round_up(args.token_budget), round_up(DEFAULT_MAX_TOKENS)),
-        Report(None if args.no_results else args.results),
-        bf16_peak_tflops(device),
-    )
-    bench.header(("python benchmarks/gpu_jobsets.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip())
-    bench.run_engine()
-    if args.baseline:
-        bench.run_baseline()
+    return jobs
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    with work_dir(args.work) as root:
+        bench = Bench(
+            args,
+            read_jobs(args),
+            device,
+            model_config(args),
+            root,
+            Report(None if args.no_results else args.results),
+            bf16_peak_tflops(device),
+        )
+        command = ("python benchmarks/gpu_jobsets.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+        bench.header(command, "`Engine.score` (the engine loop every caller uses)")
+        bench.run_engine()
+        if args.baseline:
+            bench.run_baseline()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a call's wall time goes: the host's steps against the device's passes, on one timeline.
 
-Used by ``benchmarks/gpu_fast.py --timeline``: it wraps one `Scorer`'s ``launch`` and ``_finish`` for one call,
+Used by ``benchmarks/gpu_fast.py --timeline``: it wraps one `Scorer`'s ``launch`` and ``collect`` for one call,
 records a CUDA event at the call's start (the device idle, so device time 0 is host time 0) and at each pass's
 start and end, and prints the spans in which the device had nothing queued (gaps), each with what the host was
 doing then. Device-side only; nothing here changes what the engine computes.
@@ -20,7 +20,7 @@ class Timeline:
         self.passes: list[tuple[object, object, int]] = []  # (start event, end event, rows)
 
     def __enter__(self):
-        scorer, launch, finish = self.scorer, self.scorer.launch, self.scorer._finish
+        scorer, launch, collect = self.scorer, self.scorer.launch, self.scorer.collect
         torch.cuda.synchronize()
         self.t0 = time.perf_counter()
         self.e0 = torch.cuda.Event(enable_timing=True)
@@ -33,17 +33,17 @@ class Timeline:
             self.passes.append((*launched.timing, layout.num_tokens))
             return launched
 
-        def timed_finish(group):
+        def timed_collect(pending):
             began = time.perf_counter()
-            found = finish(group)
+            found = collect(pending)
             self.host.append(("wait+read", began - self.t0, time.perf_counter() - self.t0))
             return found
 
-        scorer.launch, scorer._finish = timed_launch, timed_finish
+        scorer.launch, scorer.collect = timed_launch, timed_collect
         return self
 
     def __exit__(self, *exc):
-        del self.scorer.launch, self.scorer._finish  # back to the class's methods
+        del self.scorer.launch, self.scorer.collect  # back to the class's methods
         torch.cuda.synchronize()
         self.t1 = time.perf_counter() - self.t0
 

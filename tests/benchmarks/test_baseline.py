@@ -28,6 +28,7 @@ from benchmarks.gemma12b import (
 )
 from benchmarks.jobsets import j1_body
 from spinf.engine.attention import AttentionPlan
+from spinf.engine.compiler import compile_request
 from spinf.engine.config import parse_text_config
 from spinf.engine.model import Gemma4Text, load_gemma4_text
 
@@ -90,7 +91,7 @@ def test_baseline_matches_the_engine_on_the_tiny_model(tiny_engine, hf_tiny, bod
 
 def test_baseline_runs_each_content_once_and_batches_its_questions(tiny_engine, hf_tiny):
     body = j1_small()  # 2 contents of ~470 tokens (past the tiny model's 32-token window) × 8 questions
-    prompt = tiny_engine.prepare(copy.deepcopy(body)).compiled
+    prompt = compile_request(tiny_engine.parse(copy.deepcopy(body)), tiny_engine.tokenizer, tiny_engine.shape)
     assert all(len(ci.prefix) > 32 for ci in prompt.inputs)
     _, stats, _ = run_baseline_stats(hf_tiny, tiny_engine.tokenizer, body, batch=3)
     # 2 contents + the floors' BOS content, then ceil(8 / 3) batches for each of the three
@@ -167,8 +168,9 @@ def test_gpu_jobsets_script_runs_on_the_cpu(tmp_path):
     assert "NOPE:" in done.stdout and "skipped" in done.stdout
     text = results.read_text()
     assert "## Job sets on the scaled-down 12B-shaped random model" in text
-    assert "runner: the engine as `Scorer` runs it" in text and "tiny tokenizer" in text
-    assert re.search(r"^\| J1 \| engine, float32 \| 112 \| ", text, re.M)  # 2 inputs × 56 questions
+    assert "runner: `Engine.score` (the engine loop every caller uses)" in text and "tiny tokenizer" in text
+    assert "written as a checkpoint folder" in text
+    assert re.search(r"^\| J1 \| engine, fp32 \| 112 \| ", text, re.M)  # 2 inputs × 56 questions
     assert re.search(r"^\| J1 \| baseline \| 112 \| ", text, re.M)
     diff = float(re.search(r"max abs Δ logprob (\S+)", text).group(1))
     assert diff <= TOLERANCE  # the two models hold the same random weights

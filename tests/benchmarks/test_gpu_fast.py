@@ -28,10 +28,10 @@ def test_gpu_fast_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     text = results.read_text()
-    assert "runner: the engine's fused GPU path, fp8s" in text
+    assert "runner: `Engine.score` (the engine loop every caller uses), fp8s" in text
     assert re.search(r"^\| J1 \| engine, fp8s \| 112 \| ", text, re.M)  # 2 inputs × 56 questions
     differing = re.findall(r"invariance, [^:]+: (\d+) questions compared, (\d+) differ in any bit", text)
-    assert len(differing) == 3 and all(int(n) > 0 and d == "0" for n, d in differing)
+    assert len(differing) == 5 and all(int(n) > 0 and d == "0" for n, d in differing)
     assert "recorded to reference.json.gz" in text and reference.exists()
     again = run("--jobs=J1", "--max-inputs=1", f"--parity-reference={reference}", "--no-results")
     assert again.returncode == 0, again.stderr
