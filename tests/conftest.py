@@ -47,9 +47,15 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu``-marked tests run on the GPU machine and skip elsewhere."""
+    """``slow``-marked tests (the long runs) run only when ``-m`` names them, as ``pytest -m slow`` does;
+    ``gpu``-marked tests run on the GPU machine and skip elsewhere."""
     import torch
 
+    if "slow" not in (config.option.markexpr or ""):
+        long_run = pytest.mark.skip(reason="a long run: pytest -m slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(long_run)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -34,7 +34,8 @@ class LoopbackServer:
     def __init__(self, handler: type[JsonHandler]):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for the serving loop to look at its flag, every poll_interval (0.5 s by default)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,), daemon=True)
 
     @property
     def url(self) -> str:

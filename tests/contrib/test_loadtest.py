@@ -2,6 +2,8 @@
 
 wrk comes from Debian (``apt-get install wrk``; .ci/run installs it). Without it these tests fail under CI and are
 skipped elsewhere. The full figures (500 and 2,000 connections, a 10-minute soak) are in benchmarks/RESULTS.md.
+The default run checks what the answers are (spec statuses only, nothing left behind); the overload targets are
+rates and latencies, which a busy machine moves, so they are in the ``slow`` run (``pytest -m slow``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ if shutil.which("wrk") is None:
     pytest.skip("wrk is not installed (apt-get install wrk)", allow_module_level=True)
 
 
+@pytest.mark.slow
 def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
     """The issue's targets are goodput >= 0.8 and p99 <= 2x; idle 2-core machines measure about 0.85 and 1.7 over
     15-second phases (RESULTS.md). These 10-second phases allow 0.7 and 2.5 so that a busy CI neighbour cannot fail

@@ -1,8 +1,10 @@
 """An independent reading of engine spec Part A for scored queries, on plain transformers.
 
 Every prompt is run alone as one sequence through ``AutoModelForCausalLM`` (eager attention, fp32) with the HF
-tokenizer; nothing here imports the engine's compiler, trie, attention or model. The rules (content join and cut,
-case variants, boundary rule, floors) are re-derived from the spec text so that a shared misreading is unlikely.
+tokenizer, each option spelling in one pass over the prompt and the spelling (the model is causal, so that pass's
+rows are the chain rule's factors); nothing here imports the engine's compiler, trie, attention or model. The
+rules (content join and cut, case variants, boundary rule, floors) are re-derived from the spec text so that a
+shared misreading is unlikely.
 """
 
 from __future__ import annotations
@@ -26,19 +28,17 @@ class Oracle:
     def tok(self, text: str) -> list[int]:
         return self.hf_tok(text, add_special_tokens=False, split_special_tokens=True).input_ids if text else []
 
-    def next_logprobs(self, seq: tuple[int, ...]) -> torch.Tensor:
-        """log P(. | seq) over the full vocabulary: the last row of one plain forward pass."""
-        if seq not in self._rows:
-            with torch.no_grad():
-                logits = self.model(torch.tensor([seq])).logits[0, -1].float()
-            self._rows[seq] = torch.log_softmax(logits, dim=-1).double()
-        return self._rows[seq]
-
     def lp(self, prompt: list[int], spelling: list[int]) -> float:
-        total = 0.0
-        for t, token in enumerate(spelling):
-            total += float(self.next_logprobs(tuple(prompt + spelling[:t]))[token])
-        return total
+        """log P(spelling | prompt) by the chain rule, every factor read from one plain forward pass of
+        ``prompt + spelling[:-1]`` (causal: its row at position ``i`` is ``log P(. | seq[: i + 1])``)."""
+        seq = tuple(prompt + spelling[:-1])
+        if any(seq[: len(prompt) + t] not in self._rows for t in range(len(spelling))):
+            with torch.no_grad():
+                logits = self.model(torch.tensor([seq]), logits_to_keep=len(spelling)).logits[0].float()
+            rows = torch.log_softmax(logits, dim=-1).double()
+            for t in range(len(spelling)):
+                self._rows[seq[: len(prompt) + t]] = rows[t]
+        return sum(float(self._rows[seq[: len(prompt) + t]][token]) for t, token in enumerate(spelling))
 
     # -- spec rules -----------------------------------------------------------------------------------------
 
@@ -102,6 +102,7 @@ class Oracle:
 
     def score_input(self, text: str, queries: list[dict], scoring: dict) -> list[dict]:
         """Per query: per combination, option logprobs and floor logprobs (None when the floor is off)."""
+        self._rows.clear()  # rows of one input's prompts (64 KiB each); another input shares almost none of them
         ci = scoring.get("case_insensitive", True)
         content = self.tok(text)
         filled_all = [[self.fill(q["template"], c) for c in self.combinations(q)] for q in queries]
