@@ -41,6 +41,47 @@ class PassLayout:
         return out
 
 
+@attrs.frozen
+class LocalLayout:
+    """A job's trie laid out on its own: what `build_pass` needs of it, in local rows (0 = the trie's first node in
+    pre-order). It depends on the trie and the reads alone, not on the prefix, so jobs that share a trie (the compile
+    cache gives one to every input with the same questions) share it too."""
+
+    tokens: list[int]  # in pre-order
+    depths: list[int]
+    parents: list[int]  # the parent's local row, -1 for a child of the prefix
+    reads: list[tuple[int, list[int], list[tuple[int, int]]]]  # per read row: local row (-1: the prefix's last
+    # row), the token ids read there, the (node, token) reads in that order
+
+
+def local_layout(job: Job) -> LocalLayout:
+    """The job's `LocalLayout`, kept on its trie for the next job with the same trie and reads."""
+    trie = job.trie
+    memo = getattr(trie, "layout_memo", None)
+    if memo is not None and memo[0] is job.reads:
+        return memo[1]
+    order = trie.preorder()
+    row_of = [0] * len(order)
+    for k, node in enumerate(order):
+        row_of[node] = k
+    tokens, depth, parent = trie.tokens, trie.depth, trie.parent
+    rows: dict[int, tuple[int, list[int], list[tuple[int, int]]]] = {}
+    for node, token in sorted(job.reads):
+        row = -1 if node == PREFIX_END else row_of[node]
+        if row not in rows:
+            rows[row] = (row, [], [])
+        rows[row][1].append(token)
+        rows[row][2].append((node, token))
+    local = LocalLayout(
+        [tokens[node] for node in order],
+        [depth[node] for node in order],
+        [-1 if parent[node] == PREFIX_END else row_of[parent[node]] for node in order],
+        list(rows.values()),
+    )
+    trie.layout_memo = (job.reads, local)
+    return local
+
+
 def build_pass(jobs: list[Job]) -> PassLayout:
     """Lay out ``jobs`` in order; ``read_index`` maps each job's reads to where the scorer finds them."""
     token_ids: list[int] = []
@@ -53,28 +94,19 @@ def build_pass(jobs: list[Job]) -> PassLayout:
         start, prefix_len = len(token_ids), len(job.prefix)
         if not prefix_len and any(node == PREFIX_END for node, _ in job.reads):
             raise ValueError("a read at the end of an empty prefix has nothing to condition on")
+        local = local_layout(job)
+        base, n = start + prefix_len, len(local.tokens)
         token_ids.extend(job.prefix)
         positions.extend(range(prefix_len))
-        trie = job.trie
-        order = trie.preorder()
-        base = start + prefix_len
-        row_of = [0] * len(order)
-        for k, node in enumerate(order):
-            row_of[node] = base + k
-        tokens, depth, parent = trie.tokens, trie.depth, trie.parent
-        token_ids.extend([tokens[node] for node in order])
-        positions.extend([prefix_len + depth[node] for node in order])
-        parents.extend([-1 if parent[node] == PREFIX_END else row_of[parent[node]] for node in order])
-        branch_rows.extend(range(base, base + len(order)))
-        spans.append((start, prefix_len, len(order)))
-        by_row: dict[int, int] = {}
-        for node, token in sorted(job.reads):
-            row = base - 1 if node == PREFIX_END else row_of[node]
-            if row not in by_row:
-                by_row[row] = len(read_rows)
-                read_rows.append(row)
-                read_columns.append([])
-            k = by_row[row]
-            read_index[(j, node, token)] = (k, len(read_columns[k]))
-            read_columns[k].append(token)
+        token_ids.extend(local.tokens)
+        positions.extend([prefix_len + d for d in local.depths])
+        parents.extend([-1 if p < 0 else base + p for p in local.parents])
+        branch_rows.extend(range(base, base + n))
+        spans.append((start, prefix_len, n))
+        for row, columns, reads in local.reads:
+            k = len(read_rows)
+            read_rows.append(base - 1 if row < 0 else base + row)
+            read_columns.append(columns)
+            for c, (node, token) in enumerate(reads):
+                read_index[(j, node, token)] = (k, c)
     return PassLayout(token_ids, positions, spans, branch_rows, parents, read_rows, read_columns, read_index)

@@ -25,6 +25,7 @@ class TokenTrie:
         self.depth: list[int] = []
         self._children: list[dict[int, int]] = []
         self._roots: dict[int, int] = {}
+        self.layout_memo = None  # the pass layout's per-trie part (spinf.engine.layout.local_layout); reset on change
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -36,6 +37,7 @@ class TokenTrie:
         for token in seq:
             node = children.get(token)
             if node is None:
+                self.layout_memo = None
                 node = len(self.tokens)
                 children[token] = node
                 self.tokens.append(token)
@@ -84,5 +86,6 @@ def add_prompt(job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...
         nodes = [end, *lead]
         reads = list(zip(nodes, tokens, strict=True))
         job.reads.update(reads)
+        job.trie.layout_memo = None
         out.append(reads)
     return out
