@@ -80,7 +80,8 @@ def test_results_stay_in_input_order_when_batches_finish_out_of_order(tmp_path):
         return scorer
 
     run_bulk({}, src, out, scorer=[after_the_next(r) for r in recorders], batch_size=7, concurrency=4)
-    assert finished[:4] == [1, 0, 3, 2] and sorted(finished) == list(range(num_batches))
+    assert sorted(finished) == list(range(num_batches))
+    assert all(finished.index(k + 1) < finished.index(k) for k in range(0, num_batches - 1, 2))
     assert ids_of(out) == [item["id"] for item in inputs]
     assert [len(r.calls) for r in recorders] == [15, 14, 14]  # round-robin over 43 batches
     assert read_jsonl(out)[5] == fake_response({"inputs": [as_api_input(inputs[5])]})["results"][0]
