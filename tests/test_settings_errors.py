@@ -159,9 +159,9 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         (
             "[engine.extra]\nx = 1\n",
             "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
-            "quant, model_dir, token_budget, max_tokens, lm_head, compile, warmup, stack_options, served_model, "
-            "model_id, revision, cache_dirs, decode_budget_gib, decoder_budget_gib, capture_budget_gib, x_batched, "
-            "x_cuda_graphs, prefetch, lm_rows, align_jobs, lm_fixed_rows, min_stream, fp8s_monitor_every, "
+            "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, stack_options, "
+            "served_model, model_id, revision, cache_dirs, decode_budget_gib, decoder_budget_gib, capture_budget_gib, "
+            "x_batched, x_cuda_graphs, prefetch, lm_rows, align_jobs, lm_fixed_rows, min_stream, fp8s_monitor_every, "
             "deterministic_compile, layers",
         ),
         (
