@@ -4,7 +4,9 @@
 nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
 ``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`),
 then checks, in the spec's order, the JSON (400 ``invalid_json``), the token (401), readiness (503) and the slot
-(429), and answers any refusal itself, without building a Quart request. Only an admitted call goes on to the Quart
+(429), and answers any refusal itself, without building a Quart request. A body still arriving when the shutdown
+begins is not waited for: it is answered 503 at once, so it cannot hold the shutdown up (a half-sent body would
+otherwise keep its connection open until the deadline). Only an admitted call goes on to the Quart
 app, with its body, slot and caller in the ASGI scope (`Admitted`); the route takes the slot from there.
 
 It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
@@ -26,7 +28,7 @@ from spinf.admission import Slot
 from spinf.errors import ApiError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import decode_json_body
-from spinf.serving import ServerState
+from spinf.serving import Lifecycle, Phase
 
 access_log = logging.getLogger("spinf.access")
 RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
@@ -58,18 +60,22 @@ def caller(token: str, trusted_token: str, header: str | None) -> tuple[bool, bo
     return is_token, is_token and not trusted_token
 
 
-def check_ready(state: ServerState) -> None:
-    if state.load_error is not None:
+def check_ready(lifecycle: Lifecycle) -> None:
+    if lifecycle.error is not None:
         raise ApiError(503, "model_unavailable", None, "the model failed to load", retry_after=RETRY_UNAVAILABLE)
-    if not state.ready:
+    if not lifecycle.is_warm:
         raise ApiError(503, "warming_up", None, "the model is loading or warming up", retry_after=RETRY_WARMING)
 
 
-def check_admitted(state: ServerState, slot: Slot | None) -> None:
+def shutting_down() -> ApiError:
+    return ApiError(503, "model_unavailable", None, "the server is shutting down", retry_after=RETRY_STOPPING)
+
+
+def check_admitted(lifecycle: Lifecycle, slot: Slot | None) -> None:
     """Step 3's last part and step 4: readiness, shutting down, a free slot."""
-    check_ready(state)
-    if state.stopping:
-        raise ApiError(503, "model_unavailable", None, "the server is shutting down", retry_after=RETRY_STOPPING)
+    check_ready(lifecycle)
+    if lifecycle.is_stopping:
+        raise shutting_down()
     if slot is None:
         raise ApiError(429, "concurrency_limit", None, "too many calls in flight", retry_after=RETRY_BUSY)
 
@@ -83,10 +89,10 @@ def body_timeout(limit: float) -> ApiError:
     return ApiError(408, "body_timeout", None, f"the body did not arrive within {limit:g} s (body_timeout_s)")
 
 
-def must_close(state: ServerState, *, has_body: bool, body_read: bool) -> bool:
+def must_close(lifecycle: Lifecycle, *, has_body: bool, body_read: bool) -> bool:
     """Close the connection after this answer? When the body was not read (the unread bytes would be taken for
     the next request on it), and always once the server is stopping (no connection may linger)."""
-    return (has_body and not body_read) or state.stopping
+    return (has_body and not body_read) or lifecycle.is_stopping
 
 
 def log_access(request_id: str, method: str, route: str, status: int, started: float, summary: str = "") -> None:
@@ -110,7 +116,7 @@ class Gate:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SCORING_ROUTES:
             await self.app(scope, receive, send)
             return
-        services, state = self.services, self.services.state
+        services, lifecycle = self.services, self.services.lifecycle
         request_id, started = new_request_id(), time.perf_counter()
         headers = dict(scope["headers"])  # ASGI header names are lower case
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
@@ -120,19 +126,22 @@ class Gate:
         authorised, trusted = caller(services.token, services.trusted_token, authorisation)
         body_read, slot = False, None
         try:
-            raw = await self._read_body(receive, headers)
+            with lifecycle.until_stopping() as stopping:
+                raw = await self._read_body(receive, headers)
+            if stopping.cancelled_caught:
+                raise shutting_down()
             body_read = True
-            slot = await services.admission.admit(len(raw), can_admit=state.ready and not state.stopping)
+            slot = await services.admission.admit(len(raw), can_admit=lifecycle.phase is Phase.READY)
             body = decode_json_body(raw)
             if not authorised:
                 raise ApiError(401, "invalid_token", None, "a valid bearer token is required")
-            check_admitted(state, slot)
+            check_admitted(lifecycle, slot)
         except _BodyGone:
             return
         except ApiError as exc:
             if slot is not None:
                 slot.release()
-            close = must_close(state, has_body=has_body, body_read=body_read)
+            close = must_close(lifecycle, has_body=has_body, body_read=body_read)
             await self._refuse(send, scope, exc, request_id, started, trusted=trusted, close=close)
             return
         scope = {**scope, ADMITTED: Admitted(request_id, started, body, trusted, slot)}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from spinf.serving import ServerState
+from spinf.serving import InFlight, Lifecycle
 
 
 class Metrics:
@@ -37,16 +37,16 @@ class Metrics:
         self.prompt.inc(usage.get("prompt_tokens", 0))
         self.completion.inc(usage.get("completion_tokens", 0))
 
-    def run(self, stats) -> None:
-        """One engine run: its passes' busy time, spread evenly over the passes it held."""
-        for _ in range(stats.passes):
-            self.pass_seconds.observe(stats.busy_s / max(1, stats.passes))
+    def run(self, run) -> None:
+        """One engine-loop step: the device time of each pass it read back."""
+        for _, busy_s in run.passes:
+            self.pass_seconds.observe(busy_s)
 
-    def render(self, state: ServerState) -> str:
+    def render(self, lifecycle: Lifecycle, in_flight: InFlight) -> str:
         self.queue_depth.set(self.queued())
-        self.in_flight.set(state.in_flight)
-        self.warm.set(1 if state.ready else 0)
-        self.load_failed.set(1 if state.load_error else 0)
-        if "warmup_s" in state.boot:
-            self.warmup_seconds.set(state.boot["warmup_s"])
+        self.in_flight.set(in_flight.count)
+        self.warm.set(1 if lifecycle.is_warm else 0)
+        self.load_failed.set(1 if lifecycle.error else 0)
+        if lifecycle.boot is not None and lifecycle.boot.warmup_s is not None:
+            self.warmup_seconds.set(lifecycle.boot.warmup_s)
         return generate_latest(self.registry).decode()

@@ -1,19 +1,28 @@
-"""What the server's actors and the web layer share: messages on channels and the boot/readiness state.
+"""What the server's actors and the web layer share: the messages on their channels and the server's lifecycle.
 
 Messages hand ownership to the receiver. A request carries a one-shot reply channel (buffer 1) and its admission
-slot (`spinf.admission.Slot`), released by whoever ends the call. `ServerState` is owned by the supervisor and
-mutated only from the Trio thread (the loader and warm-up actors set the boot fields, the packer the degraded
-state, the drain controller the stopping flag); the web layer reads it to answer probes. Nothing here imports
-torch.
+slot (`spinf.admission.Slot`), released by whoever ends the call. The engine itself is never shared: it travels
+over channels (loader -> warm-up -> packer) and only the executor thread runs its torch work. The web layer knows
+it through `EngineFacts`, a frozen snapshot the loader takes in the executor thread.
+
+`Lifecycle` is the server's phase (loading, warming, ready, failed, stopping) and the facts each step published.
+It changes only through its transition methods, each legal from named phases and raising `IllegalTransition`
+otherwise (httpx's ``ClientState`` is the model): the loader moves it to warming or failed, the warm-up to ready or
+failed, the drain controller to stopping; the packer may only mark the engine degraded, through `EngineStatus`.
+Draining is not a phase: it is the marker file (api spec §3.4), which outlives the process and only makes
+``/readyz`` answer 503 while every phase's work goes on. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import os
 import tempfile
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import attrs
 import outcome
@@ -22,11 +31,27 @@ import trio
 from spinf.admission import Slot
 
 
-@attrs.define(eq=False)
+class ServedEngine(Protocol):
+    """What the server's loader and warm-up use of `spinf.engine.Engine` (this module never imports the engine)."""
+
+    batch_invariant: bool
+    degraded: str | None  # device memory not freed after an out-of-memory error (api spec §3.2)
+    weights: str
+
+    def info(self) -> dict: ...
+
+    def idle_gib(self) -> float: ...
+
+    def warmup_bodies(self, mode: str) -> list[dict]: ...
+
+    def score(self, body: object) -> dict: ...
+
+
+@attrs.frozen(eq=False)
 class ExecJob:
     """Work for the GPU thread: ``fn`` runs there and returns CPU data; the outcome goes back on ``reply``."""
 
-    fn: Callable[[], Any]
+    fn: Callable[[], object]
     reply: trio.MemorySendChannel[outcome.Outcome]
 
 
@@ -59,45 +84,202 @@ class ScoreWork:
         self.slot.release()
 
 
-def drain_file() -> Path:
-    """The drain marker (api spec §3.4): ``SPINF_DRAIN_FILE``, else ``spinf-drain`` in the temporary folder."""
-    return Path(os.environ.get("SPINF_DRAIN_FILE") or Path(tempfile.gettempdir()) / "spinf-drain")
+@attrs.frozen
+class EngineFacts:
+    """What the web layer knows of the loaded engine: ``/v0/info``'s engine object (api spec §3.6), whether it is
+    batch-invariant (``/v1/models``) and where its weights came from (``boot.weights``)."""
+
+    info: Mapping[str, object] = attrs.field(converter=lambda info: types.MappingProxyType(dict(info)))
+    batch_invariant: bool
+    weights: str
+
+    @classmethod
+    def of(cls, engine: ServedEngine) -> EngineFacts:
+        """The facts of ``engine``; call it in the executor thread (``engine.info()`` reads torch)."""
+        return cls(engine.info(), bool(engine.batch_invariant), getattr(engine, "weights", "config"))
+
+
+@attrs.frozen
+class Boot:
+    """``boot`` of ``/readyz`` and ``/v0/info`` (api spec §3.1): what the start took, known once warm."""
+
+    import_s: float
+    load_s: float
+    weights: str
+    warmup_s: float | None  # None under --warmup none
+    idle_gib: float
+
+    def as_dict(self) -> dict:
+        body: dict = {"import_s": self.import_s, "load_s": self.load_s, "weights": self.weights}
+        if self.warmup_s is not None:
+            body["warmup_s"] = self.warmup_s
+        return body | {"warm": True, "idle_gib": self.idle_gib}
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"  # /healthz answers; scoring gets 503 warming_up
+    WARMING = "warming"  # loaded; the warm-up's passes run
+    READY = "ready"  # warm: scoring is admitted, /readyz answers 200 (unless degraded or draining)
+    FAILED = "failed"  # the load or the warm-up failed: 503 with the reason, never ready
+    STOPPING = "stopping"  # the shutdown began: nothing new is admitted, the calls in flight finish
+
+
+class IllegalTransition(RuntimeError):
+    """A lifecycle move its phase does not allow: a wiring bug, so it crashes the supervisor."""
 
 
 @attrs.define
-class ServerState:
-    """Boot and readiness, as the probes and /v1/models report them (api spec §3)."""
+class Lifecycle:
+    """The server's phase and what its boot published; the probes, ``/v1/models``, ``/metrics`` and the gate read it.
 
-    loaded: bool = False
-    warm: bool = False
-    load_error: str | None = None
-    stopping: bool = False
-    boot: dict = attrs.field(factory=dict)
-    engine: Any = None  # the loaded engine; only the executor thread runs its torch work
-    in_flight: int = 0
-    queued: int = 0
-    degraded: str | None = None  # device memory not freed after an out-of-memory error (api spec §3.2)
-    degraded_seen: trio.Event = attrs.field(factory=trio.Event)
+    Legal moves: loading -> warming (`loaded`) -> ready (`warmed`); loading or warming -> failed (`fail`); any
+    phase but stopping -> stopping (`stop`). Once stopping, `loaded`, `warmed` and `fail` leave the phase as it is:
+    a boot step that ends during a shutdown is expected, not a bug. Every other move raises `IllegalTransition`.
+    ``degraded`` is beside the phase, not a phase: a degraded engine still serves until the process exits.
+    """
 
-    @property
-    def ready(self) -> bool:
-        return self.loaded and self.warm and self.load_error is None
-
-    def degrade(self, reason: str) -> None:
-        """Mark the engine degraded: probes answer 503 with the reason, scoring goes on, the process exits soon."""
-        if self.degraded is None:
-            self.degraded = reason
-            self.degraded_seen.set()
+    import_s: float = 0.0
+    _phase: Phase = attrs.field(default=Phase.LOADING, init=False)
+    _engine: EngineFacts | None = attrs.field(default=None, init=False)
+    _load_s: float = attrs.field(default=0.0, init=False)
+    _boot: Boot | None = attrs.field(default=None, init=False)
+    _error: str | None = attrs.field(default=None, init=False)
+    _degraded: str | None = attrs.field(default=None, init=False)
+    _degraded_seen: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _until_stopping: set[trio.CancelScope] = attrs.field(factory=set, init=False)
 
     @property
-    def draining(self) -> bool:
-        return drain_file().exists()
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def engine(self) -> EngineFacts | None:
+        """The loaded engine's facts, once loaded."""
+        return self._engine
+
+    @property
+    def boot(self) -> Boot | None:
+        """What the start took, once warm."""
+        return self._boot
+
+    @property
+    def error(self) -> str | None:
+        """Why the load or the warm-up failed (``"<type>: <message>"``)."""
+        return self._error
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the engine is degraded (device memory not freed after an out-of-memory error, api spec §3.2)."""
+        return self._degraded
+
+    @property
+    def is_warm(self) -> bool:
+        """Ready, or stopping after it was: the process serves what it admitted (``/livez``, ``/v1/models``)."""
+        return self._boot is not None
+
+    @property
+    def is_stopping(self) -> bool:
+        return self._phase is Phase.STOPPING
+
+    def loaded(self, facts: EngineFacts, load_s: float) -> None:
+        """loading -> warming: the engine is loaded and its warm-up begins."""
+        if self._phase is Phase.STOPPING:
+            return  # a boot step that ends during a shutdown
+        if self._phase is not Phase.LOADING:
+            raise IllegalTransition(f"cannot mark the engine loaded: the server is {self._phase.value}, not loading")
+        self._phase, self._engine, self._load_s = Phase.WARMING, facts, load_s
+
+    def warmed(self, warmup_s: float | None, idle_gib: float) -> None:
+        """warming -> ready: scoring is admitted from now on."""
+        if self._phase is Phase.STOPPING:
+            return  # a boot step that ends during a shutdown
+        if self._phase is not Phase.WARMING:
+            raise IllegalTransition(f"cannot mark the engine warm: the server is {self._phase.value}, not warming")
+        self._boot = Boot(self.import_s, round(self._load_s, 3), self._engine.weights, warmup_s, idle_gib)
+        self._phase = Phase.READY
 
     def fail(self, exc: BaseException) -> None:
-        self.load_error = f"{type(exc).__name__}: {exc}"
+        """loading or warming -> failed: the server keeps answering with the reason and never becomes ready."""
+        if self._phase is Phase.STOPPING:
+            return  # a boot step that ends during a shutdown
+        if self._phase not in (Phase.LOADING, Phase.WARMING):
+            raise IllegalTransition(f"cannot fail the boot: the server is {self._phase.value}, not loading or warming")
+        self._phase, self._error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        """Any phase but stopping -> stopping; the waits under `until_stopping` end now."""
+        if self._phase is Phase.STOPPING:
+            raise IllegalTransition("cannot stop: the server is already stopping")
+        self._phase = Phase.STOPPING
+        for scope in self._until_stopping:
+            scope.cancel()
+
+    def degrade(self, reason: str) -> None:
+        """Mark the engine degraded (the first reason stays): probes answer 503, scoring goes on, the drain
+        controller ends the process soon (api spec §3.2)."""
+        if self._degraded is None:
+            self._degraded = reason
+            self._degraded_seen.set()
+
+    async def wait_degraded(self) -> str:
+        """The degraded reason, once there is one. **Cancellation**: nothing to undo."""
+        await self._degraded_seen.wait()
+        return self._degraded
+
+    @contextlib.contextmanager
+    def until_stopping(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope that the shutdown cancels (at once if it began): for waits that must not hold it up."""
+        with trio.CancelScope() as scope:
+            if self._phase is Phase.STOPPING:
+                scope.cancel()
+            self._until_stopping.add(scope)
+            try:
+                yield scope
+            finally:
+                self._until_stopping.discard(scope)
 
 
-async def run_on_executor(executor: trio.MemorySendChannel[ExecJob], fn: Callable[[], Any]) -> Any:
+@attrs.frozen
+class EngineStatus:
+    """What the packer may change of the server's state: mark the engine degraded. Nothing else."""
+
+    _lifecycle: Lifecycle
+
+    def degrade(self, reason: str) -> None:
+        self._lifecycle.degrade(reason)
+
+
+@attrs.define
+class InFlight:
+    """The scoring calls whose callers wait for their answer: the web layer counts them (`track`), the drain
+    controller waits for none (`wait_none`), ``/metrics`` reads ``count``."""
+
+    count: int = 0
+    _none: trio.Event = attrs.field(factory=lambda: _set(trio.Event()))
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        if self.count == 0:
+            self._none = trio.Event()
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._none.set()
+
+    async def wait_none(self) -> None:
+        """Return once no call is in flight. **Cancellation**: nothing to undo."""
+        await self._none.wait()
+
+
+def _set(event: trio.Event) -> trio.Event:
+    event.set()
+    return event
+
+
+async def run_on_executor(executor: trio.MemorySendChannel[ExecJob], fn: Callable[[], object]) -> object:
     """Run ``fn`` on the executor thread and return its value (or raise its exception).
 
     **Cancellation**: cancelling the caller abandons the reply; a job already handed over still runs.
@@ -107,6 +289,15 @@ async def run_on_executor(executor: trio.MemorySendChannel[ExecJob], fn: Callabl
         await executor.send(ExecJob(fn, reply_send))
         result = await reply_recv.receive()
     return result.unwrap()
+
+
+def drain_file() -> Path:
+    """The drain marker (api spec §3.4): ``SPINF_DRAIN_FILE``, else ``spinf-drain`` in the temporary folder."""
+    return Path(os.environ.get("SPINF_DRAIN_FILE") or Path(tempfile.gettempdir()) / "spinf-drain")
+
+
+def is_draining() -> bool:
+    return drain_file().exists()
 
 
 def set_draining(on: bool) -> None:

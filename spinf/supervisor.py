@@ -1,8 +1,11 @@
 """The only wiring: opens the channels, starts the actors in dependency order and runs Hypercorn at the edge.
 
 Nested nurseries encode the lifetimes: the executor thread outlives every actor that sends it work; the actors
-outlive the HTTP server. Shutdown runs the other way: the drain controller lets the calls in flight finish, the
-HTTP server closes, the actors are cancelled, and the executor's thread ends after its current job.
+outlive the HTTP server. Shutdown runs the other way, under **one deadline** on one cancel scope (the drain
+controller's ``deadline``, which holds the actors and the HTTP server): the drain controller lets the calls in
+flight finish, the HTTP server closes, the web layer's channel to the packer closes, the boot actors are cancelled
+if still at work, and every actor ends by closing its own clone of the executor's inbox, which ends the executor's
+thread after its current job. When the deadline passes first, the scope cancels all that is left at once.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import attrs
 import hypercorn.trio
@@ -28,7 +31,7 @@ from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
 from spinf.admission import Admission
 from spinf.metrics import Metrics
-from spinf.serving import ServerState
+from spinf.serving import EngineStatus, InFlight, Lifecycle, ServedEngine
 from spinf.web import WebServices, create_app
 
 log = logging.getLogger(__name__)
@@ -68,15 +71,15 @@ def hypercorn_config(options: ServerOptions) -> Config:
     config.bind = [f"{options.host}:{options.port}"]
     config.keep_alive_timeout = options.keepalive_s
     config.backlog = options.backlog
-    config.graceful_timeout = options.shutdown_s  # narrowed to what the drain left of the one deadline
+    # no second deadline: Hypercorn waits for its connections under the drain controller's one (running_actors)
+    config.graceful_timeout = math.inf
     config.accesslog = None  # spinf.access logs one line per request, without content
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers (plain or JSON lines)
     return config
 
 
 def _queued(packer: Packer) -> int:
-    stats = packer.statistics()
-    return stats.compiling + stats.waiting
+    return packer.statistics().waiting
 
 
 @attrs.frozen
@@ -91,102 +94,129 @@ class Running:
 @contextlib.asynccontextmanager
 async def running_actors(
     options: ServerOptions,
-    load: Callable[[], Any],
-    models_entry: Callable[[ServerState], dict],
+    load: Callable[[], ServedEngine],
+    models_entry: Callable[[Lifecycle], dict],
     *,
     openapi: Callable[[], dict] = dict,
     executor_class: type = Executor,
     packer_class: type = Packer,
 ) -> AsyncIterator[Running]:
-    """Start the executor, then the drain controller, loader, warm-up and packer; stop them in reverse on exit.
+    """Start the executor, then the drain controller, loader, warm-up and packer; the body of the ``async with``
+    (the HTTP server) runs under the one shutdown deadline with them. Leaving it shuts the actors down in reverse.
 
-    ``executor_class`` and ``packer_class`` are the seams for tests: a fake executor that "runs" a pass in a known
-    time under a mock clock, and a packer that compiles inline (worker threads run on the real clock).
+    ``executor_class`` and ``packer_class`` are the seams for tests: a fake executor that "runs" a job in a known
+    time under a mock clock, and a packer that, say, starts late. The packer is built as ``packer_class(inbox,
+    executor, warmed, status, max_waiting, on_run=...)``: its own executor clone, the warm engine once on
+    ``warmed``, and an `EngineStatus` whose one method is ``degrade``.
     """
-    state = ServerState(boot={"import_s": round(time.process_time(), 3)})
+    lifecycle = Lifecycle(import_s=round(time.process_time(), 3))
+    in_flight = InFlight()
     metrics = Metrics()
     exec_send, exec_recv = trio.open_memory_channel(0)
     loaded_send, loaded_recv = trio.open_memory_channel(1)  # the loaded engine, handed over once
+    warmed_send, warmed_recv = trio.open_memory_channel(1)  # the warm engine, handed over once
     # a place per admission slot (queue + 1): a slot is freed only after the packer took its call (spinf.admission)
     packer_send, packer_recv = trio.open_memory_channel(options.queue + 1)
-    shutdown = trio.Event()
+    shutdown, deadline = trio.Event(), trio.CancelScope()
     admission = Admission(options.queue + 1, options.reject_rate)
     drain = DrainController(
-        state, shutdown, options.shutdown_s, exit_on_leak=options.exit_on_leak, on_stop=admission.release_all
+        lifecycle,
+        in_flight,
+        shutdown,
+        deadline,
+        options.shutdown_s,
+        exit_on_leak=options.exit_on_leak,
+        on_stop=admission.release_all,
     )
-    packer = packer_class(packer_recv, exec_send, state, options.queue + 1, on_run=metrics.run)
+    with exec_send:  # every sender holds its own clone and closes it: the executor ends when the last one has
+        loader = Loader(exec_send.clone(), loaded_send, lifecycle, load)
+        warmup = Warmup(exec_send.clone(), loaded_recv, warmed_send, lifecycle, options.warmup)
+        packer = packer_class(
+            packer_recv, exec_send.clone(), warmed_recv, EngineStatus(lifecycle), options.queue + 1, on_run=metrics.run
+        )
     metrics.queued = functools.partial(_queued, packer)
     services = WebServices(
-        state=state,
+        lifecycle=lifecycle,
         packer=packer_send,
         admission=admission,
+        models_entry=models_entry,
+        in_flight=in_flight,
         token=options.token,
         trusted_token=options.trusted_token,
         max_body_bytes=options.max_body_bytes,
         body_timeout_s=options.body_timeout_s,
         debug=options.debug,
         log_probes=options.log_probes,
-        models_entry=functools.partial(models_entry, state),
         metrics=metrics,
         openapi=openapi,
     )
     async with trio.open_nursery() as outer:
         await outer.start(executor_class(exec_recv).run)
-        async with trio.open_nursery() as actors:
-            await actors.start(drain.run)
-            await actors.start(Loader(exec_send, loaded_send, state, load).run)
-            await actors.start(Warmup(exec_send, loaded_recv, state, options.warmup).run)
-            await actors.start(packer.run)
-            yield Running(services, drain, shutdown)
-            actors.cancel_scope.cancel()
-        outer.cancel_scope.cancel()
+        with deadline:
+            async with trio.open_nursery() as actors:
+                await actors.start(drain.run)
+                async with trio.open_nursery() as boot:
+                    await boot.start(loader.run)
+                    await boot.start(warmup.run)
+                    await actors.start(packer.run)
+                    with packer_send:  # the web layer's; no handler runs once the body has ended
+                        yield Running(services, drain, shutdown)
+                    drain.stop()  # ending the body is a shutdown (begun already when the HTTP server closed)
+                    boot.cancel_scope.cancel()  # a load or warm-up still at work is not wanted any more
+        if deadline.cancelled_caught:
+            log.warning(
+                "the shutdown deadline (%g s) passed: what was still running was cancelled", options.shutdown_s
+            )
 
 
 async def serve(
     options: ServerOptions,
-    load: Callable[[], Any],
-    models_entry: Callable[[ServerState], dict],
+    load: Callable[[], ServedEngine],
+    models_entry: Callable[[Lifecycle], dict],
     *,
     openapi: Callable[[], dict] = dict,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds.
 
-    Returns the exit status: 0, or 70 when the engine was degraded (api spec §3.2).
+    Returns the exit status: 0, also when the shutdown deadline cut calls short, or 70 when the engine was
+    degraded (api spec §3.2).
     """
     http11.install()
     async with running_actors(options, load, models_entry, openapi=openapi) as running:
         app = create_app(running.services)
         config = hypercorn_config(options)
-
-        async def shutdown_trigger() -> None:
-            await running.shutdown.wait()
-            # one deadline for the whole shutdown: Hypercorn closes the connections in what the drain left of it
-            config.graceful_timeout = max(0.0, running.drain.deadline - trio.current_time())
-
-        await hypercorn.trio.serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
         log.info("the HTTP server has closed")
     return running.drain.exit_code
 
 
-def models_entry_for(resolved, settings) -> Callable[[ServerState], dict]:
+@attrs.frozen
+class ModelEntry:
     """The one ``/v1/models`` entry (api spec §7): the model's own fields, its status, limits and features.
 
     Extraction, generation and media are not available in this build yet, so they are reported as off.
     """
 
-    def entry(state: ServerState) -> dict:
-        body = resolved.listing()
-        body["id"] = settings.engine.served_model or body["id"]
-        status = "error" if state.load_error else "available" if state.ready else "loading"
-        body.update(status=status, capabilities=["score"], media=[])
-        body["limits"] = settings.limits.as_dict()
+    resolved: object  # spinf.catalog.ResolvedModel
+    served_model: str
+    limits: dict
+
+    def __call__(self, lifecycle: Lifecycle) -> dict:
+        body = self.resolved.listing()
+        body["id"] = self.served_model or body["id"]
+        status = "error" if lifecycle.error else "available" if lifecycle.is_warm else "loading"
+        body.update(status=status, capabilities=["score"], media=[], limits=dict(self.limits))
         body["features"] = {"media": [], "extraction": False, "generation": False}
         # ours, beyond §7: a checkpoint outside the catalog carries no batch-invariance guarantee (§9.6, D2)
-        body["batch_invariant"] = bool(state.engine.batch_invariant) if state.engine else resolved.batch_invariant
+        engine = lifecycle.engine
+        body["batch_invariant"] = engine.batch_invariant if engine else self.resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
 
-    return entry
+
+def models_entry_for(resolved, settings) -> ModelEntry:
+    """The ``/v1/models`` entry of ``resolved`` as the layered ``settings`` serve it."""
+    return ModelEntry(resolved, settings.engine.served_model, settings.limits.as_dict())
 
 
 _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capabilities", "media", "limits"]

@@ -17,7 +17,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import trio
@@ -29,8 +28,9 @@ from spinf.admission import Admission, Slot
 from spinf.errors import ApiError
 from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close
 from spinf.http11 import PROTOCOL_CODE, HTTPConnection
+from spinf.metrics import Metrics
 from spinf.protocol.ids import new_request_id
-from spinf.serving import ScoreWork, ServerState, set_draining
+from spinf.serving import InFlight, Lifecycle, ScoreWork, is_draining, set_draining
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +40,21 @@ PROBES = {"/healthz", "/readyz", "/livez", "/metrics"}
 
 @attrs.define
 class WebServices:
-    """What the app needs from the supervisor."""
+    """What the app needs from the supervisor: it reads the lifecycle, counts its calls in flight, and sends
+    admitted calls to the packer (the supervisor closes that channel once the HTTP server has closed)."""
 
-    state: ServerState
+    lifecycle: Lifecycle
     packer: trio.MemorySendChannel[ScoreWork]
     admission: Admission
+    models_entry: Callable[[Lifecycle], dict]  # the one /v1/models entry for the lifecycle now
+    in_flight: InFlight = attrs.field(factory=InFlight)
     token: str = ""
     trusted_token: str = ""
     max_body_bytes: int = 2_097_152
     body_timeout_s: float = 60.0
     debug: bool = False
     log_probes: bool = False
-    models_entry: Callable[[], dict] = dict
-    metrics: Any = None  # spinf.metrics.Metrics
+    metrics: Metrics | None = None
     openapi: Callable[[], dict] = dict
 
 
@@ -115,7 +117,7 @@ def create_app(services: WebServices) -> QuartTrio:
     async def _finish(response: Response) -> Response:
         response.headers["X-Request-Id"] = g.request_id
         has_body = bool(request.content_length) or "Transfer-Encoding" in request.headers
-        if must_close(services.state, has_body=has_body, body_read=g.body_read):
+        if must_close(services.lifecycle, has_body=has_body, body_read=g.body_read):
             response.headers["Connection"] = "close"
         route = _template(request.url_rule.rule) if request.url_rule is not None else "unmatched"
         if services.metrics is not None:
@@ -185,7 +187,7 @@ def _authorise(services: WebServices, *, trusted_only: bool = False) -> None:
 
 
 def _register_probes(app: QuartTrio, services: WebServices) -> None:
-    state = services.state
+    lifecycle = services.lifecycle
 
     @app.get("/healthz", provide_automatic_options=False)
     async def healthz() -> Response:
@@ -193,27 +195,27 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
 
     @app.get("/readyz", provide_automatic_options=False)
     async def readyz() -> Response:
-        if state.load_error is not None:
-            return json_response({"ready": False, "error": state.load_error}, 503)
-        if not state.ready:
+        if lifecycle.error is not None:
+            return json_response({"ready": False, "error": lifecycle.error}, 503)
+        if not lifecycle.is_warm:
             return json_response({"ready": False}, 503)
-        if state.degraded is not None:
-            return json_response({"ready": False, "degraded": state.degraded}, 503)
-        if state.draining:
+        if lifecycle.degraded is not None:
+            return json_response({"ready": False, "degraded": lifecycle.degraded}, 503)
+        if is_draining():
             return json_response({"ready": False, "draining": True}, 503)
-        if state.stopping:  # ours, beyond §3.2: a server shutting down leaves the balancer's rotation at once
+        if lifecycle.is_stopping:  # ours, beyond §3.2: out of the balancer's rotation at once
             return json_response({"ready": False, "stopping": True}, 503)
-        return json_response({"ready": True, "boot": state.boot})
+        return json_response({"ready": True, "boot": lifecycle.boot.as_dict()})
 
     @app.get("/livez", provide_automatic_options=False)
     async def livez() -> Response:
-        if state.ready and state.degraded is not None:
-            return json_response({"live": False, "degraded": state.degraded}, 503)
-        return json_response({"live": state.ready}, 200 if state.ready else 503)
+        if lifecycle.is_warm and lifecycle.degraded is not None:
+            return json_response({"live": False, "degraded": lifecycle.degraded}, 503)
+        return json_response({"live": lifecycle.is_warm}, 200 if lifecycle.is_warm else 503)
 
     @app.get("/metrics", provide_automatic_options=False)
     async def metrics() -> Response:
-        text = services.metrics.render(state) if services.metrics is not None else ""
+        text = services.metrics.render(lifecycle, services.in_flight) if services.metrics is not None else ""
         return Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/openapi.json", provide_automatic_options=False)
@@ -229,13 +231,13 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
     @app.get("/v0/info", provide_automatic_options=False)
     async def info() -> Response:
         _authorise(services, trusted_only=True)
-        check_ready(state)
-        return json_response({"engine": state.engine.info(), "boot": state.boot})
+        check_ready(lifecycle)
+        return json_response({"engine": dict(lifecycle.engine.info), "boot": lifecycle.boot.as_dict()})
 
     @app.get("/v1/models", provide_automatic_options=False)
     async def models() -> Response:
         _authorise(services)
-        return json_response({"models": [services.models_entry()]})
+        return json_response({"models": [services.models_entry(lifecycle)]})
 
     @app.get("/v1/packs", provide_automatic_options=False)
     async def packs() -> Response:
@@ -274,13 +276,11 @@ async def _score(services: WebServices, *, chat: bool) -> Response:
 
 
 async def _hand_to_packer(services: WebServices, body: object, chat: bool, slot: Slot) -> dict:
-    state = services.state
     reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
     internals = g.trusted or services.debug
     work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, slot, trio.current_time())
-    state.in_flight += 1
     try:
-        with reply_recv:
+        with services.in_flight.track(), reply_recv:
             # never full: the inbox has a place per slot, and a slot is freed only after the packer took its call
             services.packer.send_nowait(work)
             slot.handed = True
@@ -288,8 +288,6 @@ async def _hand_to_packer(services: WebServices, body: object, chat: bool, slot:
     except BaseException:
         work.abandoned = True
         raise
-    finally:
-        state.in_flight -= 1
     return result.unwrap()
 
 

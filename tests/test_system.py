@@ -10,6 +10,7 @@ import http.client
 import json
 import re
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -224,13 +225,114 @@ def test_sigterm_under_keepalive_load_answers_every_request_it_read(tmp_path, ca
     assert lost == [], f"{len(lost)} requests on kept-alive connections got no status line"
 
 
-def test_sigterm_with_an_idle_kept_alive_connection_exits_at_once(tmp_path, cache):
+def _in_flight(url: str) -> int:
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    return int(float(re.search(r"^spinf_requests_in_flight (\S+)$", metrics, re.M).group(1)))
+
+
+def _wait_in_flight(url: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _in_flight(url) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} calls in flight after {timeout_s:g} s"
+        time.sleep(0.02)
+
+
+def _kept_alive(url: str) -> http.client.HTTPConnection:
+    """A connection that had one answer and stays open (keep-alive), idle."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/healthz")
+    answer = connection.getresponse()
+    assert answer.read() == b'{"ok": true}' and answer.getheader("Connection") is None
+    return connection
+
+
+def _closed_by_the_server(connection: http.client.HTTPConnection) -> bool:
+    connection.sock.settimeout(5)
+    try:
+        return connection.sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _scoring_body(inputs: int, words: int, questions: int) -> dict:
+    template = "\n\nQuestion {k}: does the customer ask for a refund? Answer:{{?}}"
+    queries = [{"id": f"q{k}", "template": template.format(k=k), "options": [" yes", " no"]} for k in range(questions)]
+    contents = [
+        {"id": f"i{j}", "messages": [{"content": f"Order {j}. " + "Refund me. " * words}]} for j in range(inputs)
+    ]
+    return {"inputs": contents, "scoring": {"queries": queries}}
+
+
+def test_sigterm_with_idle_kept_alive_connections_exits_at_once(tmp_path, cache):
     server = ServerProcess(tmp_path, hf_home=cache)
-    host, port = server.url.removeprefix("http://").split(":")
-    idle = http.client.HTTPConnection(host, int(port), timeout=10)
-    idle.request("GET", "/healthz")
-    assert idle.getresponse().read() == b'{"ok": true}'  # kept alive, then left idle
+    idle = _kept_alive(server.url)
+    idle_httpx = httpx.Client(base_url=server.url, timeout=10)
+    assert idle_httpx.get("/healthz").status_code == 200  # httpx keeps its connection in its pool
     started = time.monotonic()
     code = server.stop()
     assert code == 0 and time.monotonic() - started <= 3.0
+    assert _closed_by_the_server(idle)
     idle.close()
+    idle_httpx.close()
+
+
+def test_sigterm_with_calls_in_flight_finishes_them_then_exits_0(tmp_path, cache):
+    server = ServerProcess(tmp_path, "--queue", "8", hf_home=cache)
+    idle = _kept_alive(server.url)
+    body, answers = _scoring_body(1, 300, 10), []
+
+    def call():
+        with httpx.Client(base_url=server.url, timeout=120) as client:  # kept alive, like a pooled client
+            answers.append(client.post("/v1/score", json=body))
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    _wait_in_flight(server.url, 3)
+    code = server.stop()
+    for thread in threads:
+        thread.join(60)
+    assert code == 0
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert all(len(answer.json()["results"][0]["queries"]) == 10 for answer in answers)
+    assert _closed_by_the_server(idle)
+    idle.close()
+
+
+def test_sigterm_cuts_the_calls_that_outlast_the_deadline_and_exits_0(tmp_path, cache):
+    # small passes, so the executor's step in progress when the deadline passes ends soon after it
+    server = ServerProcess(tmp_path, "--token-budget", "2048", env={"SPINF_SHUTDOWN_S": "1"}, hf_home=cache)
+    failures = []
+
+    def call():
+        try:  # seconds of work for the tiny model on a CPU: it cannot end within the deadline
+            httpx.post(f"{server.url}/v1/score", json=_scoring_body(16, 300, 20), timeout=120)
+        except httpx.TransportError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    _wait_in_flight(server.url, 1)
+    started = time.monotonic()
+    code = server.stop()
+    stopped_in = time.monotonic() - started
+    thread.join(60)
+    assert code == 0 and stopped_in < 10  # the deadline, the executor's step in progress, the interpreter's exit
+    assert len(failures) == 1  # cut: its connection closed with no answer
+    assert "the shutdown deadline (1 s) passed: what was still running was cancelled" in server.output()
+
+
+def test_sigterm_with_a_body_still_arriving_answers_503_and_exits_at_once(tmp_path, cache):
+    server = ServerProcess(tmp_path, hf_home=cache)
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        head = b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        sock.sendall(head + b'{"messages": ')  # the rest never comes; body_timeout_s is 60 s
+        time.sleep(0.3)
+        started = time.monotonic()
+        code = server.stop()
+        assert code == 0 and time.monotonic() - started <= 3.0
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
+    assert b'"code": "model_unavailable"' in answer

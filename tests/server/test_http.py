@@ -148,7 +148,7 @@ async def test_a_failed_load_answers_503_with_the_reason(tmp_path, monkeypatch):
 
         client = create_app(running.services).test_client()
         with trio.fail_after(10):
-            while running.services.state.load_error is None:
+            while running.services.lifecycle.error is None:
                 await trio.sleep(0.01)
         ready = await client.get("/readyz")
         assert ready.status_code == 503 and (await ready.get_json())["error"] == "OSError: no such checkpoint"

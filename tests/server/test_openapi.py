@@ -18,7 +18,7 @@ from referencing.jsonschema import DRAFT202012
 import spinf
 from spinf.catalog import resolve_model
 from spinf.openapi import ERROR_CODES, openapi_document
-from spinf.serving import ServerState
+from spinf.serving import Lifecycle
 from spinf.settings import Limits
 from spinf.supervisor import models_entry_for, running_actors, serve
 from spinf.web import SERVED, WebServices, create_app
@@ -142,7 +142,7 @@ def test_the_document_is_valid_openapi_3_1():
 
 def test_the_document_names_exactly_the_routes_of_the_app_with_their_methods():
     send, _ = trio.open_memory_channel(1)
-    app = create_app(WebServices(state=ServerState(), packer=send, admission=trio.Semaphore(1)))
+    app = create_app(WebServices(Lifecycle(), send, trio.Semaphore(1), tiny_models_entry))
     served: dict[str, set[str]] = {}
     for rule in app.url_map.iter_rules():
         path = RULE_PATHS.get(rule.rule, rule.rule)
@@ -244,7 +244,7 @@ async def test_a_failed_load_answers_as_documented(tmp_path, monkeypatch):
     async with running_actors(options(token="x"), broken, tiny_models_entry) as running:
         client = create_app(running.services).test_client()
         with trio.fail_after(10):
-            while running.services.state.load_error is None:
+            while running.services.lifecycle.error is None:
                 await trio.sleep(0.01)
         for method, path, status in [
             ("GET", "/readyz", 503),
