@@ -28,6 +28,11 @@ class Metrics:
         self.warm = Gauge("spinf_warm", "1 once loaded and warm", registry=r)
         self.load_failed = Gauge("spinf_load_failed", "1 if the load or the warm-up failed", registry=r)
         self.warmup_seconds = Gauge("spinf_warmup_seconds", "boot.warmup_s once known", registry=r)
+        # ours, beyond §3.5: the floor cache across requests (a hit: a key served from it or from a read under way)
+        self.floor_hits = Counter("spinf_floor_cache_hits", "Floor keys not read again", registry=r)
+        self.floor_misses = Counter("spinf_floor_cache_misses", "Floor keys read in passes", registry=r)
+        self.floor_entries = Gauge("spinf_floor_cache_entries", "Floor keys in the cache", registry=r)
+        self._floors_seen = (0, 0)
 
     def request(self, route: str, status: int) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
@@ -38,9 +43,14 @@ class Metrics:
         self.completion.inc(usage.get("completion_tokens", 0))
 
     def run(self, run) -> None:
-        """One engine-loop step: the device time of each pass it read back."""
+        """One engine-loop step: the device time of each pass it read back, and the floor cache's counts."""
         for _, busy_s in run.passes:
             self.pass_seconds.observe(busy_s)
+        hits, misses = self._floors_seen
+        self.floor_hits.inc(run.floor_hits - hits)
+        self.floor_misses.inc(run.floor_misses - misses)
+        self.floor_entries.set(run.floor_entries)
+        self._floors_seen = (run.floor_hits, run.floor_misses)
 
     def render(self, lifecycle: Lifecycle, in_flight: InFlight) -> str:
         self.queue_depth.set(self.queued())

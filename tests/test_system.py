@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -336,3 +337,41 @@ def test_sigterm_with_a_body_still_arriving_answers_503_and_exits_at_once(tmp_pa
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
     assert b'"code": "model_unavailable"' in answer
+
+
+def test_concurrent_calls_share_passes_and_floors_and_each_gets_its_solo_bits(tmp_path, cache, monkeypatch):
+    """32 calls at once with the same questions, through the real server: each answer is, bit for bit, the one
+    the engine gives that call alone in-process, and the floors were read once for all of them."""
+    from spinf import Engine
+
+    questions = [
+        QUERY,
+        *({**QUERY, "id": f"q{k}", "template": f"\n\nIs it about item {k}? Answer:{{?}}"} for k in range(8)),
+    ]
+    bodies = [
+        {
+            "inputs": [{"id": f"m{k}", "messages": [{"content": f"Order {k} came {k} days late."}]}],
+            "scoring": {"queries": questions},
+        }
+        for k in range(32)
+    ]
+    server = ServerProcess(tmp_path, "--queue", "32", hf_home=cache)
+    httpx.post(f"{server.url}/v1/score", json={**bodies[0], "scoring": {"queries": [QUERY]}}, timeout=60)
+    before = httpx.get(f"{server.url}/metrics", timeout=5).text  # counts the warm-up's floors and that call's
+    with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(32) as pool:
+        served = list(pool.map(lambda b: http.post("/v1/score", json=b), bodies))
+    after = httpx.get(f"{server.url}/metrics", timeout=5).text
+    assert server.stop() == 0
+    assert [r.status_code for r in served] == [200] * 32
+    monkeypatch.setenv("HF_HOME", str(cache))
+    engine = Engine("spinf/tiny-gemma4", device="cpu")
+    for body, answer in zip(bodies, served, strict=True):
+        assert answer.json()["results"] == engine.score(body)["results"]
+
+    def count(name: str, text: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    misses = count("spinf_floor_cache_misses_total", after) - count("spinf_floor_cache_misses_total", before)
+    hits = count("spinf_floor_cache_hits_total", after) - count("spinf_floor_cache_hits_total", before)
+    assert misses == len(questions) - 1 and hits >= 31 * len(questions) + 1  # refund's floor: cached before

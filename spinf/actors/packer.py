@@ -39,9 +39,13 @@ class PackerStats:
 
 @attrs.frozen
 class PassRun:
-    """What the metrics hook gets after each step: the passes it read back (tokens, busy seconds each)."""
+    """What the metrics hook gets after each step: the passes it read back (tokens, busy seconds each) and the
+    floor cache's counts so far (`spinf.engine.loop.LoopStats`)."""
 
     passes: tuple[tuple[int, float], ...]
+    floor_hits: int = 0
+    floor_misses: int = 0
+    floor_entries: int = 0
 
 
 @attrs.define
@@ -140,7 +144,8 @@ class Packer:
         if passes:
             self._passes += len(passes)
             self._tokens += sum(tokens for tokens, _ in passes)
-            self.on_run(PassRun(passes))
+            loop = engine.loop.statistics()
+            self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries))
         if engine.degraded:
             self.status.degrade(engine.degraded)
 
