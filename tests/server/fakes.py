@@ -7,6 +7,7 @@ import outcome
 import trio
 
 from spinf.actors.packer import Packer
+from spinf.engine.loop import LoopStats
 from spinf.errors import ApiError
 from spinf.supervisor import ServerOptions
 
@@ -53,6 +54,9 @@ class FakeLoop:
             for call in valid:
                 self._run(call)
         return dropped + calls
+
+    def statistics(self):
+        return LoopStats(len(self.pass_log), 10 * len(self.pass_log), 0.0, 0, 0, 0)
 
     def _valid(self, call: FakeCall) -> bool:
         body = call.body
