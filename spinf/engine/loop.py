@@ -33,111 +33,19 @@ from typing import TYPE_CHECKING
 import attrs
 
 from spinf.engine import hostgc
-from spinf.engine.compiler import CompileCache, CompiledRequest, CompileStream, EngineShape, Prompt, lay_out_floors
+from spinf.engine.compiler import CompileCache, CompileStream, EngineShape, lay_out_floors
 from spinf.engine.lru import LRU
-from spinf.engine.results import Floor, FloorKey, fill_floors, floor_numbers, input_result
+from spinf.engine.results import FloorKey, fill_floors, floor_numbers, input_result
 from spinf.engine.scheduler import MAX_IN_FLIGHT, Scheduler, Waiting
 from spinf.engine.tokenizer import TextTokenizer
-from spinf.engine.trie import Job
+from spinf.engine.work import Call, FloorRead, LoopStats, RawJobs, Scored, Work
+
+__all__ = ["Call", "EngineLoop", "FloorCache", "LoopStats", "RawJobs", "Scored"]
 
 if TYPE_CHECKING:
     from spinf.engine.scorer import InFlight, Scorer
 
 log = logging.getLogger(__name__)
-Values = dict[tuple[int, int, int], float]
-
-
-@attrs.define(eq=False)
-class Work:
-    """What every kind of work in the loop has: its jobs, the values read for them, what it cost."""
-
-    jobs: list[Job] = attrs.field(factory=list, kw_only=True)
-    values: Values = attrs.field(factory=dict, kw_only=True)
-    error: BaseException | None = attrs.field(default=None, kw_only=True)
-    finished: bool = attrs.field(default=False, kw_only=True)
-    abandoned: bool = attrs.field(default=False, kw_only=True)  # set by the owner; dropped at the next step
-    outstanding: int = attrs.field(default=0, kw_only=True)  # jobs scheduled and not yet read back
-    ran_tokens: int = attrs.field(default=0, kw_only=True)  # tokens of its jobs that ran (its share of passes)
-    passes: int = attrs.field(default=0, kw_only=True)
-    busy_s: float = attrs.field(default=0.0, kw_only=True)  # device time of the passes it was in
-    added_at: float = attrs.field(default=0.0, kw_only=True)
-    started_at: float = attrs.field(default=0.0, kw_only=True)
-
-    def unwrap(self):
-        if not self.finished:
-            raise RuntimeError("the work is not finished")
-        if self.error is not None:
-            raise self.error
-        return self.result()
-
-    def result(self):
-        return self.values
-
-
-@attrs.define(eq=False)
-class Call(Work):
-    """One ``/v1/score`` (or chat) body; its answer is ``response`` (api spec §5.1)."""
-
-    body: object
-    request_id: str
-    chat: bool = False
-    trusted: bool = False
-    internals: bool = False  # the trusted/--debug counters and engine block (api spec §5.7)
-    queued_s: float = 0.0  # waited before the loop got it (the server's admission queue)
-    response: dict | None = None
-    # the loop's own state for the call
-    stream: CompileStream | None = None
-    steps: Iterable | None = None
-    compiled: CompiledRequest | None = None
-    compile_s: float = 0.0
-    input_of: dict[int, int] = attrs.field(factory=dict)  # job index -> its input
-    left: dict[int, int] = attrs.field(factory=dict)  # input -> its jobs not yet read back
-    entries: dict[int, tuple[dict, list[dict]]] = attrs.field(factory=dict)
-    deferred: list = attrs.field(factory=list)  # floor fields to fill (`results.fill_floors`)
-    floors: dict[FloorKey, Floor] = attrs.field(factory=dict)
-    floors_waiting: int = 0
-    reads: list[_FloorRead] = attrs.field(factory=list)  # the floor reads it waits on, once per key
-
-    def result(self):
-        return self.response
-
-
-@attrs.define(eq=False)
-class RawJobs(Work):
-    """Jobs built by the caller (parity's whole prompts); its result is the values, keyed ``(job, node, token)``."""
-
-
-@attrs.define(eq=False)
-class _FloorRead(Work):
-    """Floor prompts the loop reads for every call waiting on their keys (batch-invariant engines only)."""
-
-    payer: Call
-    prompts: list[Prompt] = attrs.field(factory=list)
-    waiters: dict[FloorKey, list[Call]] = attrs.field(factory=dict)
-    live: int = 0  # waits of calls still in the loop; none left: the read is dropped
-
-
-@attrs.frozen
-class Scored:
-    """What a finished call's response is made of (`EngineLoop` hands it to ``respond``)."""
-
-    call: Call
-    compiled: CompiledRequest
-    results: list[dict]
-    warnings: list[dict]  # the low_option_mass warnings, in input order
-    ran_tokens: int
-    wall_s: float
-    busy_s: float
-
-
-@attrs.frozen
-class LoopStats:
-    passes: int
-    packed_tokens: int
-    busy_s: float
-    floor_hits: int  # floor keys served from the cache or from a read already under way
-    floor_misses: int  # floor keys read in passes
-    floor_entries: int
 
 
 class FloorCache(LRU):
@@ -179,7 +87,7 @@ class EngineLoop:
         self._compiling: collections.deque[Call] = collections.deque()
         self._in_flight: collections.deque[_Pass] = collections.deque()
         self._done: list[Work] = []
-        self._floor_reads: dict[FloorKey, _FloorRead] = {}  # keys being read, and by which read
+        self._floor_reads: dict[FloorKey, FloorRead] = {}  # keys being read, and by which read
         self.pass_log: list[tuple[int, float]] = []  # (tokens, busy seconds) per pass, for the server's metrics
         self._passes = self._tokens = self._floor_hits = self._floor_misses = 0
         self._busy_s = 0.0
@@ -292,7 +200,7 @@ class EngineLoop:
         """Each floor key of a compiled call: from the cache, from a read under way, or read anew by the loop."""
         if not self.share_passes:
             return
-        fresh = _FloorRead(payer=call)
+        fresh = FloorRead(payer=call)
         for key, prompt in call.compiled.floors.items():
             cached = self.floor_cache.get(key)
             if cached is not None:
@@ -389,7 +297,7 @@ class EngineLoop:
             except Exception as exc:  # a bug in building one answer fails that call only
                 self._fail(work, exc)
                 return
-        elif isinstance(work, _FloorRead):
+        elif isinstance(work, FloorRead):
             self._floors_read(work)
         self._end(work)
 
@@ -413,7 +321,7 @@ class EngineLoop:
             call.busy_s,
         )
 
-    def _floors_read(self, read: _FloorRead) -> None:
+    def _floors_read(self, read: FloorRead) -> None:
         if not read.payer.finished:
             read.payer.ran_tokens += read.ran_tokens
         for prompt in read.prompts:
@@ -431,7 +339,7 @@ class EngineLoop:
             return
         work.error = error
         self._end(work)
-        if isinstance(work, _FloorRead):
+        if isinstance(work, FloorRead):
             for waiting in work.waiters.values():
                 for call in waiting:
                     self._fail(call, error)
@@ -445,7 +353,7 @@ class EngineLoop:
         work.finished = True
         self.scheduler.drop(work)
         self._works.pop(work, None)
-        if isinstance(work, _FloorRead):
+        if isinstance(work, FloorRead):
             for prompt in work.prompts:
                 if self._floor_reads.get(prompt.key) is work:
                     del self._floor_reads[prompt.key]
