@@ -279,10 +279,13 @@ class EngineLoop:
             self._fail(owners[0], error)
             return
         log.warning("a pass shared by %d works failed (%s); running each alone", len(owners), error)
+        # a work that finished meanwhile (a call refused after this pass launched) is not queued again
         for owner in owners:
-            self.scheduler.mark_solo(owner)
+            if not owner.finished:
+                self.scheduler.mark_solo(owner)
         for w in members:
-            self.scheduler.add(w.owner, w.index, w.num_tokens)
+            if not w.owner.finished:
+                self.scheduler.add(w.owner, w.index, w.num_tokens)
 
     # finishing
 
