@@ -86,6 +86,14 @@ class Scorer:
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
+        self._tile_rows: set[int] = set()
+        self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs)
+        if device.type == "cuda":
+            from spinf.engine.graphs import PassGraphs
+            from spinf.engine.kernels import tile_rows
+
+            self._tile_rows = {tile_rows(dim, group) for dim, group in self._tile_sizes}
+            self.graphs = PassGraphs(model, device, self._tile_rows)
 
     def allocated_bytes(self) -> int | None:
         """Device memory held by live tensors; None on the CPU, where it is not measured."""
@@ -158,15 +166,15 @@ class Scorer:
                 logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
                 picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)]
             return Launched(picked, time.perf_counter() - pass_started)
-        from spinf.engine.kernels import kernel_plan, tile_rows, to_device
+        from spinf.engine.kernels.attention import plan_arrays, to_device
 
         done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         done[0].record()
-        kernel = kernel_plan(layout, self.device, {tile_rows(dim, group) for dim, group in self._tile_sizes})
-        empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
-        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
-        token_ids = to_device(np.asarray(layout.token_ids, dtype=np.int64), self.device)
-        hidden = self.model(token_ids, plan)
+        arrays = plan_arrays(layout, self._tile_rows)
+        token_ids = np.asarray(layout.token_ids, dtype=np.int64)
+        hidden = self.graphs.run(token_ids, arrays) if self._graphed() else None
+        if hidden is None:
+            hidden = self._eager(token_ids, arrays)
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
         pick_rows = np.asarray(flat_rows, dtype=np.int64)
         bounds = np.searchsorted(pick_rows, np.arange(0, len(layout.read_rows) + HEAD_ROWS, HEAD_ROWS)).tolist()
@@ -178,6 +186,20 @@ class Scorer:
         )
         done[1].record()
         return Launched(picked, done)
+
+    def _graphed(self) -> bool:
+        """Whether this pass may replay a CUDA graph: the fused path's conditions (bf16 activations, no observer)."""
+        model = self.model
+        fused = model.embed.weight.dtype == torch.bfloat16 and all(layer.observer is None for layer in model.layers)
+        return self.graphs is not None and fused
+
+    def _eager(self, token_ids: np.ndarray, arrays) -> torch.Tensor:
+        from spinf.engine.kernels.attention import device_plan, to_device
+
+        kernel = device_plan(arrays, self.device)
+        empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
+        return self.model(to_device(token_ids, self.device), plan)
 
 
 @attrs.frozen

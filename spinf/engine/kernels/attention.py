@@ -215,9 +215,19 @@ def _tiles(
     return tiles.astype(np.int32).reshape(-1, TILE_COLUMNS), segments.astype(np.int32)
 
 
-def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
+@attrs.frozen
+class PlanArrays:
+    """A `KernelPlan` still on the host (numpy): what `kernel_plan` copies to the device, or `PassGraphs` into
+    a captured graph's buffers."""
+
+    positions: np.ndarray  # [N] int32
+    paths: np.ndarray  # [N, depth] int32
+    tables: dict[int, tuple[np.ndarray, np.ndarray]]  # BM -> (tiles [T, 6], segments [S, 4]) int32
+
+
+def plan_arrays(layout: PassLayout, sizes) -> PlanArrays:
     """The plan of ``layout`` with tile tables for each tile size in ``sizes`` (query rows per program, see
-    `tile_rows`), copied to ``device`` without blocking."""
+    `tile_rows`), on the host."""
     n = layout.num_tokens
     spans = np.asarray(layout.spans, dtype=np.int64).reshape(-1, 3)
     positions = np.asarray(layout.positions, dtype=np.int64)
@@ -237,11 +247,21 @@ def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
             paths[at, :level] = paths[parent[at], :level]
         paths[at, level] = at
     tables = {bm: _tiles(spans, row_job, parent, path_len, bm) for bm in sorted(set(sizes))}
+    return PlanArrays(positions.astype(np.int32), paths, tables)
+
+
+def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
+    """The plan of ``layout`` (`plan_arrays`), copied to ``device`` without blocking."""
+    return device_plan(plan_arrays(layout, sizes), device)
+
+
+def device_plan(arrays: PlanArrays, device: torch.device) -> KernelPlan:
+    """``arrays`` copied to ``device`` without blocking."""
     return KernelPlan(
-        positions=to_device(positions.astype(np.int32), device),
-        paths=to_device(paths, device),
-        tiles={bm: to_device(t, device) for bm, (t, _) in tables.items()},
-        segments={bm: to_device(s, device) for bm, (_, s) in tables.items()},
+        positions=to_device(arrays.positions, device),
+        paths=to_device(arrays.paths, device),
+        tiles={bm: to_device(t, device) for bm, (t, _) in arrays.tables.items()},
+        segments={bm: to_device(s, device) for bm, (_, s) in arrays.tables.items()},
     )
 
 
