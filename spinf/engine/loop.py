@@ -301,7 +301,9 @@ class EngineLoop:
                 self._fail(work, exc)
                 return
         elif isinstance(work, FloorRead):
+            self._end(work)  # first: the calls it finishes below must see it ended, not count it still waited on
             self._floors_read(work)
+            return
         self._end(work)
 
     def _scored(self, call: Call) -> Scored:
@@ -330,7 +332,6 @@ class EngineLoop:
         for prompt in read.prompts:
             numbers = floor_numbers(prompt, read.values)
             self.floor_cache.put(prompt.key, numbers)
-            del self._floor_reads[prompt.key]
             for call in read.waiters.get(prompt.key, []):
                 if not call.finished:
                     call.floors[prompt.key] = numbers

@@ -151,3 +151,19 @@ def test_an_input_refused_midway_fails_the_call(small_budget):
     with pytest.raises(ApiError) as looped:
         small_budget.score(request, trusted=True)
     assert (looped.value.code, looped.value.param) == ("content_too_long", "inputs.3")
+
+
+def test_a_floor_read_whose_other_waiter_left_still_answers_the_one_left(tiny_engine):
+    """One floor read holds two keys; the call that needed both leaves while it runs, the call that needed one
+    stays: that call is answered (the read is not ended twice while it hands out its keys)."""
+    loop = fresh_loop(tiny_engine)
+    # the read hands out its keys in the order they were claimed: the staying call's key first, then the other
+    both, one = calls([body([TARGETS[2], TARGETS[1]], [("a", SHORT[3])]), body(TARGETS[2:], [("b", SHORT[4])])])
+    loop.add(both)  # compiled first: the loop's floor read holds both of its keys
+    loop.add(one)  # waits on one key of that read
+    loop.step()
+    both.abandoned = True
+    while loop.has_work:
+        loop.step()
+    assert both.response is None and one.unwrap()["results"]
+    assert numbers(one.unwrap(), "b") == numbers(answers(fresh_loop(tiny_engine), [one.body])[0], "b")
