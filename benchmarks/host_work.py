@@ -38,9 +38,8 @@ LAYER_KINDS = {(256, 2), (512, 16)}
 class HostOnlyScorer(Scorer):
     """A runner without a model: each pass is laid out and planned as on a GPU, and reads back -0.5 everywhere."""
 
-    def __init__(self, token_budget: int):
+    def __init__(self):
         self.device = torch.device("cpu")
-        self.token_budget = token_budget
         self._tile_sizes = LAYER_KINDS
 
     def launch(self, layout) -> Launched:
@@ -52,7 +51,7 @@ class HostOnlyScorer(Scorer):
 def host_only_loop() -> EngineLoop:
     """The tiny engine's loop with `HostOnlyScorer` as its runner, its passes shared as under fp8s on a GPU."""
     engine = Engine("spinf/tiny-gemma4", device="cpu", limits=BENCH_LIMITS)
-    engine.scorer = HostOnlyScorer(engine.shape.token_budget)
+    engine.scorer = HostOnlyScorer()
     return engine.new_loop(share_passes=True, floor_cache=0)
 
 

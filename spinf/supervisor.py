@@ -106,7 +106,7 @@ async def running_actors(
 
     ``executor_class`` and ``packer_class`` are the seams for tests: a fake executor that "runs" a job in a known
     time under a mock clock, and a packer that, say, starts late. The packer is built as ``packer_class(inbox,
-    executor, warmed, status, max_waiting, on_run=...)``: its own executor clone, the warm engine once on
+    executor, warmed, status, on_run=...)``: its own executor clone, the warm engine once on
     ``warmed``, and an `EngineStatus` whose one method is ``degrade``.
     """
     lifecycle = Lifecycle(import_s=round(time.process_time(), 3))
@@ -131,9 +131,7 @@ async def running_actors(
     with exec_send:  # every sender holds its own clone and closes it: the executor ends when the last one has
         loader = Loader(exec_send.clone(), loaded_send, lifecycle, load)
         warmup = Warmup(exec_send.clone(), loaded_recv, warmed_send, lifecycle, options.warmup)
-        packer = packer_class(
-            packer_recv, exec_send.clone(), warmed_recv, EngineStatus(lifecycle), options.queue + 1, on_run=metrics.run
-        )
+        packer = packer_class(packer_recv, exec_send.clone(), warmed_recv, EngineStatus(lifecycle), on_run=metrics.run)
     metrics.queued = functools.partial(_queued, packer)
     services = WebServices(
         lifecycle=lifecycle,

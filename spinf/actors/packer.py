@@ -33,8 +33,6 @@ class Status(Protocol):
 class PackerStats:
     waiting: int  # calls in the loop, not yet answered
     steps: int
-    passes: int
-    tokens: int
 
 
 @attrs.frozen
@@ -62,12 +60,9 @@ class Packer:
     executor: trio.MemorySendChannel[ExecJob]
     warmed: trio.MemoryReceiveChannel[Any]
     status: Status
-    max_waiting: int
     on_run: Callable[[PassRun], None] = lambda run: None  # metrics hook
     _taken: dict = attrs.field(factory=dict)  # engine-loop call -> its ScoreWork, until answered or dropped
     _steps: int = 0
-    _passes: int = 0
-    _tokens: int = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -142,12 +137,10 @@ class Packer:
         self._steps += 1
         passes, engine.loop.pass_log[:] = tuple(engine.loop.pass_log), []
         if passes:
-            self._passes += len(passes)
-            self._tokens += sum(tokens for tokens, _ in passes)
             loop = engine.loop.statistics()
             self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries))
         if engine.degraded:
             self.status.degrade(engine.degraded)
 
     def statistics(self) -> PackerStats:
-        return PackerStats(len(self._taken), self._steps, self._passes, self._tokens)
+        return PackerStats(len(self._taken), self._steps)

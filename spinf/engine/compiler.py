@@ -85,7 +85,7 @@ class CompileCache:
     """
 
     def __init__(self, size: int = 4096):
-        self.queries, self.floor_spellings, self.tries = LRU(size), LRU(size), LRU(max(1, size // 16))
+        self.queries, self.floor_spellings, self.tries = LRU(size), LRU(size), LRU(size and max(1, size // 16))
 
     def query(self, q, tk: TextTokenizer, limits, case_insensitive: bool) -> CompiledQuery:
         key = (repr(q), limits, case_insensitive)
@@ -126,14 +126,14 @@ class CompileStream:
         self.jobs: list[Job] = []
         self.floors: dict[tuple, Prompt] = {}
         self.warnings: list[dict] = []
-        self._queries: dict[str, CompiledQuery] = {}
+        self.queries: dict[str, CompiledQuery] = {}  # by query path: each compiled once per request
         self._done = False
 
     def __iter__(self):
         req, shape, jobs = self.req, self.shape, self.jobs
         tokens = 0
         for i in range(len(req.inputs)):
-            ci = _compile_input(req, i, self.tk, shape, self, self.floors, self.warnings)
+            ci = _compile_input(self, i)
             self.inputs.append(ci)
             start = len(jobs)
             _lay_out_input(ci, shape, jobs, self.cache)
@@ -162,7 +162,8 @@ class CompileStream:
         return compiled
 
 
-def _compile_input(req, i, tk, shape, stream, floors, warnings) -> CompiledInput:
+def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
+    req, tk, shape, floors, warnings = stream.req, stream.tk, stream.shape, stream.floors, stream.warnings
     inp = req.inputs[i]
     text = inp.text
     content = tk.tok(text)
@@ -172,7 +173,7 @@ def _compile_input(req, i, tk, shape, stream, floors, warnings) -> CompiledInput
             f"inputs.{i}",
             f"the content has {len(content)} tokens; the limit is {req.limits.max_content_tokens}",
         )
-    queries = _chosen_queries(req, i, tk, stream)
+    queries = _chosen_queries(stream, i)
     _check_fits(req, i, tk, shape, content, queries)
     cut, tail, merged = _join(text, content, queries, tk)
     if not merged:
@@ -194,10 +195,11 @@ def _compile_input(req, i, tk, shape, stream, floors, warnings) -> CompiledInput
     return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
 
 
-def _chosen_queries(req: ScoreRequest, i: int, tk: TextTokenizer, stream: CompileStream) -> list[CompiledQuery]:
+def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
     """The input's queries, each compiled once per request (or taken from the compile cache), with the running
     prompt count (api spec §4.9)."""
-    queries, prompts_seen, compiled = [], 0, stream._queries
+    req, tk = stream.req, stream.tk
+    queries, prompts_seen, compiled = [], 0, stream.queries
     for q in choose_queries(req, i):
         if q.path not in compiled:
             compiled[q.path] = stream.cache.query(q, tk, req.limits, req.case_insensitive)

@@ -208,7 +208,7 @@ class Engine:
             )
         except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
             raise ModelError(f"{path}: {exc}") from exc
-        self.scorer = Scorer(self.model, self.device, self.shape.token_budget)
+        self.scorer = Scorer(self.model, self.device)
         self.degraded: str | None = None
         # Device memory while idle: taken here, then once more when the first call succeeds (in the server, the
         # first warm-up shape), since a first pass allocates what the process keeps (see IDLE_SLACK_BYTES).

@@ -213,7 +213,7 @@ class Gemma4Text(nn.Module):
         h = self.embed(token_ids)
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
-        if all(layer.fused(h, plan) for layer in self.layers):  # each layer hands the next its normed input
+        if plan.kernel is not None and self.runs_fused():  # each layer hands the next its normed input
             x = None
             for i, layer in enumerate(self.layers):
                 following = self.layers[i + 1] if i + 1 < len(self.layers) else None
@@ -223,6 +223,11 @@ class Gemma4Text(nn.Module):
         for layer in self.layers:
             h = layer(h, ropes[layer.spec.is_sliding], plan)
         return h
+
+    def runs_fused(self) -> bool:
+        """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer
+        (what `DecoderLayer.fused` asks of each layer)."""
+        return self.embed.weight.dtype == torch.bfloat16 and all(layer.observer is None for layer in self.layers)
 
     def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):
         inv = rope_inv_freq(spec).to(positions.device)

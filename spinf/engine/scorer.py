@@ -79,10 +79,9 @@ def one_cpu_thread(device: torch.device):
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
-    def __init__(self, model: Gemma4Text, device: torch.device, token_budget: int):
+    def __init__(self, model: Gemma4Text, device: torch.device):
         self.model = model
         self.device = device
-        self.token_budget = token_budget
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
@@ -172,7 +171,8 @@ class Scorer:
         done[0].record()
         arrays = plan_arrays(layout, self._tile_rows)
         token_ids = np.asarray(layout.token_ids, dtype=np.int64)
-        hidden = self.graphs.run(token_ids, arrays) if self._graphed() else None
+        graphed = self.graphs is not None and self.model.runs_fused()  # graphs hold the fused path only
+        hidden = self.graphs.run(token_ids, arrays) if graphed else None
         if hidden is None:
             hidden = self._eager(token_ids, arrays)
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
@@ -186,12 +186,6 @@ class Scorer:
         )
         done[1].record()
         return Launched(picked, done)
-
-    def _graphed(self) -> bool:
-        """Whether this pass may replay a CUDA graph: the fused path's conditions (bf16 activations, no observer)."""
-        model = self.model
-        fused = model.embed.weight.dtype == torch.bfloat16 and all(layer.observer is None for layer in model.layers)
-        return self.graphs is not None and fused
 
     def _eager(self, token_ids: np.ndarray, arrays) -> torch.Tensor:
         from spinf.engine.kernels.attention import device_plan, to_device
