@@ -167,3 +167,15 @@ def test_a_floor_read_whose_other_waiter_left_still_answers_the_one_left(tiny_en
         loop.step()
     assert both.response is None and one.unwrap()["results"]
     assert numbers(one.unwrap(), "b") == numbers(answers(fresh_loop(tiny_engine), [one.body])[0], "b")
+
+
+def test_a_second_caller_is_refused_while_the_loop_serves_another(tiny_engine):
+    waiting = Call(body(TARGETS[:1], [("a", SHORT[5])]), "scr_first")
+    tiny_engine.loop.add(waiting)
+    try:
+        with pytest.raises(RuntimeError, match=r"^the engine loop is serving other work; one caller drives it"):
+            tiny_engine.score(body(TARGETS[:1], [("b", SHORT[6])]))
+    finally:
+        while tiny_engine.loop.has_work:
+            tiny_engine.loop.step()
+    assert waiting.unwrap()["results"]
