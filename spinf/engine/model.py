@@ -80,6 +80,7 @@ class DecoderLayer(nn.Module):
         self.window = cfg.sliding_window if spec.is_sliding else None
         q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_sizes = (q_out, kv_out) if spec.k_eq_v else (q_out, kv_out, kv_out)
+        self.gate_up_sizes = (cfg.intermediate_size, cfg.intermediate_size)
         self.wqkv = nn.Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=False)
         self.wo = nn.Linear(q_out, cfg.hidden_size, bias=False)
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -173,8 +174,14 @@ class DecoderLayer(nn.Module):
         """This layer's linears to e4m3 with their static input scales (see `Gemma4Text.to_fp8s`)."""
         for name in LINEARS:
             module = getattr(self, name)
-            self.fp8[name] = (Fp8Weight.from_float(module.weight), float(scales[self.prefix + name]))
+            weight = Fp8Weight.from_float(module.weight, self.part_sizes(name))
+            self.fp8[name] = (weight, float(scales[self.prefix + name]))
             module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+
+    def part_sizes(self, name: str) -> tuple[int, ...] | None:
+        """The output rows of each projection fused into linear ``name`` (q, k[, v]; gate, up), None if unfused:
+        each part is quantized with its own scale, as a pre-quantized checkpoint stores it."""
+        return {"wqkv": self.qkv_sizes, "w_gate_up": self.gate_up_sizes}.get(name)
 
     def _input_scale(self, name: str) -> float | None:
         return self.fp8[name][1] if name in self.fp8 else None

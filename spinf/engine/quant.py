@@ -1,6 +1,8 @@
 """fp8 quantization with static scales ("fp8s", engine spec B.8–B.9): the arithmetic, independent of any kernel.
 
-Weights are e4m3 with one fp32 scale per tensor (``amax / 448``). Activations use a **static** per-linear scale, a
+Weights are e4m3 with one fp32 scale per tensor (``amax / 448``); a fused linear (q/k/v, gate/up) keeps each part's
+scale, as a vector of one scale per output row (`Fp8Weight.fuse`), so that a bf16 checkpoint quantized at load and
+a pre-quantized one with per-projection scales hold the same weights. Activations use a **static** per-linear scale, a
 power of two at least ``headroom`` times the largest input seen in calibration, so no statistic is ever shared
 between rows: a row's quantized value depends on that row alone, which per-question invariance needs. Quantizing
 is ``x / scale``, clamped to ±448, cast, all in fp32. `fp8_matmul` runs ``torch._scaled_mm`` on a GPU on an input so
@@ -11,6 +13,7 @@ against.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -37,23 +40,54 @@ def quantize(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
 
 @attrs.frozen
 class Fp8Weight:
-    """An e4m3 weight ``[out, in]`` and its per-tensor fp32 scale."""
+    """An e4m3 weight ``[out, in]`` and its fp32 scale: one per tensor (0-dim), or one per output row (``[out]``).
+
+    A weight fused from several projections has a row vector: each projection's rows carry that projection's
+    scale. Both load paths build it the same way (`from_float` with ``sizes``, or `fuse` of the parts a
+    pre-quantized checkpoint holds), so they score bit-identically.
+    """
 
     data: torch.Tensor
     scale: torch.Tensor
+    # static input scale -> ``(x_scale * scale)[None, :]`` on the weight's device, for the row-wise product
+    row_scales: dict[float, torch.Tensor] = attrs.field(factory=dict, eq=False, repr=False)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor) -> Fp8Weight:
+    def from_float(cls, weight: torch.Tensor, sizes: Sequence[int] | None = None) -> Fp8Weight:
+        """Quantize with ``amax / 448`` per tensor, or per part of a fused weight (``sizes``: each part's rows)."""
         weight = weight.detach()  # a Parameter would tie its fp32 temporaries to the result through autograd
+        if sizes is not None and len(sizes) > 1:
+            return cls.fuse([cls.from_float(part) for part in weight.split(list(sizes))])
         amax = weight.abs().max().float().clamp(min=torch.finfo(torch.float32).tiny)
         scale = amax / E4M3_MAX
         return cls(quantize(weight, scale), scale.reshape(()))
 
+    @classmethod
+    def fuse(cls, parts: Sequence[Fp8Weight]) -> Fp8Weight:
+        """The weights stacked by rows; with more than one part, always a per-row scale vector."""
+        if len(parts) == 1:
+            return parts[0]
+        scales = [p.scale.float().reshape(-1).expand(p.data.shape[0]) for p in parts]
+        return cls(torch.cat([p.data for p in parts]), torch.cat(scales).contiguous())
+
+    @property
+    def per_row(self) -> bool:
+        return self.scale.dim() == 1
+
     def dequantized(self) -> torch.Tensor:
-        return self.data.float() * self.scale
+        return self.data.float() * (self.scale[:, None] if self.per_row else self.scale)
+
+    def scaled_rows(self, x_scale: float) -> torch.Tensor:
+        """``(x_scale · scale)[None, :]``, made once per static input scale (exact: ``x_scale`` is a power of
+        two)."""
+        if x_scale not in self.row_scales:
+            self.row_scales[x_scale] = (self.scale.float() * x_scale)[None, :].contiguous()
+        return self.row_scales[x_scale]
 
 
 _SCALES: dict[tuple[float, torch.device], torch.Tensor] = {}  # static scales as device scalars, made once
+_ONES: dict[torch.device, torch.Tensor] = {}  # per-row scales of 1 ([rows, 1] fp32), sliced for every row count
+MIN_ONES = 65_536
 
 
 def _scale_tensor(scale: float, device: torch.device) -> torch.Tensor:
@@ -63,13 +97,33 @@ def _scale_tensor(scale: float, device: torch.device) -> torch.Tensor:
     return _SCALES[key]
 
 
+def ones_column(rows: int, device: torch.device) -> torch.Tensor:
+    """A contiguous ``[rows, 1]`` fp32 tensor of ones: a slice of one buffer per device, grown when too short."""
+    ones = _ONES.get(device)
+    if ones is None or ones.shape[0] < rows:
+        ones = _ONES[device] = torch.ones((max(rows, MIN_ONES), 1), dtype=torch.float32, device=device)
+    return ones[:rows]
+
+
 def fp8_matmul(xq: torch.Tensor, weight: Fp8Weight, x_scale: float, out_dtype=torch.bfloat16) -> torch.Tensor:
     """``(xq · x_scale) @ W.T`` for an input already quantized (e4m3): ``_scaled_mm`` on CUDA, emulated elsewhere.
 
     ``_scaled_mm`` with per-tensor scales gives every row the same bits whatever the row count (measured for every
-    12B shape on the H200, benchmarks/RESULTS.md), so no minimum row count is needed.
+    12B shape on the H200, benchmarks/RESULTS.md), so no minimum row count is needed. A per-row weight scale runs
+    the row-wise ``_scaled_mm`` (bf16 output) with ones for the input rows and ``x_scale · scale`` for the output
+    columns, so the epilogue multiplies each sum once by an exact product; benchmarks/schemes.py probes whether
+    its rows are invariant too.
     """
     if xq.is_cuda:
+        if weight.per_row:
+            out = torch._scaled_mm(
+                xq,
+                weight.data.t(),
+                scale_a=ones_column(xq.shape[0], xq.device),
+                scale_b=weight.scaled_rows(x_scale),
+                out_dtype=torch.bfloat16,
+            )
+            return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
         scale_a = _scale_tensor(x_scale, xq.device)
         return torch._scaled_mm(xq, weight.data.t(), scale_a=scale_a, scale_b=weight.scale, out_dtype=out_dtype)
     return row_stable_mm(xq.float() * x_scale, weight.dequantized()).to(out_dtype)

@@ -50,6 +50,34 @@ def test_the_fp8_linear_is_close_to_the_float_product_and_rows_are_independent()
     assert torch.equal(fp8_linear(x[3:4], w8, scale, out_dtype=torch.float32), out[3:4])
 
 
+def test_a_fused_weight_keeps_one_scale_per_part_as_a_row_vector():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(rows, 32, generator=gen) * amp for rows, amp in [(16, 1.0), (8, 40.0), (8, 1e-4)])
+    fused = Fp8Weight.from_float(torch.cat([q, k, v]), sizes=(16, 8, 8))
+    parts = [Fp8Weight.from_float(w) for w in (q, k, v)]
+    assert all(p.scale.shape == () for p in parts) and fused.scale.shape == (32,)
+    assert torch.equal(fused.scale, torch.cat([p.scale.expand(p.data.shape[0]) for p in parts]))
+    assert torch.equal(fused.data.view(torch.uint8), torch.cat([p.data for p in parts]).view(torch.uint8))
+    rebuilt = Fp8Weight.fuse(parts)  # what a pre-quantized checkpoint's q, k and v give
+    assert torch.equal(rebuilt.scale, fused.scale) and torch.equal(
+        rebuilt.data.view(torch.uint8), fused.data.view(torch.uint8)
+    )
+    assert torch.equal(fused.dequantized(), torch.cat([p.dequantized() for p in parts]))
+    # each part at its own scale: the small v rows are not flushed by k's range, as one per-tensor scale would
+    one = Fp8Weight.from_float(torch.cat([q, k, v]))
+    err = {name: (w.dequantized()[16 + 8 :] - v).abs().max().item() for name, w in [("fused", fused), ("one", one)]}
+    assert err["fused"] <= 2**-4 * v.abs().max().item() and err["one"] > 10 * err["fused"]
+    x = torch.randn(5, 32, generator=gen)
+    out = fp8_linear(x, fused, 0.25, out_dtype=torch.float32)
+    each = torch.cat([fp8_linear(x, p, 0.25, out_dtype=torch.float32) for p in parts], dim=1)
+    torch.testing.assert_close(out, each, rtol=1e-5, atol=1e-6)  # the parts' products side by side (up to BLAS order)
+
+
+def test_fusing_one_part_keeps_its_per_tensor_scale():
+    w = Fp8Weight.from_float(torch.randn(8, 16), sizes=(8,))
+    assert Fp8Weight.fuse([w]) is w and w.scale.shape == ()
+
+
 def test_calibration_records_the_largest_input_per_linear():
     recorder = AmaxRecorder()
     recorder.observe("layers.0.wqkv", torch.tensor([[1.0, -3.0]]))
@@ -74,3 +102,22 @@ def test_on_the_gpu_scaled_mm_gives_the_dequantized_product_with_invariant_rows(
         assert torch.equal(
             fp8_linear(x[offset : offset + rows], w8, scale, out_dtype=torch.float32), out[offset : offset + rows]
         )
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_per_row_weight_scale_runs_the_row_wise_product_with_invariant_rows():
+    """The row-wise ``_scaled_mm`` (ones for the input rows, ``x_scale · w_scale`` per column, bf16 out) of a fused
+    weight: close to the dequantized product, and every row the same alone as inside 300 rows (fp8s's invariance
+    with per-row weight scales rests on it; benchmarks/schemes.py --probe checks the 12B shapes)."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    weight = torch.cat([torch.randn(256, 256, device="cuda", generator=gen) * s for s in (1 / 16, 1 / 2)])
+    x = torch.randn(300, 256, device="cuda", generator=gen)
+    w8 = Fp8Weight.from_float(weight, sizes=(256, 256))
+    assert w8.per_row
+    scale = activation_scale(float(x.abs().max()))
+    out = fp8_linear(x, w8, scale)
+    assert out.dtype == torch.bfloat16
+    expected = (quantize(x, scale).float() * scale) @ w8.dequantized().t()
+    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2  # bf16 output: 2^-9 relative
+    for rows, offset in [(1, 0), (3, 7), (17, 100), (129, 150)]:
+        assert torch.equal(fp8_linear(x[offset : offset + rows], w8, scale), out[offset : offset + rows])
