@@ -29,7 +29,7 @@ import attrs
 import torch
 
 from spinf.engine.compiler import EngineShape, Prompt, compile_request
-from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET, SCORING_FEATURES
+from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET
 from spinf.engine.results import logsumexp
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.protocol.request import parse_score_request
@@ -122,7 +122,7 @@ def plan_baseline(
     tokenizer: TextTokenizer, body: dict, *, floors: bool = True, limits: Limits = BENCH_LIMITS
 ) -> BaselinePlan:
     """One `Content` per input, questions in response order (query, then combination); the floors last."""
-    req = parse_score_request(body, limits=limits, features=SCORING_FEATURES, trusted=True)
+    req = parse_score_request(body, limits=limits, trusted=True)
     compiled = compile_request(req, tokenizer, EngineShape(DEFAULT_TOKEN_BUDGET, DEFAULT_MAX_TOKENS))
     groups = [(ci.prefix, [p for per_query in ci.prompts for p in per_query]) for ci in compiled.inputs]
     if floors and compiled.floors:

@@ -46,7 +46,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     truncated,
 )
 from benchmarks.results import RESULTS, revision  # noqa: E402
-from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, SCORING_FEATURES, Engine  # noqa: E402
+from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
 from spinf.protocol.request import parse_score_request  # noqa: E402
@@ -98,7 +98,7 @@ def job_bodies(name: str, max_inputs: int | None) -> tuple[list[dict] | None, st
 
 def parse_body(body: dict):
     """A job-set body parsed as a trusted call with the benchmarks' limits (`BENCH_LIMITS`)."""
-    return parse_score_request(body, limits=BENCH_LIMITS, features=SCORING_FEATURES, trusted=True)
+    return parse_score_request(body, limits=BENCH_LIMITS, trusted=True)
 
 
 def response_logprobs(results: list[dict]) -> list:

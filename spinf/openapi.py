@@ -167,7 +167,8 @@ def _response_schemas() -> dict:
         "EngineInfo": obj(
             {
                 **same(STR, "engine image model revision quant gpu capability torch transformers python"),
-                **same(integer(1), "token_budget max_tokens"),
+                **same(integer(1), "token_budget max_tokens layers"),
+                "cuda_graphs": described(BOOL, "whether small passes replay CUDA graphs (never on the CPU)"),
                 "cuda": nullable(STR),
                 "scale_table?": described(ANY, "only when there is one"),
             }

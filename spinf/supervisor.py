@@ -231,6 +231,21 @@ def run(settings) -> int:
     configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
     options = ServerOptions.from_settings(settings)
+    features = settings.features
+    log.info(
+        "spinf-serve %s: %s on %s:%d; pack sources: %s",
+        __version__,
+        settings.engine.model,
+        options.host,
+        options.port,
+        "official" if features.official_packs else "off",
+    )
+    if features.official_packs:  # as when the official source is unreachable, the server runs without it
+        log.warning(
+            "the official pack source %s is not loaded: this build loads no packs yet, so every pack reference is "
+            "answered unknown_pack (--no-official-packs: no source)",
+            features.packs_official,
+        )
 
     def load():
         from spinf.engine.engine import Engine  # torch is imported here, in the executor thread

@@ -17,7 +17,7 @@ import spinf.cli
 from spinf._version import __version__
 from spinf.cli import main
 from spinf.errors import ModelError
-from spinf.settings import SETTING, SETTINGS, load_settings
+from spinf.settings import REMOVED, SETTING, SETTINGS, load_settings
 from tests.settings_samples import SAMPLES, flag_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def lines_of(listing: str) -> dict[str, str]:
 
 def test_config_shows_every_setting_with_its_origin(capsys, monkeypatch, tmp_path):
     config = tmp_path / "spinf.toml"
-    config.write_text('[server]\nhost = "10.1.1.1"\n\n[limits]\nmax_frames = 16\n')
+    config.write_text('[server]\nhost = "10.1.1.1"\n\n[limits]\nmax_options = 16\n')
     monkeypatch.setenv("SPINF_QUEUE", "9")
     monkeypatch.setenv("SPINF_ENGINE_TOKEN", "secret-value")
     code, out, err = run(capsys, "config", "spinf-12b", "--config", str(config), "--port", "9001", "--no-media")
@@ -72,7 +72,7 @@ def test_config_shows_every_setting_with_its_origin(capsys, monkeypatch, tmp_pat
     assert origins["server.queue"] == "env SPINF_QUEUE"
     assert origins["server.trusted_token"] == "env SPINF_ENGINE_TOKEN"
     assert origins["server.host"] == f"config {config}:2"
-    assert origins["limits.max_frames"] == f"config {config}:5"
+    assert origins["limits.max_options"] == f"config {config}:5"
     assert origins["engine.revision"] == "manifest acme/served"
     assert origins["engine.device"] == "default"
     assert 'engine.model = "spinf-12b"' in out and "server.port = 9001" in out and 'features.media = "none"' in out
@@ -95,9 +95,9 @@ def toml_round_trip(capsys, tmp_path, argv: list[str]) -> None:
 
 def test_toml_round_trip_from_flags_variables_and_a_file(capsys, monkeypatch, tmp_path):
     config = tmp_path / "in.toml"
-    config.write_text('[packs]\npacks = ["github:acme/p@1", "/srv/packs"]\n[limits]\nmax_frames = 16\n')
+    config.write_text("[packs]\nofficial_packs = false\n[limits]\nmax_options = 16\n")
     monkeypatch.setenv("SPINF_CACHE_DIRS", "/a:/b")
-    monkeypatch.setenv("SPINF_DECODE_BUDGET_GIB", "1.5")
+    monkeypatch.setenv("SPINF_LAYERS", "2")
     monkeypatch.setenv("SPINF_ENGINE_TOKEN", 'we"ird')
     argv = ["acme/model", "--config", str(config), "--token-budget", "1000", "--no-media", "--no-extraction"]
     toml_round_trip(capsys, tmp_path, argv)
@@ -107,10 +107,9 @@ def test_toml_round_trip_from_flags_variables_and_a_file(capsys, monkeypatch, tm
 
 
 def test_toml_round_trip_with_every_setting_given(capsys, monkeypatch, tmp_path):
-    argv = [
-        word for setting in SETTINGS if setting.flags for word in flag_argv(setting.name, SAMPLES[setting.name][0])
-    ]
-    env = {SETTING[name].env[0]: str(SAMPLES[name][0]) for name in ("served_model", "layers", "packs_official")}
+    given = [setting for setting in SETTINGS if setting.flags and not setting.not_built]  # the others: defaults
+    argv = [word for setting in given for word in flag_argv(setting.name, SAMPLES[setting.name][0])]
+    env = {SETTING[name].env[0]: str(SAMPLES[name][0]) for name in ("served_model", "model_id", "layers")}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     toml_round_trip(capsys, tmp_path, ["acme/high", *argv])
@@ -171,6 +170,29 @@ def test_a_bad_setting_is_one_line_and_status_2(capsys, monkeypatch, tmp_path, c
     code, out, err = run(capsys, command, *request, *argv)
     assert (code, out) == (2, "")
     assert err.startswith("spinf-serve: " + expected.format(path=path)) and err.count("\n") == 1
+
+
+def test_config_lists_no_removed_setting_and_a_removed_one_refuses_the_start(capsys, monkeypatch):
+    code, out, _ = run(capsys, "config")
+    assert code == 0 and not any(f"engine.{name} " in out for name in REMOVED)
+    assert run(capsys, "serve", "--stack-options", "a=1") == (
+        2,
+        "",
+        "spinf-serve: engine.stack_options (flag --stack-options): not a setting of this server: the model stacks "
+        "take no options\n",
+    )
+    assert "--stack-options" not in run_help(capsys, "serve")
+    monkeypatch.setenv("SPINF_X_CUDA_GRAPHS", "1")
+    code, out, err = run(capsys, "config")
+    assert (code, out) == (2, "") and err.startswith(
+        "spinf-serve: engine.x_cuda_graphs (env SPINF_X_CUDA_GRAPHS): not a setting of this server: CUDA graphs"
+    )
+
+
+def run_help(capsys, command: str) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return capsys.readouterr().out
 
 
 def test_a_usage_error_is_one_line_and_status_2(capsys):

@@ -7,6 +7,7 @@ import attrs
 import pytest
 
 from spinf.cli import _parser
+from spinf.errors import ConfigError
 from spinf.settings import (
     MANIFEST_KEYS,
     SECTIONS,
@@ -21,6 +22,7 @@ from spinf.settings import (
     load_settings,
 )
 from spinf.settings.flags import flags_from_args
+from spinf.settings.kinds import Words
 from tests.settings_samples import SAMPLES, env_text, flag_argv, native, toml_file
 
 LAYERS = ("flag", "env", "file", "manifest")
@@ -69,9 +71,13 @@ def layered(name: str, top: str, tmp_path) -> tuple[Settings, str]:
     return settings, origin[top]
 
 
-def layer_cases() -> list:
+def layer_cases(*, built: bool = True) -> list:
+    """(setting, layer) for every layer that can give the setting; ``built`` False: the settings whose feature is
+    not built yet, which take only their default."""
     cases = []
     for setting in SETTINGS:
+        if bool(setting.not_built) == built:
+            continue
         for layer in LAYERS:
             if (layer == "flag" and not setting.flags and setting.name != "model") or (
                 layer == "manifest" and setting.name not in MANIFEST_KEYS
@@ -85,6 +91,37 @@ def layer_cases() -> list:
 def test_the_highest_layer_given_wins(name, top, tmp_path):
     settings, origin = layered(name, top, tmp_path)
     assert (settings.value(name), settings.origin(name)) == (SAMPLES[name][0], origin)
+
+
+@pytest.mark.parametrize(("name", "top"), layer_cases(built=False))
+def test_a_setting_whose_feature_is_not_built_takes_only_its_default(name, top, tmp_path, monkeypatch):
+    """Any other value, in any layer, refuses the start with the reason; the default is read (from that layer)."""
+    setting, sample = SETTING[name], SAMPLES[name][0]
+    monkeypatch.setitem(SAMPLES, name, (sample, setting.default))  # the layers below give the default
+    with pytest.raises(ConfigError) as refused:
+        layered(name, top, tmp_path)
+    origin = {"env": f"env {setting.env[0]}", "file": f"config {tmp_path / 'spinf.toml'}:2"}.get(top)
+    origin = origin or f"flag {flag_argv(name, sample)[0]}"
+    default = setting.literal(setting.default)
+    assert str(refused.value) == f"{setting.key} ({origin}): {setting.not_built}; allowed: only the default, {default}"
+    # no flag gives an empty list or a switch's default, and an empty variable counts as unset
+    if {"flag": setting.section == "limits", "env": env_text(name, setting.default) != ""}.get(top, True):
+        monkeypatch.setitem(SAMPLES, name, (setting.default, setting.default))
+        settings, origin = layered(name, top, tmp_path)
+        assert (settings.value(name), settings.origin(name)) == (setting.default, origin)
+
+
+def test_the_settings_not_built_yet_are_the_pack_sources_and_the_media_and_extraction_limits():
+    assert [s.name for s in SETTINGS if s.not_built] == [
+        "packs",
+        "packs_allow_namespace",
+        "packs_refresh",
+        "packs_official",
+        "max_extractions_per_input",
+        "max_frames",
+        "max_audio_seconds",
+        "max_image_pixels",
+    ]
 
 
 @pytest.mark.parametrize("name", list(SETTING))
@@ -138,17 +175,17 @@ def test_documented_environment_names():
     settings = load_settings(
         {},
         {
-            "SPINF_MAX_FRAMES": "12",
+            "SPINF_MAX_OPTIONS": "12",
             "SPINF_MAX_TOKENS": "1000",
             "SPINF_CACHE_DIRS": "/a/b:/c::",
-            "SPINF_PACKS_OFFICIAL": "/checkout/spinf-prompts",
+            "SPINF_PACKS_OFFICIAL": "github:spinfinc/spinf-prompts@0.1.0",  # only the default until packs are built
             "SPINF_MEDIA": "image,video",
         },
     )
-    assert settings.limits.max_frames == 12
+    assert settings.limits.max_options == 12
     assert settings.engine.max_tokens == 1024  # an engine setting, rounded up to a multiple of 128
     assert settings.engine.cache_dirs == ("/a/b", "/c")
-    assert settings.features.packs_official == "/checkout/spinf-prompts"
+    assert settings.origin("packs_official") == "env SPINF_PACKS_OFFICIAL"
     assert settings.features.media == frozenset({"image", "video"})  # the kinds, not a boolean (D3)
 
 
@@ -176,7 +213,7 @@ def test_an_empty_variable_counts_as_unset(tmp_path):
     ],
 )
 def test_environment_booleans(text, expected):
-    assert load_settings({}, {"SPINF_PACKS_REFRESH": text}).features.packs_refresh is expected
+    assert load_settings({}, {"SPINF_LOG_PROBES": text}).server.log_probes is expected
 
 
 @pytest.mark.parametrize(
@@ -196,33 +233,32 @@ def test_port_0_counts_as_unset_in_every_layer(tmp_path):
     assert (settings.server.port, settings.origin("port")) == (8000, "default")
 
 
-def test_toml_lists_may_be_arrays_or_comma_separated_strings(tmp_path):
+def test_toml_lists_may_be_arrays_or_separated_strings(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[features]\npacks = "a, b,c"\npacks_allow_namespace = ["x", "y"]\nmedia = "audio,image"\n')
-    features = load_settings({"config": str(config)}, {}).features
-    assert (features.packs, features.packs_allow_namespace) == (("a", "b", "c"), ("x", "y"))
-    assert features.media == frozenset({"audio", "image"})
+    config.write_text('[engine]\ncache_dirs = "/a:/b"\n[features]\npacks = []\nmedia = "audio,image"\n')
+    settings = load_settings({"config": str(config)}, {})
+    assert (settings.engine.cache_dirs, settings.features.media) == (("/a", "/b"), frozenset({"audio", "image"}))
+    assert settings.origin("packs") == f"config {config}:4"
+    assert Words().from_value("a, b,c") == Words().from_value(["a", "b", "c"]) == ("a", "b", "c")
 
 
 def test_a_higher_layer_replaces_a_list_rather_than_merging(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text(toml_file("features", {"packs": ["a", "b"]}))
-    settings = load_settings(cli_flags(["--packs", "c"]), {"SPINF_PACKS": "d,e", "SPINF_CONFIG": str(config)})
-    assert settings.features.packs == ("c",)
-    assert load_settings({}, {"SPINF_PACKS": "d,e", "SPINF_CONFIG": str(config)}).features.packs == ("d", "e")
+    config.write_text(toml_file("engine", {"cache_dirs": ["/a", "/b"]}))
+    settings = load_settings({}, {"SPINF_CACHE_DIRS": "/c", "SPINF_CONFIG": str(config)})
+    assert settings.engine.cache_dirs == ("/c",)
 
 
-def test_a_flag_value_is_one_pack_source_even_with_a_comma():
-    assert load_settings(cli_flags(["--packs", "/odd,name", "--packs", "b"]), {}).features.packs == ("/odd,name", "b")
+def test_a_flag_value_is_one_list_item_even_with_a_comma():
+    assert cli_flags(["--packs", "/odd,name", "--packs", "b"]) == {"packs": ["/odd,name", "b"]}
 
 
 def test_pack_keys_may_sit_in_a_packs_section(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[packs]\npacks = ["github:acme/p@1"]\nofficial_packs = false\npacks_refresh = true\n')
+    config.write_text("[packs]\npacks = []\nofficial_packs = false\npacks_refresh = false\n")
     settings = load_settings({"config": str(config)}, {})
-    assert settings.features.packs == ("github:acme/p@1",)
     assert (settings.features.official_packs, settings.origin("official_packs")) == (False, f"config {config}:3")
-    assert settings.features.packs_refresh is True
+    assert settings.origin("packs_refresh") == f"config {config}:4"
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
+from spinf.cli import _parser
 from spinf.errors import ConfigError
-from spinf.settings import load_settings
+from spinf.settings import REMOVED, SETTING, load_settings
+from spinf.settings.flags import flags_from_args
 
 
 def refusal(flags=None, env=None, manifest=None) -> str:
@@ -63,9 +65,8 @@ def file_refusal(tmp_path, text: str) -> tuple[str, str]:
         ),
         (
             {},
-            {"SPINF_DECODE_BUDGET_GIB": "nan"},
-            "engine.decode_budget_gib (env SPINF_DECODE_BUDGET_GIB): nan is not a "
-            "finite number; allowed: a number of at least 0",
+            {"SPINF_SHUTDOWN_S": "nan"},
+            "server.shutdown_s (env SPINF_SHUTDOWN_S): nan is not a finite number; allowed: a number greater than 0",
         ),
         (
             {"quant": "int3"},
@@ -159,10 +160,8 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         (
             "[engine.extra]\nx = 1\n",
             "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
-            "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, stack_options, "
-            "served_model, model_id, revision, cache_dirs, decode_budget_gib, decoder_budget_gib, capture_budget_gib, "
-            "x_batched, x_cuda_graphs, prefetch, lm_rows, align_jobs, lm_fixed_rows, min_stream, fp8s_monitor_every, "
-            "deterministic_compile, layers",
+            "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, served_model, "
+            "model_id, revision, cache_dirs, layers",
         ),
         (
             "[features]\npacks = ['a']\n[packs]\npacks = ['b']\n",
@@ -211,3 +210,44 @@ def test_a_manifest_may_set_only_engine_settings_and_media():
     assert refusal(manifest={"served_model": "acme/m", "port": 1}) == (
         "manifest acme/m: sets 'port', which a manifest cannot set; it sets engine settings and media"
     )
+
+
+REMOVED_NAMES = [
+    "stack_options",
+    "decode_budget_gib",
+    "decoder_budget_gib",
+    "capture_budget_gib",
+    "x_batched",
+    "x_cuda_graphs",
+    "prefetch",
+    "lm_rows",
+    "align_jobs",
+    "lm_fixed_rows",
+    "min_stream",
+    "fp8s_monitor_every",
+    "deterministic_compile",
+]
+
+
+def test_the_removed_settings_are_the_reference_s_engine_settings_this_design_has_no_use_for():
+    assert list(REMOVED) == REMOVED_NAMES
+    assert not set(REMOVED) & set(SETTING)
+
+
+@pytest.mark.parametrize("name", REMOVED_NAMES)
+def test_a_removed_setting_refuses_the_start_with_its_reason_in_every_layer(tmp_path, name):
+    """Not ignored, as an unknown SPINF_* variable is: its variable, its TOML key (in any section) and its flag."""
+    reason = REMOVED[name].reason
+    variable = f"SPINF_{name.upper()}"
+    assert refusal(env={variable: "1"}) == f"engine.{name} (env {variable}): not a setting of this server: {reason}"
+    assert load_settings({}, {variable: ""}) == load_settings({}, {})  # an empty variable counts as unset
+    for section in ("engine", "server"):
+        message, path = file_refusal(tmp_path, f"[{section}]\n{name} = 1\n")
+        assert message == f"{section}.{name} (config {path}:2): not a setting of this server: {reason}"
+    for flag in REMOVED[name].flags:
+        flags = flags_from_args(_parser().parse_args(["config", flag, "x"]))
+        assert refusal(flags) == f"engine.{name} (flag {flag}): not a setting of this server: {reason}"
+
+
+def test_an_unknown_spinf_variable_is_still_not_read():
+    assert load_settings({}, {"SPINF_X_BEAM": "6", "SPINF_NO_SUCH_THING": "1"}) == load_settings({}, {})

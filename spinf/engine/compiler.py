@@ -16,7 +16,7 @@ from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt
 from spinf.errors import ApiError, bad_request
 from spinf.protocol.queries import choose_queries
-from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
+from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest, Slot
 
 TAIL_CHARS = 256  # the join check reads the content's last 256 characters
 MIN_CUT_TAIL = 32
@@ -118,9 +118,7 @@ class CompileStream:
     """
 
     def __init__(self, req: ScoreRequest, tk: TextTokenizer, shape: EngineShape, cache: CompileCache = NO_CACHE):
-        for i, inp in enumerate(req.inputs):
-            if any(isinstance(s, MediaPart) for s in inp.segments):
-                raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
+        check_built(req)
         self.req, self.tk, self.shape, self.cache = req, tk, shape, cache
         self.inputs: list[CompiledInput] = []
         self.jobs: list[Job] = []
@@ -160,6 +158,21 @@ class CompileStream:
                 f"{self.req.limits.max_processed_tokens}",
             )
         return compiled
+
+
+def check_built(req: ScoreRequest) -> None:
+    """Refuses what the request's features let through but this build cannot run yet: media (no media embedders
+    are loaded, api spec §4.3), then extraction slots (§2.5: as on a score-only model), shared queries first."""
+    for i, inp in enumerate(req.inputs):
+        if any(isinstance(s, MediaPart) for s in inp.segments):
+            raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
+    for q in (*req.queries, *(q for inp in req.inputs for q in inp.queries)):
+        if q.template.slot is not Slot.SCORE:
+            raise bad_request(
+                "extraction_disabled",
+                f"{q.path}.template",
+                "this engine scores {?} slots only: extraction is not built yet",
+            )
 
 
 def _compile_input(stream: CompileStream, i: int) -> CompiledInput:

@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 DEFAULT_FLOOR_CACHE = 65_536
-# Until the extraction and media issues land, the engine reads text and scores {?} slots only.
-SCORING_FEATURES = Features(media=frozenset(), extraction=False, generation=False)
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
 # linear with the revision's scale table (spinf.engine.scales). The other fp8 and int4 schemes come with the GPU work.
 RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8s": torch.bfloat16}
@@ -167,6 +165,9 @@ class Engine:
         served_model: str = "",
         model_id: str = "",
         floor_cache: int = DEFAULT_FLOOR_CACHE,
+        features: Features | None = None,
+        compile: bool = True,
+        layers: int = 0,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -190,6 +191,17 @@ class Engine:
         self.weights = checkpoint.weights
         self.device = torch.device(device)
         self.limits = limits or Limits()
+        # the server's switches, narrowed to what the model does (api spec §7, §9.5); media kinds the model reads
+        # are checked apart (media_not_supported, then media_disabled), and what this build cannot run yet is
+        # refused by the compiler (spinf.engine.compiler.check_built)
+        switches = features or Features()
+        capabilities = resolved.capabilities
+        self.media = frozenset(resolved.media)
+        self.features = Features(
+            media=switches.media & self.media,
+            extraction=switches.extraction and "extract" in capabilities,
+            generation=switches.generation and "generate" in capabilities,
+        )
         budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
         longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
         self.shape = EngineShape(round_up(budget), round_up(longest))
@@ -204,11 +216,14 @@ class Engine:
             scales = table["scales"]
         try:
             self.model = load_gemma4_text(
-                self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant], scales=scales
+                self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant], scales=scales, layers=layers
             )
         except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
             raise ModelError(f"{path}: {exc}") from exc
-        self.scorer = Scorer(self.model, self.device)
+        # only a truncated model names its layer count in the fingerprint: its scores are another model's
+        self.layers = layers and len(self.model.layers)
+        # compile = false (--no-compile): every pass runs eagerly, no CUDA graph is captured (a GPU's only compile)
+        self.scorer = Scorer(self.model, self.device, graphs=compile)
         self.degraded: str | None = None
         # Device memory while idle: taken here, then once more when the first call succeeds (in the server, the
         # first warm-up shape), since a first pass allocates what the process keeps (see IDLE_SLACK_BYTES).
@@ -216,13 +231,15 @@ class Engine:
         self._idle_taken = False
         self.system_fingerprint = self._fingerprint()
         log.info(
-            "serving %s (%s @ %s, %s%s on %s): system_fingerprint %s",
+            "serving %s (%s @ %s, %s%s on %s, layers %d, CUDA graphs %s): system_fingerprint %s",
             self.served_name,
             self.model_id,
             self.revision,
             self.quant,
             f" with scale table {self.scale_table}" if self.scale_table else "",
             device,
+            len(self.model.layers),
+            "on" if self.scorer.graphs is not None else "off",
             self.system_fingerprint,
         )
         # Concurrent calls may share passes only under a batch-invariant scheme, and only for a catalog model (a
@@ -266,6 +283,9 @@ class Engine:
             served_model=engine.served_model,
             model_id=engine.model_id,
             floor_cache=engine.floor_cache,
+            features=settings.features.to_features(),
+            compile=engine.compile,
+            layers=engine.layers,
         )
 
     @property
@@ -287,6 +307,8 @@ class Engine:
         ]
         if self.quant == "fp8s":
             parts.append(self.scale_table)
+        if self.layers:  # ours, beyond §11: the first N layers of a checkpoint are not its model
+            parts.append(f"layers {self.layers}")
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
     def parse(self, body: object, *, chat: bool = False, trusted: bool = False) -> ScoreRequest:
@@ -295,8 +317,9 @@ class Engine:
             body,
             chat=chat,
             served_names=self.served_names,
+            model_media=self.media,
             limits=self.limits,
-            features=SCORING_FEATURES,
+            features=self.features,
             trusted=trusted,
         )
 
@@ -352,6 +375,8 @@ class Engine:
             **({"scale_table": self.scale_table} if self.scale_table else {}),
             "token_budget": self.shape.token_budget,
             "max_tokens": self.shape.max_tokens,
+            "layers": len(self.model.layers),  # ours, beyond §3.6, as the next
+            "cuda_graphs": self.scorer.graphs is not None,
             "gpu": torch.cuda.get_device_name(self.device) if cuda else "cpu",
             "capability": self.capability(),
             "torch": torch.__version__,

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import attrs
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
@@ -364,12 +365,18 @@ def load_gemma4_text(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     scales: Mapping[str, float] | None = None,
+    layers: int = 0,
 ) -> Gemma4Text:
     """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors), layer by
     layer; with fp8s ``scales`` each layer is quantized as soon as it is on the device, so the float weights of
-    the whole model never sit there at once."""
+    the whole model never sit there at once. ``layers`` (unless 0) keeps only the first that many decoder layers
+    (the ``layers`` setting); the others' weights are never read."""
     folder = Path(folder)
     cfg, prefix = read_text_config(folder)
+    if layers:
+        if layers > len(cfg.layers):
+            raise ModelError(f"{folder}: the checkpoint has {len(cfg.layers)} layers, fewer than the {layers} asked")
+        cfg = attrs.evolve(cfg, layers=cfg.layers[:layers])
     with torch.device("meta"):
         model = Gemma4Text(cfg)
     if scales is not None:

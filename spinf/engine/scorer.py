@@ -79,20 +79,21 @@ def one_cpu_thread(device: torch.device):
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
-    def __init__(self, model: Gemma4Text, device: torch.device):
+    def __init__(self, model: Gemma4Text, device: torch.device, *, graphs: bool = True):
+        """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting)."""
         self.model = model
         self.device = device
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
         self._tile_rows: set[int] = set()
-        self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs)
+        self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
             from spinf.engine.graphs import PassGraphs
             from spinf.engine.kernels import tile_rows
 
             self._tile_rows = {tile_rows(dim, group) for dim, group in self._tile_sizes}
-            self.graphs = PassGraphs(model, device, self._tile_rows)
+            self.graphs = PassGraphs(model, device, self._tile_rows) if graphs else None
 
     def allocated_bytes(self) -> int | None:
         """Device memory held by live tensors; None on the CPU, where it is not measured."""

@@ -18,6 +18,13 @@ exist only as documented environment names and their TOML keys: ``cache_dirs`` (
 colon-separated) and ``packs_official`` (``SPINF_PACKS_OFFICIAL``); ``SPINF_ENGINE_TOKEN`` is an extra name for
 ``trusted_token``, and loses to ``SPINF_TRUSTED_TOKEN`` when both are set.
 
+No setting is accepted and then ignored. A setting whose feature this build does not have yet (the pack sources,
+the media limits, the extraction limit) takes only its default: any other value, in any layer, is refused with
+``Setting.not_built`` as the reason. The reference's engine settings that this design has no use for are
+``REMOVED``: each still has its name, so setting it (its flag, ``SPINF_<NAME>`` or its TOML key) refuses the start
+with the reason, where any other unknown ``SPINF_*`` variable is not read (docs/configuration.md, "Not settings
+here").
+
 ``Limits`` and ``Features`` are the plain objects the engine and the request parser take; the ``limits`` section of
 the tree is a ``Limits`` and ``FeatureSettings.to_features()`` gives the ``Features``.
 """
@@ -98,6 +105,8 @@ class Setting:
     env_extra: tuple[str, ...] = ()
     unset: object = _NOT_A_VALUE  # a value that counts as not given at all (port 0)
     secret: bool = False
+    # why this build takes only the default, for a setting whose feature comes later: any other value is refused
+    not_built: str = ""
 
     @property
     def env(self) -> tuple[str, ...]:
@@ -111,16 +120,21 @@ class Setting:
         """``raw`` as this setting's value: ``text`` from a flag or a variable, else a native value (TOML, manifest,
         a flag's list or switch), so that ``port = "8000"`` in a file is refused rather than read as text."""
         try:
-            return self.kind.from_text(raw) if text else self.kind.from_value(raw)
+            value = self.kind.from_text(raw) if text else self.kind.from_value(raw)
         except Refused as exc:
             raise ConfigError(f"{self.key} ({origin}): {exc}; allowed: {self.kind.allowed()}") from None
+        if self.not_built and value != self.default:
+            raise ConfigError(
+                f"{self.key} ({origin}): {self.not_built}; allowed: only the default, {self.literal(self.default)}"
+            )
+        return value
 
     def literal(self, value: object) -> str:
         return tomlkit.item(self.kind.to_toml(value)).as_string()
 
 
 def _row(name: str, section: str, kind: Kind, default: object, help: str, *flags: str, **extra) -> Setting:
-    return Setting(name, section, kind, default, help, flags, **extra)
+    return Setting(name, section, kind, default, help, flags, not_built=_NOT_BUILT.get(name, ""), **extra)
 
 
 def _limit(name: str, default: int) -> Setting:
@@ -146,6 +160,20 @@ _LIMIT_HELP = {
     "max_image_pixels": "pixels per image or video frame",
 }
 
+_NO_MEDIA = "this build reads no media yet (every media part is refused), so no request reaches this limit"
+_NO_PACKS = "this build loads no packs yet (every pack reference is answered unknown_pack)"
+_NOT_BUILT = {
+    "max_extractions_per_input": "this build has no extraction yet (every extraction slot is refused with "
+    "extraction_disabled), so no request reaches this limit; --no-extraction switches extraction off",
+    "max_frames": _NO_MEDIA,
+    "max_audio_seconds": _NO_MEDIA,
+    "max_image_pixels": _NO_MEDIA,
+    "packs": f"{_NO_PACKS}, so a pack source would not be read",
+    "packs_allow_namespace": f"{_NO_PACKS}, so there is no namespace to allow",
+    "packs_refresh": f"{_NO_PACKS}, so there are no pack refs to re-resolve",
+    "packs_official": f"{_NO_PACKS}, so the official source is never read",
+}
+
 SETTINGS: tuple[Setting, ...] = (
     _row("model", _E, Text(empty=False), DEFAULT_MODEL, "a catalog id or alias, a checkpoint folder or a Hub id"),
     _row("device", _E, _DEVICE, "cuda:0", "the torch device", "--device"),
@@ -155,25 +183,12 @@ SETTINGS: tuple[Setting, ...] = (
     _row("max_tokens", _E, Integer(1, multiple=128), 65_536, "the engine's largest input", "--max-tokens"),
     _row("floor_cache", _E, Integer(0), 65_536, "floor reads kept across requests (0 = none)", "--floor-cache"),
     _row("lm_head", _E, Text(choices=("bf16", "f32out", "fp32")), "f32out", "LM-head precision", "--lm-head"),
-    _row("compile", _E, Switch(), True, "compile the model's hot step", "--no-compile"),
+    _row("compile", _E, Switch(), True, "CUDA graphs for small passes (GPU only)", "--no-compile"),
     _row("warmup", _E, Text(choices=("full", "short", "none")), "full", "warm-up before ready", "--warmup"),
-    _row("stack_options", _E, Text(), "", "options for the model stack", "--stack-options"),
     _row("served_model", _E, Text(), "", "the name served ('' = the model as given)"),
     _row("model_id", _E, Text(), "", "the checkpoint's Hub repo"),
     _row("revision", _E, Text(), "", "the checkpoint's pinned revision"),
     _row("cache_dirs", _E, Words(sep=":"), (), "extra checkpoint roots, searched before $HF_HOME/hub"),
-    _row("decode_budget_gib", _E, Number(0.0), 4.0, "GiB kept for decoding"),
-    _row("decoder_budget_gib", _E, Number(0.0), 4.0, "GiB kept for the decoder"),
-    _row("capture_budget_gib", _E, Number(0.0), 2.0, "GiB kept for CUDA-graph capture"),
-    _row("x_batched", _E, Switch(), True, "batched execution (experimental)"),
-    _row("x_cuda_graphs", _E, Switch(), False, "CUDA graphs (experimental)"),
-    _row("prefetch", _E, Integer(0), 6, "passes prepared ahead of the GPU"),
-    _row("lm_rows", _E, Integer(1), 1024, "rows per LM-head block"),
-    _row("align_jobs", _E, Switch(), True, "align jobs inside a pass"),
-    _row("lm_fixed_rows", _E, Switch(), True, "a fixed LM-head row count"),
-    _row("min_stream", _E, Integer(0), 1024, "the smallest streamed job, in tokens"),
-    _row("fp8s_monitor_every", _E, Integer(0), 0, "check fp8s scales every N passes (0 = never)"),
-    _row("deterministic_compile", _E, Switch(), True, "deterministic compile options"),
     _row("layers", _E, Integer(0), 0, "load only the first N layers (0 = all)"),
     _row("host", _S, Text(empty=False), "0.0.0.0", "the address to listen on", "--host"),
     _row("port", _S, Integer(0, 65_535), 8000, "the port to listen on (0 counts as unset)", "--port", unset=0),
@@ -200,6 +215,53 @@ SETTINGS: tuple[Setting, ...] = (
     *(_limit(field.name, field.default) for field in attrs.fields(Limits)),
 )
 SETTING: Mapping[str, Setting] = types.MappingProxyType({s.name: s for s in SETTINGS})
+
+
+@attrs.frozen
+class Removed:
+    """An engine setting of the reference (api spec §9.2) that this server does not take, and why not. Given in any
+    layer (its flag, ``SPINF_<NAME>``, its TOML key), it refuses the start with the reason instead of being ignored."""
+
+    name: str
+    reason: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        return f"SPINF_{self.name.upper()}"
+
+    def refusal(self, origin: str, key: str = "") -> ConfigError:
+        return ConfigError(f"{key or 'engine.' + self.name} ({origin}): not a setting of this server: {self.reason}")
+
+
+_NO_RESERVE = "the engine reserves no memory ahead; each pass allocates what it needs and frees it afterwards"
+_HEAD_ROWS = "the GPU LM head always reads rows in fixed chunks of 128, so a row's bits do not depend on the pass"
+_ROW_STABLE = "the kernels give a row the same bits wherever it sits in a pass and whatever the pass's size"
+_REMOVED = (
+    Removed("stack_options", "the model stacks take no options", ("--stack-options",)),
+    Removed("decode_budget_gib", _NO_RESERVE),
+    Removed("decoder_budget_gib", _NO_RESERVE),
+    Removed("capture_budget_gib", "CUDA graphs are captured when first needed, into one shared memory pool"),
+    Removed("x_batched", "every pass packs many jobs; there is no unbatched path"),
+    Removed(
+        "x_cuda_graphs",
+        "CUDA graphs for small passes are on by default on a GPU; --no-compile (compile = false) turns them off",
+    ),
+    Removed("prefetch", "the engine loop prepares the next pass while the device runs the one launched last"),
+    Removed("lm_rows", _HEAD_ROWS),
+    Removed("align_jobs", f"jobs are never aligned: {_ROW_STABLE}"),
+    Removed("lm_fixed_rows", _HEAD_ROWS),
+    Removed("min_stream", f"passes are not padded to a minimum length: {_ROW_STABLE}"),
+    Removed(
+        "fp8s_monitor_every",
+        "there is no fp8s scale monitor (a monitored pass would break batch invariance); out-of-range inputs clip",
+    ),
+    Removed(
+        "deterministic_compile",
+        "nothing goes through torch.compile: the GPU path is Triton kernels with fixed configurations",
+    ),
+)
+REMOVED: Mapping[str, Removed] = types.MappingProxyType({gone.name: gone for gone in _REMOVED})
 # Spec §9.5: a manifest sets engine defaults and which media kinds the model reads, nothing else.
 MANIFEST_KEYS = frozenset(s.name for s in SETTINGS if s.section == _E) | {"media"}
 
@@ -220,23 +282,10 @@ class EngineSettings:
     lm_head: str = _field("lm_head")
     compile: bool = _field("compile")
     warmup: str = _field("warmup")
-    stack_options: str = _field("stack_options")
     served_model: str = _field("served_model")
     model_id: str = _field("model_id")
     revision: str = _field("revision")
     cache_dirs: tuple[str, ...] = _field("cache_dirs")
-    decode_budget_gib: float = _field("decode_budget_gib")
-    decoder_budget_gib: float = _field("decoder_budget_gib")
-    capture_budget_gib: float = _field("capture_budget_gib")
-    x_batched: bool = _field("x_batched")
-    x_cuda_graphs: bool = _field("x_cuda_graphs")
-    prefetch: int = _field("prefetch")
-    lm_rows: int = _field("lm_rows")
-    align_jobs: bool = _field("align_jobs")
-    lm_fixed_rows: bool = _field("lm_fixed_rows")
-    min_stream: int = _field("min_stream")
-    fp8s_monitor_every: int = _field("fp8s_monitor_every")
-    deterministic_compile: bool = _field("deterministic_compile")
     layers: int = _field("layers")
 
 
@@ -306,6 +355,7 @@ def load_settings(
 
     Raises ``ConfigError`` for any bad value, key, file or combination; ``manifest_defaults`` may raise its own."""
     env = {name: text for name, text in environ.items() if name.startswith("SPINF_") and text != ""}
+    _refuse_removed(flags, env)
     config, config_origin = _config_file(flags, env)
     from_file = _file_layer(read_config(config, config_origin)) if config is not None else {}
     model, _ = _pick(SETTING["model"], flags, env, from_file, {})
@@ -321,6 +371,14 @@ def load_settings(
 
 
 Layer = Mapping[str, tuple[object, str]]  # setting name -> (raw value, origin)
+
+
+def _refuse_removed(flags: Mapping[str, object], env: Mapping[str, str]) -> None:
+    for gone in REMOVED.values():
+        if gone.name in flags:
+            raise gone.refusal(f"flag {gone.flags[0]}")
+        if gone.env in env:
+            raise gone.refusal(f"env {gone.env}")
 
 
 def _pick(setting: Setting, flags: Mapping[str, object], env: Mapping[str, str], *lower: Layer) -> tuple:
@@ -394,6 +452,8 @@ _SECTIONS_TEXT = "[engine], [server], [features] (or [packs] for the pack keys) 
 
 def _setting_of(entry: Entry) -> Setting:
     dotted = f"{entry.section}.{entry.key}" if entry.section else entry.key
+    if entry.key in REMOVED:
+        raise REMOVED[entry.key].refusal(entry.origin, dotted)
     setting = SETTING.get(entry.key)
     if setting is None:
         near = difflib.get_close_matches(entry.key, SETTING, n=1)

@@ -1,0 +1,128 @@
+"""The feature switches and the ``layers`` setting over a real socket: servers built from the layered settings as
+``spinf-serve serve`` builds them (`Engine.from_settings`, `models_entry_for`), on the tiny checkpoint served by its
+folder, so that the model reads every media kind (api spec §9.6).
+
+This build has no media embedders and no extraction yet: what a switch lets through is then refused by the engine
+(``unsupported_content``, ``extraction_disabled``), what it switches off is refused by the request checks first
+(``media_disabled``, ``extraction_disabled``, ``generation_disabled``, §4.12 steps 12 and 13).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import httpx
+import pytest
+import trio
+
+from spinf.catalog import resolve_model
+from spinf.cli import _parser
+from spinf.settings import load_settings
+from spinf.settings.flags import flags_from_args
+from spinf.supervisor import models_entry_for, serve
+from tests.protocol.bodies import AUDIO, IMAGE
+from tests.server.fakes import options
+
+TEXT = "My parcel never arrived. I want my money back."
+SCORED = {"id": "refund", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}
+EXTRACTED = {"id": "why", "template": '\n\nThe reason: "{*}"'}
+GENERATED = {**EXTRACTED, "generate": True}
+
+
+def body(*queries: dict, content: list | None = None) -> dict:
+    parts = [{"type": "text", "text": TEXT}, *(content or [])]
+    return {"messages": [{"content": parts}], "scoring": {"queries": list(queries) or [SCORED]}}
+
+
+@pytest.fixture(scope="module")
+def build(tiny_engine):
+    """``build(*flags, **env)``: the settings and engine of ``spinf-serve serve <tiny folder> --device cpu *flags``."""
+    from spinf import Engine
+
+    def settings_and_engine(*flags: str, **env: str):
+        argv = ["serve", str(tiny_engine.folder), "--device", "cpu", *flags]
+        settings = load_settings(flags_from_args(_parser().parse_args(argv)), env)
+        return settings, Engine.from_settings(settings)
+
+    return settings_and_engine
+
+
+@contextlib.asynccontextmanager
+async def serving(settings, engine):
+    """A running server for ``engine`` and ``settings`` on 127.0.0.1, called with the trusted token."""
+    entry = models_entry_for(resolve_model(settings.engine.model), settings)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve(options(trusted_token="boss"), lambda: engine, entry, task_status=task_status)
+        )
+        async with httpx.AsyncClient(
+            base_url=binds[0], headers={"Authorization": "Bearer boss"}, timeout=30
+        ) as client:
+            with trio.fail_after(30):
+                while (await client.get("/readyz")).status_code != 200:
+                    await trio.sleep(0.05)
+            yield client
+        nursery.cancel_scope.cancel()
+
+
+async def refusal(client: httpx.AsyncClient, request: dict) -> tuple[int, str, str, str]:
+    answer = await client.post("/v1/score", json=request)
+    error = answer.json()["error"]
+    return answer.status_code, error["code"], error["param"], error["message"]
+
+
+@pytest.fixture(autouse=True)
+def drain_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPINF_DRAIN_FILE", str(tmp_path / "drain"))
+
+
+async def test_media_is_gated_by_the_media_setting(build):
+    """A kind left on reaches the engine, which loaded no media embedders; a kind switched off is media_disabled."""
+    async with serving(*build()) as client:
+        assert (await refusal(client, body(content=[IMAGE])))[:3] == (400, "unsupported_content", "inputs.0")
+        assert (await client.get("/v1/models")).json()["models"][0]["media"] == []  # none is served yet
+    async with serving(*build("--media", "audio")) as client:
+        assert (await refusal(client, body(content=[IMAGE])))[:3] == (400, "media_disabled", "inputs.0.messages")
+        assert (await refusal(client, body(content=[AUDIO])))[:3] == (400, "unsupported_content", "inputs.0")
+    async with serving(*build("--no-media")) as client:
+        assert (await refusal(client, body(content=[AUDIO])))[:3] == (400, "media_disabled", "inputs.0.messages")
+        assert (await client.post("/v1/score", json=body())).status_code == 200
+
+
+async def test_extraction_and_generation_are_gated_by_their_settings(build):
+    not_built = (400, "extraction_disabled", "scoring.queries.0.template")
+    bad_template = {**SCORED, "id": "bad", "template": "\n\nRefund? {?"}
+    async with serving(*build()) as client:  # both on: the engine refuses extraction, as a score-only model does
+        for query in (EXTRACTED, GENERATED):
+            code, name, param, message = await refusal(client, body(query))
+            assert (code, name, param) == not_built and message.endswith("extraction is not built yet")
+        # the request checks let the extraction slot through, so the later query's template is refused first
+        assert (await refusal(client, body(EXTRACTED, bad_template)))[1:3] == (
+            "invalid_template",
+            "scoring.queries.1.template",
+        )
+    async with serving(*build("--no-extraction")) as client:
+        assert await refusal(client, body(EXTRACTED, bad_template)) == (
+            *not_built,
+            "extraction slots are switched off",
+        )
+        assert (await client.post("/v1/score", json=body())).status_code == 200
+    async with serving(*build("--no-generation")) as client:
+        assert (await refusal(client, body(GENERATED)))[:3] == (
+            400,
+            "generation_disabled",
+            "scoring.queries.0.generate",
+        )
+        assert (await refusal(client, body(EXTRACTED)))[:3] == not_built
+
+
+async def test_a_server_with_layers_1_serves_a_one_layer_model(build, tiny_engine):
+    scores = {}
+    for layers in ("0", "1"):
+        settings, engine = build(SPINF_LAYERS=layers)
+        async with serving(settings, engine) as client:
+            info = (await client.get("/v0/info")).json()["engine"]
+            answer = (await client.post("/v1/score", json=body())).json()
+        scores[layers] = (info["layers"], answer["system_fingerprint"], answer["results"])
+    assert (scores["0"][0], scores["1"][0]) == (len(tiny_engine.model.layers), 1)
+    assert scores["1"][1] != scores["0"][1] and scores["1"][2] != scores["0"][2]

@@ -1,0 +1,75 @@
+"""No setting is accepted and then ignored (issue 12 item 6): each one changes what ``spinf-serve serve`` builds.
+
+`spinf.supervisor.run` is run for real up to the point where it would serve, with the server, the log set-up and
+the engine class replaced by recorders: what it hands the server (`ServerOptions`, the ``/v1/models`` entry), the
+keyword arguments the engine is built with (`Engine.from_settings`), the log format and the start-up log lines. A
+setting whose first sample (tests/settings_samples.py) changes none of these is inert. A setting whose feature is
+not built yet takes only its default (tests/test_settings.py), so no value of it can be ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import pytest
+
+import spinf.engine.engine
+import spinf.logs
+import spinf.supervisor
+from spinf.settings import SETTINGS, Settings
+from tests.settings_samples import SAMPLES
+
+# Settings another change of issue 12 is wiring, with what they will drive: out of this list once that change is in.
+PENDING = {"lm_head": "the LM head's precision (the quantization schemes)"}
+
+
+class EngineRecorder:
+    """Stands in for `Engine`: keeps the keyword arguments `Engine.from_settings` builds it with."""
+
+    from_settings = classmethod(spinf.engine.engine.Engine.from_settings.__func__)
+
+    def __init__(self, model, **kwargs):
+        self.kwargs = {"model": model, **kwargs}
+
+
+def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
+    handed = {}
+
+    def fake_run(function):
+        options, load, models_entry = function.args
+        handed.update(options=options, engine=load().kwargs, models_entry=models_entry)
+        return 0
+
+    monkeypatch.setattr(spinf.logs, "configure", lambda log_format: handed.update(log_format=log_format))
+    monkeypatch.setattr(spinf.engine.engine, "Engine", EngineRecorder)
+    monkeypatch.setattr(spinf.supervisor.trio, "run", fake_run)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="spinf.supervisor"):
+        assert spinf.supervisor.run(settings) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "spinf.supervisor"]
+    return handed["options"], handed["engine"], handed["models_entry"], handed["log_format"], lines
+
+
+def with_value(settings: Settings, name: str, value: object) -> Settings:
+    section = next(s.section for s in SETTINGS if s.name == name)
+    return attrs.evolve(settings, **{section: attrs.evolve(getattr(settings, section), **{name: value})})
+
+
+@pytest.mark.parametrize("name", [s.name for s in SETTINGS if not s.not_built and s.name not in PENDING])
+def test_every_setting_changes_what_serve_builds(name, monkeypatch, caplog):
+    defaults = Settings()
+    assert what_serve_builds(with_value(defaults, name, SAMPLES[name][0]), monkeypatch, caplog) != (
+        what_serve_builds(defaults, monkeypatch, caplog)
+    ), f"{name} changes nothing that serve builds"
+
+
+def test_the_start_up_line_names_the_pack_sources_and_warns_that_the_official_one_is_not_loaded(monkeypatch, caplog):
+    *_, lines = what_serve_builds(Settings(), monkeypatch, caplog)
+    assert lines[0].endswith("; pack sources: official")
+    assert lines[1] == (
+        "the official pack source github:spinfinc/spinf-prompts@0.1.0 is not loaded: this build loads no packs yet, "
+        "so every pack reference is answered unknown_pack (--no-official-packs: no source)"
+    )
+    *_, lines = what_serve_builds(with_value(Settings(), "official_packs", False), monkeypatch, caplog)
+    assert len(lines) == 1 and lines[0].endswith("; pack sources: off")
