@@ -1,7 +1,8 @@
 """The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
-Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing a model name that resolves to
-nothing: ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
+Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing what the manifest, the settings
+and the device decide, ``spinf.engine.engine.check_before_lookup``, and a model name that resolves to nothing,
+``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
 and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings.flags``);
@@ -96,14 +97,24 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Refuses, before anything starts, a Hub repo id that is neither cached nor on the Hub (api spec §9.6)."""
+    """Refuses, before anything starts or is fetched, a start that cannot work (`check_before_lookup`: what the
+    manifest, the settings and the device decide), then a Hub repo id that is neither cached nor on the Hub (api spec
+    §9.6, which asks the Hub)."""
     settings = _settings(args)
-    from spinf.catalog import resolve_model
     from spinf.catalog.checkpoint import check_findable
+    from spinf.engine.engine import check_before_lookup  # torch, for the device's facts
 
     engine = settings.engine
+    resolved, _ = check_before_lookup(
+        engine.model,
+        device=engine.device,
+        quant=engine.quant,
+        model_dir=engine.model_dir,
+        revision=engine.revision,
+        model_id=engine.model_id,
+    )
     check_findable(
-        resolve_model(engine.model),
+        resolved,
         model_dir=engine.model_dir,
         revision=engine.revision,
         cache_dirs=list(engine.cache_dirs) or None,

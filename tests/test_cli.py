@@ -215,11 +215,27 @@ def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
 
     calls = []
     monkeypatch.setattr(spinf.supervisor, "run", lambda settings: calls.append(settings) or 0)
-    code, out, err = run(capsys, "serve", "tiny", "--port", "9001", "--debug")
+    code, out, err = run(capsys, "serve", "tiny", "--device", "cpu", "--port", "9001", "--debug")
     assert (code, out, err) == (0, "", "")
     (settings,) = calls
     assert (settings.engine.model, settings.server.port, settings.server.debug) == ("tiny", 9001, True)
     assert settings.origin("port") == "flag --port"
+
+
+def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypatch):
+    """The default device is cuda:0: without a GPU the start is refused at once, not by a server whose load fails."""
+    import torch
+
+    import spinf.supervisor
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: pytest.fail("the server must not start"))
+    code, out, err = run(capsys, "serve", "tiny", "--port", "9001")
+    assert (code, out) == (2, "")
+    assert err == (
+        "spinf-serve: device cuda:0: no CUDA GPU is visible. To try the API without a GPU: spinf-serve serve "
+        "spinf/tiny-gemma4 --device cpu\n"
+    )
 
 
 def test_serve_refuses_bad_settings_before_starting(capsys, monkeypatch):

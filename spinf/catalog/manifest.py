@@ -9,7 +9,10 @@ dotted key.
 Beyond the spec's fields, ``[source]`` may say ``builtin = true``: the checkpoint is generated locally, never
 downloaded. Only manifests shipped in the package may say so, and only for the tiny model (``spinf/tiny-gemma4``,
 whose generator is `spinf.engine.tiny`); such a manifest may also use the weight format ``safetensors-f32``, whose
-schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``.
+schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``. ``[source]`` may also give
+``bytes``, the size of the pinned revision's ``*.safetensors`` files: the start checks whether the weights fit on the
+device with it before anything is downloaded (`spinf.engine.engine.check_before_lookup`). Every built-in manifest
+gives it; without it, the memory check waits for the files.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Source:
     revision: str | None
     format: str
     builtin: bool = False
+    bytes: int | None = None  # the pinned revision's *.safetensors files, when the manifest says
 
 
 @attrs.frozen
@@ -151,8 +155,10 @@ class _Table:
             raise self.error(key, f"lists a value twice: {value!r}")
         return tuple(value)
 
-    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+    def integer(self, key: str, default: Any = _REQUIRED) -> Any:
         value = self._get(key, default)
+        if key not in self.data:
+            return value
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise self.error(key, f"must be a positive integer, not {value!r}")
         return value
@@ -245,8 +251,11 @@ def _source(top: _Table, status: str, *, builtin_allowed: bool) -> Source:
         raise table.error("builtin", f"spinf can only generate {TINY_REPO}, not {repo!r}")
     formats = {**FORMAT_SCHEMES, **BUILTIN_FORMAT_SCHEMES} if builtin else FORMAT_SCHEMES
     weight_format = table.text("format", choices=tuple(formats))
+    num_bytes = table.integer("bytes", None)
+    if num_bytes is not None and revision is None:
+        raise table.error("bytes", "the size of a checkpoint needs the revision it is the size of")
     table.refuse_unknown()
-    return Source(repo=repo, revision=revision, format=weight_format, builtin=builtin)
+    return Source(repo=repo, revision=revision, format=weight_format, builtin=builtin, bytes=num_bytes)
 
 
 def _quant(top: _Table, source: Source) -> tuple[str, tuple[str, ...]]:

@@ -23,7 +23,14 @@ from spinf._version import __version__
 from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.engine import hostgc
 from spinf.engine.compiler import EngineShape
-from spinf.engine.hardware import check_hardware, choose_quant, device_facts
+from spinf.engine.hardware import (
+    DeviceFacts,
+    check_hardware,
+    check_requested,
+    choose_quant,
+    device_facts,
+    settled_quant,
+)
 from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import usage
@@ -33,6 +40,7 @@ from spinf.engine.scales import (
     find_table,
     missing_table_error,
     read_scale_table,
+    store_path,
 )
 from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID, find_or_generate
@@ -69,16 +77,18 @@ def open_checkpoint(
     """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8).
 
     ``revision`` (the ``revision`` setting) replaces the manifest's pin when given; ``model_id`` (the setting)
-    replaces the checkpoint repo that keys the scale-table store. Every refusal comes before a weight is read.
+    replaces the checkpoint repo that keys the scale-table store. Every refusal that needs no checkpoint comes
+    before the lookup (`check_before_lookup`), so a refused start downloads nothing; the others come after it, on
+    the files found (their format and exact size, a scale table shipped with them), before a weight is read.
     """
-    resolved = resolve_model(model)
-    if revision and revision != resolved.revision:
-        resolved = attrs.evolve(resolved, revision=revision)
+    resolved, facts = check_before_lookup(
+        model, device=device, quant=quant, model_dir=model_dir, revision=revision, model_id=model_id
+    )
     checkpoint = find_or_generate(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
     model_id = model_id or resolved.model_id
     table = find_table(model_id, checkpoint.revision, checkpoint.folder)
-    facts = device_facts(device)
     size = checkpoint.num_bytes()
+    _check_family(resolved.served_name, checkpoint.family)
     scheme = choose_quant(
         resolved,
         quant,
@@ -89,30 +99,80 @@ def open_checkpoint(
         free_bytes=facts.free_bytes,
     )
     check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
-    if checkpoint.family != "gemma4":
-        raise ModelError(f"{resolved.served_name}: the {checkpoint.family} stack is not available in this build yet")
-    _check_runnable(resolved.served_name, checkpoint, scheme, model_id, has_table=table is not None)
+    _check_runnable(resolved.served_name, checkpoint.weight_format, scheme, model_id, checkpoint.revision)
+    if scheme == "fp8s" and table is None:
+        raise missing_table_error(resolved.served_name, model_id, checkpoint.revision, checkpoint.folder)
     return resolved, checkpoint, scheme
 
 
-def _check_runnable(name: str, checkpoint: Checkpoint, scheme: str, model_id: str, *, has_table: bool) -> None:
-    """Refuses what this build cannot load, saying what would run instead."""
-    if checkpoint.weight_format == "fp8-static":
+def check_before_lookup(
+    model: str | None,
+    *,
+    device: str,
+    quant: str = "",
+    model_dir: str = "",
+    revision: str = "",
+    model_id: str = "",
+) -> tuple[ResolvedModel, DeviceFacts]:
+    """The model resolved as `open_checkpoint` resolves it, and the device's facts, after every refusal that needs
+    no checkpoint and no network: what the manifest (family, format, schemes, size), the settings (quant, device)
+    and the device (there at all, its compute capability, its free memory) decide. `open_checkpoint` calls it before
+    the lookup, ``spinf-serve serve`` before the server starts: a refused start downloads nothing.
+
+    In order: the family; the catalog model's need of a GPU; the scheme (`settled_quant`: the automatic choice
+    when the lookup cannot change it) against the manifest's schemes, the compute capability, and the free memory
+    for the manifest's ``bytes`` (only at its pinned revision); the format and scheme this build loads. For a repo
+    outside the catalog only what holds whatever its format is checked (`check_requested`). A folder given (the
+    model or ``model_dir``) is never fetched: beyond the device, its checks wait for its files.
+    """
+    resolved = resolve_model(model)
+    if revision and revision != resolved.revision:
+        resolved = attrs.evolve(resolved, revision=revision)
+    facts = device_facts(device)
+    if model_dir or resolved.local_folder is not None:
+        return resolved, facts
+    name, manifest = resolved.served_name, resolved.manifest
+    if resolved.family is not None:
+        _check_family(name, resolved.family)
+    size = manifest.source.bytes if manifest is not None and resolved.revision == manifest.source.revision else None
+    model_id = model_id or resolved.model_id
+    stored = resolved.revision is not None and store_path(model_id, resolved.revision).is_file()
+    scheme = settled_quant(
+        resolved, quant, facts.capability, has_scale_table=stored, checkpoint_bytes=size, free_bytes=facts.free_bytes
+    )
+    if scheme is None:
+        check_requested(resolved, quant, device, facts)
+    else:
+        check_hardware(resolved, scheme, device, size, facts=facts)
+    if resolved.weight_format is not None:
+        _check_runnable(name, resolved.weight_format, scheme, model_id, resolved.revision)
+    return resolved, facts
+
+
+def _check_family(name: str, family: str) -> None:
+    if family != "gemma4":
+        raise ModelError(f"{name}: the {family} stack is not available in this build yet")
+
+
+def _check_runnable(name: str, weight_format: str, scheme: str | None, model_id: str, revision: str) -> None:
+    """Refuses what this build cannot load, saying what would run instead; ``scheme`` None: not settled yet.
+
+    Whether fp8s has its scale table is asked after the lookup, since a checkpoint may ship its own.
+    """
+    if weight_format == "fp8-static":
         raise ModelError(
             f"{name}: pre-quantized fp8-static checkpoints cannot be loaded by this build yet (the loader reads no "
             "fp8 weights or input scales); serve the model's bf16 checkpoint instead, in fp8s with a scale table "
             f"(`{CALIBRATE_COMMAND}`) or with --quant bf16"
         )
-    if scheme == "fp8s" and not has_table:
-        raise missing_table_error(name, model_id, checkpoint.revision, checkpoint.folder)
     if scheme == "fp8":
         raise ModelError(
             f"{name}: the dynamic fp8 scheme is not available in this build. Its batch-invariant form fp8s needs a "
-            f"scale table for {model_id} at revision {checkpoint.revision}: make one with "
+            f"scale table for {model_id} at revision {revision}: make one with "
             f"`SPINF_MODEL={name} {CALIBRATE_COMMAND}`, then serve again (a catalog model picks fp8s by itself; "
             "otherwise give --quant fp8s), or choose --quant bf16"
         )
-    if scheme not in RUNNABLE_SCHEMES:
+    if scheme is not None and scheme not in RUNNABLE_SCHEMES:
         raise ModelError(
             f"{name}: the {scheme} scheme is not available in this build yet; it runs fp8s (with a scale table, on "
             "compute capability 8.9 or later) and bf16 on a GPU, and fp32 (the CPU and the built-in tiny model)"

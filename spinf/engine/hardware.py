@@ -2,8 +2,11 @@
 
 `check_hardware` answers, before a byte of weights is read, whether the resolved model can run on the chosen
 device with the chosen scheme: the device exists, the scheme is one the checkpoint accepts and the GPU can run, and
-the weights fit in the free memory with a margin. `choose_quant` makes the automatic choice of §9.8. The device
-facts come from `device_facts` (torch); tests pass `DeviceFacts` in instead.
+the weights fit in the free memory with a margin. `choose_quant` makes the automatic choice of §9.8. Both run twice
+on a start: before the checkpoint's lookup, on what the manifest and the settings say (`settled_quant`: the choice
+when the lookup cannot change it; `check_requested` for a repo whose format only its files tell), so that a refused
+start downloads nothing, and after it on the files themselves. The device facts come from `device_facts` (torch);
+tests pass `DeviceFacts` in instead.
 
 Schemes by name: the Gemma schemes of B.8 (``fp8s fp8 fp8row w8a16 w8a8 bf16``), the int4 modes of B.14.3
 (``i8 f16 fp8 bf16``, reported as ``int4-<mode>``), and ``fp32``: the weights as they are, the only scheme on CPU
@@ -36,6 +39,9 @@ TINY_HINT = "spinf-serve serve spinf/tiny-gemma4 --device cpu"
 # packed whatever the mode (B.14.3), so their size on the device is their size on disk.
 FORMAT_BYTES = {"safetensors-bf16": 2.0, "fp8-static": 1.0, "safetensors-f32": 4.0}
 SCHEME_BYTES = {"fp8s": 1.0, "fp8": 1.0, "fp8row": 1.0, "w8a16": 1.0, "w8a8": 1.0, "bf16": 2.0, "fp32": 4.0}
+
+# What a checkpoint outside the catalog may run on a GPU before its config.json tells its format.
+ANY_FORMAT_SCHEMES = tuple(dict.fromkeys(scheme for schemes in FORMAT_SCHEMES.values() for scheme in schemes))
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -97,7 +103,7 @@ def check_hardware(
     resolved: ResolvedModel,
     quant: str,
     device: str,
-    weights_bytes: int,
+    weights_bytes: int | None,
     *,
     weight_format: str | None = None,
     facts: DeviceFacts | None = None,
@@ -105,28 +111,20 @@ def check_hardware(
     """Refuses a start that cannot work on ``device``; returns the device facts it checked against.
 
     ``quant`` is the scheme to run (as `choose_quant` gives it; an int4 mode with or without ``int4-``),
-    ``weights_bytes`` the size of the checkpoint's safetensors files, ``weight_format`` the checkpoint format when
-    the resolution did not know it (a Hub repo), ``facts`` the device facts (default: `device_facts`). Raises
-    `ModelError` when the model cannot run on this machine (a GPU model without a GPU, too little memory) and
-    `ConfigError` when a setting is wrong for it (the device, the scheme).
+    ``weights_bytes`` the size of the checkpoint's safetensors files (None before the lookup when no manifest gives
+    it: the memory is then not checked), ``weight_format`` the checkpoint format when the resolution did not know it
+    (a Hub repo), ``facts`` the device facts (default: `device_facts`). Raises `ModelError` when the model cannot
+    run on this machine (a GPU model without a GPU, too little memory) and `ConfigError` when a setting is wrong
+    for it (the device, the scheme).
     """
     kind, _ = parse_device(device)
-    if kind == "cpu" and resolved.manifest is not None and not resolved.is_builtin:
-        raise ModelError(f"{resolved.served_name} needs a CUDA GPU. To try the API without a GPU: {TINY_HINT}")
+    _check_gpu_model(resolved, kind)
     facts = device_facts(device) if facts is None else facts
     weight_format = weight_format or resolved.weight_format or DEFAULT_FORMAT
     scheme = quant.removeprefix("int4-") if weight_format == INT4_FORMAT else quant
-    allowed = allowed_schemes(resolved, weight_format, on_cpu=kind == "cpu")
-    if scheme not in allowed:
-        raise ConfigError(
-            f"quant {quant!r} cannot run {resolved.served_name} on {facts.device}: allowed are {', '.join(allowed)}"
-        )
-    if scheme in FP8_SCHEMES and (facts.capability is None or facts.capability < FP8_MIN_CAPABILITY):
-        capability = ".".join(map(str, facts.capability)) if facts.capability else "none"
-        raise ConfigError(
-            f"quant {quant!r} needs compute capability 8.9 or later; {facts.device} ({facts.name}) has {capability}. "
-            f"Choose another scheme with --quant ({', '.join(s for s in allowed if s not in FP8_SCHEMES)})"
-        )
+    _check_scheme(resolved, quant, scheme, allowed_schemes(resolved, weight_format, on_cpu=kind == "cpu"), facts)
+    if weights_bytes is None:
+        return facts
     resident = resident_bytes(weights_bytes, weight_format, scheme)
     work = CPU_WORK_BYTES if kind == "cpu" else GPU_WORK_BYTES
     needed = fit_bytes(resident, work)
@@ -139,12 +137,48 @@ def check_hardware(
     return facts
 
 
-def allowed_schemes(resolved: ResolvedModel, weight_format: str, *, on_cpu: bool) -> tuple[str, ...]:
-    """The schemes that may run ``resolved``: ``fp32`` on CPU, else the manifest's, else its format's."""
+def check_requested(resolved: ResolvedModel, quant: str, device: str, facts: DeviceFacts) -> None:
+    """Before the lookup, when the scheme is not settled yet (`settled_quant` gave None): refuses a catalog GPU model
+    on the CPU, and a requested ``quant`` that no checkpoint format could run on ``facts``' device: any but ``fp32``
+    on the CPU, an fp8 scheme (an int4 checkpoint's fp8 mode too) before compute capability 8.9, a name that is no
+    format's scheme. What the format decides waits for `check_hardware` after the lookup."""
+    kind, _ = parse_device(device)
+    _check_gpu_model(resolved, kind)
+    if quant:
+        allowed = allowed_schemes(resolved, resolved.weight_format, on_cpu=kind == "cpu")
+        _check_scheme(resolved, quant, quant.removeprefix("int4-"), allowed, facts)
+
+
+def _check_gpu_model(resolved: ResolvedModel, kind: str) -> None:
+    if kind == "cpu" and resolved.manifest is not None and not resolved.is_builtin:
+        raise ModelError(f"{resolved.served_name} needs a CUDA GPU. To try the API without a GPU: {TINY_HINT}")
+
+
+def _check_scheme(
+    resolved: ResolvedModel, quant: str, scheme: str, allowed: tuple[str, ...], facts: DeviceFacts
+) -> None:
+    """``scheme`` (``quant`` without an int4 checkpoint's ``int4-``) must be ``allowed``, and an fp8 one needs Ada."""
+    if scheme not in allowed:
+        raise ConfigError(
+            f"quant {quant!r} cannot run {resolved.served_name} on {facts.device}: allowed are {', '.join(allowed)}"
+        )
+    if scheme in FP8_SCHEMES and (facts.capability is None or facts.capability < FP8_MIN_CAPABILITY):
+        capability = ".".join(map(str, facts.capability)) if facts.capability else "none"
+        raise ConfigError(
+            f"quant {quant!r} needs compute capability 8.9 or later; {facts.device} ({facts.name}) has {capability}. "
+            f"Choose another scheme with --quant ({', '.join(s for s in allowed if s not in FP8_SCHEMES)})"
+        )
+
+
+def allowed_schemes(resolved: ResolvedModel, weight_format: str | None, *, on_cpu: bool) -> tuple[str, ...]:
+    """The schemes that may run ``resolved``: ``fp32`` on CPU, else the manifest's, else its format's; with the
+    format not known yet (None), those of any format."""
     if on_cpu:
         return ("fp32",)
     if resolved.manifest is not None:
         return resolved.manifest.quant_allowed
+    if weight_format is None:
+        return ANY_FORMAT_SCHEMES
     return FORMAT_SCHEMES.get(weight_format, GEMMA_SCHEMES)
 
 
@@ -195,3 +229,39 @@ def choose_quant(
     if free_bytes is None or fit_bytes(bf16_bytes, GPU_WORK_BYTES) <= free_bytes:
         return "bf16"
     return "w8a16"
+
+
+def settled_quant(
+    resolved: ResolvedModel,
+    requested: str,
+    capability: tuple[int, int] | None,
+    *,
+    has_scale_table: bool,
+    checkpoint_bytes: int | None,
+    free_bytes: int | None,
+) -> str | None:
+    """`choose_quant`'s answer before the checkpoint's lookup, or None when what the lookup brings could change it.
+
+    The lookup brings three things: the format of a repo outside the catalog (a request may become an int4 mode,
+    the automatic choice ``int4-i8``), a scale table shipped in the checkpoint (the automatic ``fp8`` of a catalog
+    checkpoint becomes ``fp8s``) and the size when the manifest gives none (``bf16`` or ``w8a16`` before Ada).
+    ``has_scale_table`` says whether the table store holds one, ``checkpoint_bytes`` is the manifest's size.
+    """
+    if resolved.weight_format is None and (requested or capability is not None):
+        return None
+    scheme = choose_quant(
+        resolved,
+        requested,
+        capability,
+        has_scale_table=has_scale_table,
+        checkpoint_bytes=checkpoint_bytes or 0,
+        free_bytes=free_bytes,
+    )
+    manifest = resolved.manifest
+    if requested or (manifest is not None and manifest.quant_default != "auto"):
+        return scheme
+    if scheme == "fp8" and manifest is not None:
+        return None
+    if scheme == "bf16" and checkpoint_bytes is None and free_bytes is not None:
+        return None
+    return scheme

@@ -5,9 +5,7 @@ Nothing here reaches a network: ``HF_ENDPOINT`` is loopback, ``HF_HOME`` a folde
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +14,8 @@ from spinf.catalog import resolve_model
 from spinf.catalog.checkpoint import check_findable
 from spinf.errors import ModelError
 
-from .hub import FakeHub, write_checkpoint, write_snapshot
+from .hub import FakeHub, closed_port, run_serve, write_checkpoint, write_snapshot
 
-ROOT = Path(__file__).resolve().parents[2]
 THERE = "acme/on-the-hub"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "1111111111111111111111111111111111111111"
@@ -28,7 +25,7 @@ OTHER = "1111111111111111111111111111111111111111"
 def hub(monkeypatch):
     """The fake Hub, holding ``THERE`` at ``REVISION``, as huggingface_hub's endpoint in this process."""
     with FakeHub({THERE: REVISION}) as fake:
-        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", fake.url)
+        fake.serve_here(monkeypatch)
         yield fake
 
 
@@ -86,13 +83,6 @@ def test_offline_the_hub_is_not_asked(hub, tmp_path):
     assert hub.seen == []
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_hub_that_cannot_be_reached_counts_as_not_having_it(tmp_path, monkeypatch):
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", url)
@@ -104,12 +94,8 @@ def test_a_hub_that_cannot_be_reached_counts_as_not_having_it(tmp_path, monkeypa
 
 
 def serve(name: str, tmp_path: Path, endpoint: str, **env: str) -> subprocess.CompletedProcess:
-    """``spinf-serve serve NAME`` (as ``python -m spinf``) with the Hub at ``endpoint`` and a home of its own."""
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SPINF_", "HF_")) and "proxy" not in k.lower()}
-    keep.update(HF_HOME=str(tmp_path / "home"), HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", **env)
-    command = [sys.executable, "-m", "spinf", "serve", name, "--device", "cpu", "--port", str(closed_port())]
-    # a server that came up would run until killed: the timeout turns that into a failure
-    return subprocess.run(command, cwd=ROOT, env=keep, capture_output=True, text=True, timeout=60)
+    """``spinf-serve serve NAME --device cpu`` with the Hub at ``endpoint`` and a home of its own."""
+    return run_serve(tmp_path, endpoint, name, "--device", "cpu", HF_HUB_DISABLE_TELEMETRY="1", **env)
 
 
 def test_serve_refuses_a_hub_id_the_hub_does_not_have_in_one_line(tmp_path):

@@ -150,6 +150,23 @@ def test_tiny_manifest_pins_the_generators_revision():
     )
 
 
+def test_every_builtin_manifest_gives_its_checkpoints_size():
+    """The start checks the memory with it before downloading anything; the tiny model's is the generated file's."""
+    from spinf.engine.tiny import snapshot_files
+
+    sizes = {manifest.id: manifest.source.bytes for manifest in load_catalog([]).manifests}
+    assert all(isinstance(size, int) and size > 0 for size in sizes.values()), sizes
+    assert sizes[TINY_REPO] == len(snapshot_files()["model.safetensors"])
+    assert 12e9 < sizes["spinf/gemma-4-12b-fp8"] < 14e9  # engine spec B.19: 10.9 B fp8 linears + a bf16 embedding
+
+
+def test_a_manifest_without_a_size_is_valid(tmp_path):
+    write_manifest(tmp_path, VALID)
+    assert load_catalog([tmp_path]).find("acme-7b").source.bytes is None
+    write_manifest(tmp_path, mutated(_set("source.bytes", 7_000_000_000)))
+    assert load_catalog([tmp_path]).find("acme-7b").source.bytes == 7_000_000_000
+
+
 def test_manifest_files_are_package_data():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["spinf"]
@@ -255,6 +272,9 @@ RULES = [
     ("source.format", _set("source.format", "gguf")),
     ("source.format", _set("source.format", "safetensors-f32")),
     ("source.builtin", _set("source.builtin", True)),
+    ("source.bytes", _set("source.bytes", 0)),
+    ("source.bytes", _set("source.bytes", "13 GB")),
+    ("source.bytes", lambda d: (d.update(status="planned"), d["source"].pop("revision"), d["source"].update(bytes=1))),
     ("quant.default", _set("quant.default", "w8a8")),
     ("quant.allowed", _set("quant.allowed", ["fp8", "i8"])),
     ("quant.allowed", _set("quant.allowed", [])),

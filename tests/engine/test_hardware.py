@@ -12,10 +12,12 @@ from spinf.engine.hardware import (
     GPU_WORK_BYTES,
     DeviceFacts,
     check_hardware,
+    check_requested,
     choose_quant,
     device_facts,
     parse_device,
     resident_bytes,
+    settled_quant,
 )
 from spinf.errors import ConfigError, ModelError
 
@@ -272,3 +274,59 @@ def test_the_auto_choice_passes_the_checks(gemma, qwen, tiny):
     for resolved, facts in [(gemma, gpu(ADA)), (qwen, gpu(AMPERE)), (tiny, gpu(HOPPER))]:
         quant = choose_quant(resolved, "", facts.capability)
         check_hardware(resolved, quant, "cuda:0", 10 * GIB, facts=facts)
+
+
+# -- before the lookup ----------------------------------------------------------------------------------------------
+
+
+def test_the_choice_is_settled_when_nothing_the_lookup_brings_can_change_it(gemma, qwen, tiny):
+    settled = {"has_scale_table": False, "checkpoint_bytes": 13 * GIB, "free_bytes": 80 * GIB}
+    assert settled_quant(gemma, "", HOPPER, **settled) == "fp8s"  # fp8-static: fp8s with or without a table
+    assert settled_quant(gemma, "", AMPERE, **settled) == "bf16"
+    assert settled_quant(gemma, "", AMPERE, **{**settled, "free_bytes": 30 * GIB}) == "w8a16"
+    assert settled_quant(gemma, "w8a8", HOPPER, **settled) == "w8a8"
+    assert settled_quant(qwen, "f16", HOPPER, **settled) == "int4-f16"
+    assert settled_quant(tiny, "", HOPPER, **settled) == "fp32"
+    assert settled_quant(resolve_model("acme/gemma-ft"), "", None, **settled) == "fp32"  # the CPU runs fp32 only
+
+
+def test_the_choice_waits_for_what_the_lookup_brings(tmp_path):
+    from spinf.catalog import load_catalog
+
+    (tmp_path / "bf16.toml").write_text(
+        'id = "acme/bf16"\nname = "bf16"\nfamily = "gemma4"\n[source]\nrepo = "acme/bf16"\n'
+        'revision = "0123456789abcdef0123456789abcdef01234567"\nformat = "safetensors-bf16"\n'
+    )
+    bf16 = resolve_model("acme/bf16", catalog=load_catalog([tmp_path]))
+    unknown = {"has_scale_table": False, "checkpoint_bytes": None, "free_bytes": 80 * GIB}
+    # a table shipped in the checkpoint would make the automatic fp8 fp8s; the store's settles it
+    assert settled_quant(bf16, "", HOPPER, **unknown) is None
+    assert settled_quant(bf16, "", HOPPER, **{**unknown, "has_scale_table": True}) == "fp8s"
+    # before Ada, bf16 or w8a16 by a size that only the files give here
+    assert settled_quant(bf16, "", AMPERE, **unknown) is None
+    assert settled_quant(bf16, "", AMPERE, **{**unknown, "checkpoint_bytes": 20 * GIB}) == "bf16"
+    # a Hub repo's format (int4 or not) comes with its config.json
+    repo = resolve_model("acme/gemma-ft")
+    assert settled_quant(repo, "bf16", HOPPER, **unknown) is None
+    assert settled_quant(repo, "", HOPPER, **unknown) is None
+
+
+def test_a_request_for_a_repo_of_unknown_format_is_checked_as_far_as_any_format_goes():
+    repo = resolve_model("acme/gemma-ft")
+    cpu = DeviceFacts("cpu", "cpu", None, 64 * GIB)
+    with pytest.raises(ConfigError, match=r"^quant 'bf16' cannot run acme/gemma-ft on cpu: allowed are fp32$"):
+        check_requested(repo, "bf16", "cpu", cpu)
+    check_requested(repo, "fp32", "cpu", cpu)
+    for quant in ("fp8", "int4-fp8", "fp8s"):
+        with pytest.raises(ConfigError, match=rf"^quant '{quant}' needs compute capability 8\.9 or later; "):
+            check_requested(repo, quant, "cuda:0", gpu(AMPERE))
+    for quant in ("bf16", "i8", "int4-f16", "w8a16", ""):  # some format runs each of them
+        check_requested(repo, quant, "cuda:0", gpu(AMPERE))
+    with pytest.raises(ConfigError, match=r"^quant 'fp32' cannot run acme/gemma-ft on cuda:0: allowed are fp8s, "):
+        check_requested(repo, "fp32", "cuda:0", gpu())
+
+
+def test_no_size_no_memory_check(gemma):
+    check_hardware(gemma, "bf16", "cuda:0", None, facts=gpu(AMPERE, free_gib=1))
+    with pytest.raises(ModelError, match=r"^spinf/gemma-4-12b-fp8 needs a CUDA GPU\. "):
+        check_requested(gemma, "", "cpu", DeviceFacts("cpu", "cpu", None, 64 * GIB))
