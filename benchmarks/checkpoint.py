@@ -4,15 +4,20 @@
 (``gemma4_unified`` with the text config inside), sharded safetensors under ``model.language_model.*`` with a
 ``model.safetensors.index.json``, and the tiny model's tokenizer (``tokenizer.json`` from spinf/catalog/tiny_gemma4,
 8,192 ids, all valid in the 12B's vocabulary). Both our engine and the reference engine (spinf-serve 0.1.1) load
-it as it is. The folder's name is its revision, a hash of what was written, so a second call in the same run finds
-the folder done and writes nothing; a folder is complete once its ``.complete`` file exists.
+it as it is. A ``gemma4_text`` config (the 31B's, `benchmarks.gemma31b`) is written as a ``gemma4`` checkpoint
+instead, as transformers' ``Gemma4ForConditionalGeneration`` saves one: the text config nested and, given a
+``vision_config``, the vision tower's random weights under ``model.vision_tower.*`` and ``model.embed_vision.*``,
+which our engine does not read (the reference engine loads unified checkpoints only). The folder's name is its
+revision, a hash of what was written, so a second call in the same run finds the folder done and writes nothing; a
+folder is complete once its ``.complete`` file exists.
 
 The benchmarks serve it the way the server serves a catalog model: `write_manifest` writes a manifest for
-`MODEL_ID` (a catalog model, so its fp8s passes are shared across calls and its floors cached, as for the models
-we ship) into a folder that ``SPINF_MANIFEST_DIRS`` names. On the CPU, where the engine runs catalog models only
-on a GPU, the folder is opened by its path instead (`open_engine`). fp8s needs a scale table: `calibrate_folder`
-makes one with `spinf.engine.calibrate` (what ``spinf-serve calibrate`` runs) on the checkpoint in float precision
-and ships it in the folder; `reference_scales` renames its entries for the reference engine's unfused linears.
+`MODEL_ID` (``bench/gemma31b-random`` for a ``gemma4`` folder: `Folder.model_id`; a catalog model, so its fp8s
+passes are shared across calls and its floors cached, as for the models we ship) into a folder that
+``SPINF_MANIFEST_DIRS`` names. On the CPU, where the engine runs catalog models only on a GPU, the folder is opened
+by its path instead (`open_engine`). fp8s needs a scale table: `calibrate_folder` makes one with
+`spinf.engine.calibrate` (what ``spinf-serve calibrate`` runs) on the checkpoint in float precision and ships it in
+the folder; `reference_scales` renames its entries for the reference engine's unfused linears.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -36,12 +42,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from benchmarks.gemma12b import random_tensors
+from benchmarks.gemma31b import gemma4_config, random_vision_tensors, vision_weight_shapes
 from spinf.engine.calibrate import calibrate
 from spinf.engine.engine import Engine
 from spinf.engine.scales import SHIPPED_TABLE, write_table
 from spinf.settings import Limits
 
 MODEL_ID = "bench/gemma12b-random"
+# the catalog model a folder is served as, and its manifest's name, by the text model's type
+SERVED = {
+    "gemma4_unified_text": (MODEL_ID, "12B-shaped random checkpoint (benchmarks)"),
+    "gemma4_text": ("bench/gemma31b-random", "31B-shaped random checkpoint (benchmarks)"),
+}
 FOLDER_FORMAT = "benchmarks.checkpoint 1"  # part of the revision: bump when the files written change
 PREFIX = "model.language_model."
 SHARD_BYTES = 4 * 2**30
@@ -56,9 +68,9 @@ TOKENIZER_CONFIG = {
     "model_max_length": 131072,
 }
 MANIFEST = """\
-# Written by benchmarks/checkpoint.py: the benchmarks' random 12B-shaped checkpoint, served as a catalog model.
+# Written by benchmarks/checkpoint.py: one of the benchmarks' random checkpoints, served as a catalog model.
 id = "{id}"
-name = "12B-shaped random checkpoint (benchmarks)"
+name = "{name}"
 status = "available"
 family = "gemma4"
 media = []
@@ -81,7 +93,8 @@ class Folder:
     revision: str
     num_bytes: int
     write_s: float
-    on_gpu: bool  # written for a GPU engine (bf16, served as `MODEL_ID`) or a CPU one (fp32, served by its path)
+    on_gpu: bool  # written for a GPU engine (bf16, served as `model_id`) or a CPU one (fp32, served by its path)
+    model_id: str = MODEL_ID  # the catalog model it is served as on a GPU (`SERVED`)
 
 
 @contextlib.contextmanager
@@ -109,13 +122,32 @@ def unified_config(text_config: dict[str, Any], dtype: torch.dtype) -> dict[str,
     }
 
 
-def _shard_plan(text_config: dict[str, Any], dtype: torch.dtype, shard_bytes: int) -> list[list[str]]:
-    """The checkpoint's keys (in `random_tensors` order) split into shards of about ``shard_bytes``."""
+def checkpoint_config(text_config: dict[str, Any], dtype: torch.dtype, vision_config: dict | None = None) -> dict:
+    """``config.json`` for ``text_config``: a unified checkpoint (the 12B) or a ``gemma4`` one (the 31B)."""
+    if text_config["model_type"] == "gemma4_text":
+        return gemma4_config(text_config, vision_config, dtype)
+    if vision_config is not None:
+        raise ValueError("a vision tower is written for a gemma4_text config only")
+    return unified_config(text_config, dtype)
+
+
+def weight_shapes(text_config: dict[str, Any], vision_config: dict | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the folder holds, by its name in the files, in the order they are drawn and written."""
     from spinf.engine.tiny import tiny_weight_shapes
 
+    shapes = {PREFIX + k.removeprefix("model."): s for k, s in sorted(tiny_weight_shapes(text_config).items())}
+    if vision_config is not None:
+        shapes.update(sorted(vision_weight_shapes(vision_config, text_config["hidden_size"]).items()))
+    return shapes
+
+
+def _shard_plan(
+    text_config: dict[str, Any], dtype: torch.dtype, shard_bytes: int, vision_config: dict | None = None
+) -> list[list[str]]:
+    """The checkpoint's names (in `weight_shapes` order) split into shards of about ``shard_bytes``."""
     size = torch.empty((), dtype=dtype).element_size()
     shards, current, total = [], [], 0
-    for key, shape in sorted(tiny_weight_shapes(text_config).items()):
+    for key, shape in weight_shapes(text_config, vision_config).items():
         nbytes = size * int(torch.Size(shape).numel())
         if current and total + nbytes > shard_bytes:
             shards.append(current)
@@ -132,37 +164,64 @@ def write_checkpoint(
     device: torch.device,
     seed: int = 0,
     shard_bytes: int = SHARD_BYTES,
+    vision_config: dict | None = None,
 ) -> Folder:
-    """The checkpoint folder of ``text_config`` under ``root``: bf16 for a GPU, fp32 for the CPU, drawn on
-    ``device`` tensor by tensor; written unless a complete one is there already."""
+    """The checkpoint folder of ``text_config`` (and ``vision_config``'s tower) under ``root``: bf16 for a GPU, fp32
+    for the CPU, drawn on ``device`` tensor by tensor; written unless a complete one is there already (a file
+    system without room for it is refused before anything is written)."""
     on_gpu = device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    config = unified_config(text_config, dtype)
+    config = checkpoint_config(text_config, dtype, vision_config)
     stamp = json.dumps([FOLDER_FORMAT, config, seed, shard_bytes], sort_keys=True).encode()
     revision = hashlib.sha1(stamp, usedforsecurity=False).hexdigest()
     folder = Path(root) / revision
     write_s = 0.0
     if not (folder / COMPLETE).exists():
+        Path(root).mkdir(parents=True, exist_ok=True)
+        check_room(Path(root), text_config, dtype, vision_config)
         started = time.perf_counter()
-        _write(folder, config, text_config, dtype, device=device, seed=seed, shard_bytes=shard_bytes)
+        draw = {"device": device, "seed": seed, "shard_bytes": shard_bytes, "vision_config": vision_config}
+        _write(folder, config, text_config, dtype, **draw)
         write_s = time.perf_counter() - started
     num_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    return Folder(folder, revision, num_bytes, write_s, on_gpu)
+    model_id = SERVED[text_config["model_type"]][0]
+    return Folder(folder, revision, num_bytes, write_s, on_gpu, model_id)
+
+
+def check_room(root: Path, text_config: dict, dtype: torch.dtype, vision_config: dict | None = None) -> None:
+    """Refuses a folder the file system under ``root`` has no room for (the 31B's is 58 GiB in bf16)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    needed = size * sum(math.prod(shape) for shape in weight_shapes(text_config, vision_config).values())
+    free = shutil.disk_usage(root).free
+    if needed > free:
+        raise OSError(
+            f"the checkpoint needs {needed / 2**30:.1f} GiB and {root} has {free / 2**30:.1f} GiB free: give a "
+            "--work folder on a larger file system (a tmpfs such as /dev/shm if memory allows)"
+        )
+
+
+def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, **draw: Any):
+    """`random_tensors` under the files' names, then the vision tower's (`weight_shapes` order)."""
+    for key, tensor in random_tensors(text_config, dtype=dtype, **draw):
+        yield PREFIX + key.removeprefix("model."), tensor
+    if vision_config is not None:
+        yield from random_vision_tensors(vision_config, text_config["hidden_size"], dtype=dtype, **draw)
 
 
 def _write(folder: Path, config: dict, text_config: dict, dtype: torch.dtype, **draw: Any) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    plan = _shard_plan(text_config, dtype, draw.pop("shard_bytes"))
+    vision_config = draw.pop("vision_config")
+    plan = _shard_plan(text_config, dtype, draw.pop("shard_bytes"), vision_config)
     names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
-    weight_map, tensors = {}, random_tensors(text_config, dtype=dtype, **draw)
+    weight_map, tensors = {}, _tensors(text_config, dtype, vision_config, **draw)
     for name, keys in zip(names, plan, strict=True):
         shard = {}
         for key in keys:
             drawn, tensor = next(tensors)
             if drawn != key:
                 raise RuntimeError(f"drew {drawn} where the shard plan has {key}")
-            shard[PREFIX + key.removeprefix("model.")] = tensor.cpu()
+            shard[key] = tensor.cpu()
         save_file(shard, folder / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, name))
         del shard
@@ -181,18 +240,25 @@ def write_manifest(root: Path, folder: Folder) -> Path:
     """The manifest of `MODEL_ID` at ``folder``'s revision, in a folder of its own for ``SPINF_MANIFEST_DIRS``."""
     manifests = Path(root) / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
-    (manifests / "bench.toml").write_text(MANIFEST.format(id=MODEL_ID, revision=folder.revision))
+    name = next(title for model_id, title in SERVED.values() if model_id == folder.model_id)
+    (manifests / "bench.toml").write_text(MANIFEST.format(id=folder.model_id, name=name, revision=folder.revision))
     return manifests
 
 
 def open_engine(folder: Folder, root: Path, *, quant: str, limits: Limits, token_budget: int | None = None) -> Engine:
-    """The engine on ``folder`` as ``spinf-serve serve`` would open it: on a GPU the catalog model `MODEL_ID`
-    (``--model-dir``), on the CPU the folder by its path (fp32: the CPU runs no catalog model and no fp8)."""
+    """The engine on ``folder`` as ``spinf-serve serve`` would open it: on a GPU the catalog model
+    ``folder.model_id`` (``--model-dir``), on the CPU the folder by its path (fp32: the CPU runs no catalog model
+    and no fp8)."""
     if not folder.on_gpu:
         return Engine(str(folder.path), device="cpu", quant="fp32", limits=limits, token_budget=token_budget)
     os.environ["SPINF_MANIFEST_DIRS"] = str(write_manifest(root, folder))
     return Engine(
-        MODEL_ID, device="cuda", quant=quant, model_dir=str(folder.path), limits=limits, token_budget=token_budget
+        folder.model_id,
+        device="cuda",
+        quant=quant,
+        model_dir=str(folder.path),
+        limits=limits,
+        token_budget=token_budget,
     )
 
 
@@ -232,11 +298,37 @@ def reference_scales(scales: dict[str, float]) -> dict[str, float]:
 
 
 def text_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's text weights under transformers' text-model names (``model.layers.0…``), memory-mapped."""
+    """The folder's text weights under transformers' text-model names (``model.layers.0…``), memory-mapped; the
+    vision tower's are left out."""
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     state = {}
     for shard in sorted(set(index["weight_map"].values())):
         with safe_open(str(folder / shard), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 - safe_open is no dict
-                state["model." + key.removeprefix(PREFIX)] = f.get_tensor(key)
+                if key.startswith(PREFIX):
+                    state["model." + key.removeprefix(PREFIX)] = f.get_tensor(key)
     return state
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.checkpoint --work DIR [--shape 31b] [--device cuda]``: write a folder, say where."""
+    import argparse
+
+    from benchmarks.gpu_jobsets import SHAPES, model_config, model_vision
+
+    p = argparse.ArgumentParser(description="Write a benchmarks' random checkpoint folder (found: nothing written).")
+    p.add_argument("--work", type=Path, required=True, help="the folder goes under this one, named by its revision")
+    p.add_argument("--shape", choices=SHAPES, default="12b")
+    p.add_argument("--scaled", action="store_true")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args(argv)
+    folder = write_checkpoint(
+        args.work, model_config(args), device=torch.device(args.device), vision_config=model_vision(args)
+    )
+    done = f"written in {folder.write_s:.1f} s" if folder.write_s else "found"
+    print(f"{folder.path}: {folder.num_bytes / 2**30:.2f} GiB {done}; served as {folder.model_id}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,9 @@ Run on the GPU machine: ``python benchmarks/gpu_fast.py [--jobs J1,J2,J3,J4] [--
 1. The fp8 GEMM peak of this GPU, measured first (a 16384 × 3840 × 15360 ``_scaled_mm``): the MFU denominator.
 2. The 12B shape (engine spec B.19) with random bf16 weights written as a checkpoint folder (`benchmarks.checkpoint`:
    sharded safetensors, ``config.json``, the tiny tokenizer), served as the catalog model
-   ``bench/gemma12b-random`` with ``--model-dir`` as ``spinf-serve serve`` would.
+   ``bench/gemma12b-random`` with ``--model-dir`` as ``spinf-serve serve`` would. ``--shape 31b``: the 31B's shape
+   instead (`benchmarks.gemma31b`; a ``gemma4`` folder with the vision tower's weights too, 58 GiB in bf16, so give
+   ``--work`` a file system with the room), served as ``bench/gemma31b-random``.
 3. fp8s: a scale table from `spinf.engine.calibrate` (what ``spinf-serve calibrate`` runs) on the folder in bf16,
    over a synthetic corpus (the first inputs of each job set), shipped in the folder; then an `Engine` in fp8s
    on it, which quantizes layer by layer while loading, as the server does. On the CPU (``--device cpu``) the
@@ -43,11 +45,13 @@ from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.checkpoint import calibrate_folder, free_memory, open_engine, work_dir  # noqa: E402
 from benchmarks.gpu_jobsets import (  # noqa: E402
     RESULTS,
+    SHAPES,
     Bench,
     Report,
     engine_call,
     job_bodies,
     model_config,
+    model_vision,
     note_row,
     read_jobs,
     setup_text,
@@ -143,6 +147,7 @@ def parse_args(argv):
     p.add_argument("--max-alone", type=int, default=None, help="cap the 'alone' calls of the invariance check")
     p.add_argument("--scheme", choices=("fp8s", "bf16"), default="fp8s")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--shape", choices=SHAPES, default="12b", help="the 12B (default) or the 31B (with its tower)")
     p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model (smoke test)")
     p.add_argument("--layers", type=int, default=None, help="the 12B width with only this many layers")
     p.add_argument("--work", type=Path, default=None, help="where the checkpoint folder goes (default: temporary)")
@@ -170,7 +175,8 @@ def main(argv=None) -> None:
     report = Report(None if args.no_results else args.results)
     peak = fp8_peak_tflops(device)
     with work_dir(args.work) as root:
-        bench = Bench(args, read_jobs(args), device, model_config(args), root, report, peak)
+        config, vision = model_config(args), model_vision(args)
+        bench = Bench(args, read_jobs(args), device, config, root, report, peak, vision=vision)
         command = "python benchmarks/gpu_fast.py " + " ".join(sys.argv[1:] if argv is None else argv)
         bench.header(
             command.strip(), f"`Engine.score` (the engine loop every caller uses), {args.scheme}", "fp8 `_scaled_mm`"

@@ -45,6 +45,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     scaled,
     truncated,
 )
+from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b  # noqa: E402
 from benchmarks.results import RESULTS, revision  # noqa: E402
 from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
@@ -230,6 +231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", default="J1,J2,J3,J4", help="comma-separated job sets (default: J1,J2,J3,J4)")
     p.add_argument("--baseline", action="store_true", help="also time the transformers baseline")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--shape", choices=SHAPES, default="12b", help="the 12B (default) or the 31B (with its tower)")
     p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model of the same architecture")
     p.add_argument("--layers", type=int, default=None, help="the 12B width with only this many layers")
     p.add_argument(
@@ -251,17 +253,36 @@ def small(body: dict) -> dict:
     return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
 
 
+SHAPES = ("12b", "31b")  # ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower)
+
+
 def model_config(args: argparse.Namespace) -> dict:
-    """The text config a run measures: the 12B shape, ``--scaled`` down, or ``--layers`` deep at full width."""
-    if args.scaled:
-        return scaled(GEMMA_12B_TEXT_CONFIG)
-    return truncated(GEMMA_12B_TEXT_CONFIG, args.layers) if args.layers else GEMMA_12B_TEXT_CONFIG
+    """The text config a run measures: the ``--shape`` (12B unless said), ``--scaled`` down, or ``--layers`` deep at
+    full width."""
+    if getattr(args, "shape", "12b") == "31b":
+        full = GEMMA_31B_TEXT_CONFIG
+        if args.scaled:
+            return scaled_31b()[0]
+    else:
+        full = GEMMA_12B_TEXT_CONFIG
+        if args.scaled:
+            return scaled(GEMMA_12B_TEXT_CONFIG)
+    return truncated(full, args.layers) if args.layers else full
+
+
+def model_vision(args: argparse.Namespace) -> dict | None:
+    """The vision tower the folder holds beside the text model (the engine never reads it): the 31B's, or none."""
+    if getattr(args, "shape", "12b") != "31b":
+        return None
+    return scaled_31b()[1] if args.scaled else GEMMA_31B_VISION_CONFIG
 
 
 def model_title(args: argparse.Namespace) -> str:
+    size = "31B" if getattr(args, "shape", "12b") == "31b" else "12B"
     if args.scaled:
-        return "the scaled-down 12B-shaped random model"
-    return f"the 12B-shaped random model cut to {args.layers} layers" if args.layers else "the 12B-shaped random model"
+        return f"the scaled-down {size}-shaped random model"
+    whole = f"the {size}-shaped random model"
+    return f"{whole} cut to {args.layers} layers" if args.layers else whole
 
 
 @attrs.define
@@ -274,6 +295,7 @@ class Bench:
     report: Report
     peak_tflops: float | None
     engine_logprobs: dict = attrs.field(factory=dict)
+    vision: dict | None = None  # the vision tower written beside the text model (`model_vision`)
 
     @property
     def flops_per_token(self) -> float:
@@ -281,7 +303,7 @@ class Bench:
 
     def folder(self) -> Folder:
         """The run's checkpoint folder: written the first time, found after that."""
-        return write_checkpoint(self.root, self.config, device=self.device)
+        return write_checkpoint(self.root, self.config, device=self.device, vision_config=self.vision)
 
     def header(self, command: str, engine: str, peak_name: str = "bf16 GEMM") -> None:
         import transformers
@@ -377,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
             root,
             Report(None if args.no_results else args.results),
             bf16_peak_tflops(device),
+            vision=model_vision(args),
         )
         command = ("python benchmarks/gpu_jobsets.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
         bench.header(command, "`Engine.score` (the engine loop every caller uses)")

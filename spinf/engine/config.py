@@ -3,6 +3,14 @@
 Reading the JSON ourselves (instead of through transformers' config classes) keeps the engine independent of how
 a given transformers release serialises Gemma 4's per-layer overrides: older files carry ``global_head_dim`` and
 ``num_global_key_value_heads``, newer ones a ``per_layer_config`` table. Both give the same `TextConfig`.
+
+Two layouts are served: the "unified" 12B (``gemma4_unified``) and the 31B (``gemma4``, transformers'
+``Gemma4ForConditionalGeneration``), each with its text config nested under ``text_config`` and its text weights
+under ``model.language_model.``; the vision tower's weights beside them (``model.vision_tower.``,
+``model.embed_vision.``) are not read. A bare text config (``gemma4_text``, ``gemma4_unified_text``) has its
+weights under ``model.``. Gemma 4 features this decoder does not implement (the small models' per-layer
+embeddings and shared KV layers, the 26B's experts, bidirectional text attention) are refused by name rather than
+silently run without.
 """
 
 from __future__ import annotations
@@ -16,6 +24,15 @@ from spinf.errors import ModelError
 
 GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
 GEMMA4_TYPES = ("gemma4_unified", "gemma4")
+# config keys of Gemma 4 features the decoder does not run, with the value that means "off"; a key that is absent
+# takes transformers' default for the model type (gemma4_text turns per-layer embeddings on by default)
+UNSUPPORTED = {
+    "hidden_size_per_layer_input": (0, "per-layer input embeddings (the E2B/E4B models)"),
+    "num_kv_shared_layers": (0, "layers that share another layer's keys and values"),
+    "use_double_wide_mlp": (False, "double-wide MLPs in KV-shared layers"),
+    "enable_moe_block": (False, "mixture-of-experts blocks (the 26B A4B model)"),
+}
+DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256}}
 
 
 @attrs.frozen
@@ -64,6 +81,7 @@ def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
 
 def parse_text_config(raw: dict) -> TextConfig:
     """A `TextConfig` from a Gemma 4 text-config dict (either serialisation of the per-layer overrides)."""
+    check_supported(raw)
     layer_types = raw.get("layer_types") or [
         "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(raw["num_hidden_layers"])
     ]
@@ -105,3 +123,15 @@ def parse_text_config(raw: dict) -> TextConfig:
         tie_word_embeddings=raw.get("tie_word_embeddings", True),
         bos_token_id=raw.get("bos_token_id"),
     )
+
+
+def check_supported(raw: dict) -> None:
+    """`ModelError` naming the first key of ``raw`` that turns on a Gemma 4 feature this decoder does not run."""
+    model_type = raw.get("model_type", "gemma4_unified_text")
+    defaults = DEFAULTS.get(model_type, {})
+    for key, (off, feature) in UNSUPPORTED.items():
+        value = raw.get(key, defaults.get(key, off))
+        if value not in (off, None):
+            raise ModelError(f"text_config.{key} = {value!r}: {feature} are not supported by this engine")
+    if raw.get("use_bidirectional_attention") == "all":
+        raise ModelError("text_config.use_bidirectional_attention = 'all': only causal text attention is supported")

@@ -1,22 +1,27 @@
 """benchmarks/checkpoint.py on the CPU: the folder it writes loads, in our loader and transformers', to the weights
-the in-memory builders draw; the reference's scale names cover its linears."""
+the in-memory builders draw; the reference's scale names cover its linears. The 31B's folder (benchmarks/gemma31b.py)
+is a ``gemma4`` checkpoint that transformers loads with its vision tower, and its real shapes are transformers'."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import types
 
+import pytest
 import torch
 from torch import nn
-from transformers import AutoConfig
+from transformers import AutoConfig, Gemma4ForConditionalGeneration
 from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4UnifiedTextModel
 
-from benchmarks.checkpoint import reference_scales, text_state, write_checkpoint
+from benchmarks.checkpoint import reference_scales, text_state, weight_shapes, write_checkpoint
 from benchmarks.gemma12b import (
     GEMMA_12B_TEXT_CONFIG,
     build_random_engine_model,
     build_random_transformers_model,
     scaled,
 )
+from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b, weight_bytes
 from spinf.engine.model import load_gemma4_text
 
 CONFIG = scaled(GEMMA_12B_TEXT_CONFIG, layers=3, window=16)
@@ -59,3 +64,40 @@ def test_reference_scales_name_every_linear_of_the_reference_model(tmp_path):
     assert theirs["layers.1.self_attn.k_proj"] == ours["layers.1.wqkv"]
     assert theirs["layers.2.mlp.up_proj"] == ours["layers.2.w_gate_up"]
     assert theirs["layers.0.mlp.down_proj"] == ours["layers.0.w_down"]
+
+
+def test_the_31b_folder_is_a_gemma4_checkpoint_with_its_tower(tmp_path):
+    text, vision = scaled_31b()
+    folder = write_checkpoint(tmp_path, text, device=torch.device("cpu"), shard_bytes=2**20, vision_config=vision)
+    assert folder.model_id == "bench/gemma31b-random"
+    index = json.loads((folder.path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert {key.split(".")[1] for key in index["weight_map"]} == {"language_model", "vision_tower", "embed_vision"}
+    model, info = Gemma4ForConditionalGeneration.from_pretrained(folder.path, output_loading_info=True)
+    assert model.config.model_type == "gemma4" and model.config.vision_config.num_hidden_layers == 2
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    loaded = load_gemma4_text(folder.path).state_dict()
+    built = build_random_engine_model("cpu", torch.float32, config=text).state_dict()
+    assert loaded.keys() == built.keys() and all(torch.equal(built[k], loaded[k]) for k in loaded)
+
+
+def test_the_real_31b_shapes_are_transformers_own():
+    config = AutoConfig.for_model(
+        "gemma4",
+        text_config={k: v for k, v in GEMMA_31B_TEXT_CONFIG.items() if k not in ("model_type", "architectures")},
+        vision_config={k: v for k, v in GEMMA_31B_VISION_CONFIG.items() if k != "model_type"},
+    )
+    with torch.device("meta"):
+        model = Gemma4ForConditionalGeneration(config)
+    theirs = {name: tuple(t.shape) for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    assert theirs == weight_shapes(GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG)
+    found = weight_bytes(GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG)
+    assert found["linear_params"] == 29_286_727_680  # benchmarks/gemma31b.md
+    assert found["fp8s_text_bytes"] == 32_107_963_000 and found["vision_params"] == 575_743_536
+
+
+def test_a_folder_with_no_room_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: types.SimpleNamespace(total=10, used=9, free=1))
+    with pytest.raises(OSError, match=r"^the checkpoint needs 0\.0 GiB and .* has 0\.0 GiB free"):
+        write_checkpoint(tmp_path, CONFIG, device=torch.device("cpu"))
+    assert list(tmp_path.iterdir()) == []

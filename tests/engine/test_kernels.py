@@ -90,6 +90,15 @@ def test_tree_attention_at_the_12b_head_dims(dim):
     torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(("kv_heads", "dim", "window"), [(16, 256, 24), (4, 512, None)])
+def test_tree_attention_at_the_31b_head_dims_and_groups(kv_heads, dim, window):
+    """The 31B's 32 query heads: 2 per KV head on its sliding layers, 8 per KV head (4 of them) on its full ones."""
+    rng = random.Random(dim + kv_heads)
+    jobs = [random_job(rng, 40, 5, 4), random_job(rng, 3, 2, 2)]
+    _, reference, got = run_both(jobs, 32, kv_heads, dim, window)
+    torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_a_rows_bits_do_not_depend_on_what_shares_the_pass():
     rng = random.Random(3)
     target = random_job(rng, 37, 6, 5)
