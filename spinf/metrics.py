@@ -16,6 +16,7 @@ from spinf.serving import InFlight, Lifecycle
 class Metrics:
     def __init__(self) -> None:
         self.queued: Callable[[], int] = lambda: 0  # the packer's compiling + waiting calls, set by the wiring
+        self.warmup: Callable[[], tuple[int, int]] = lambda: (0, 0)  # the warm-up's (steps, passes), set likewise
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
@@ -28,6 +29,9 @@ class Metrics:
         self.warm = Gauge("spinf_warm", "1 once loaded and warm", registry=r)
         self.load_failed = Gauge("spinf_load_failed", "1 if the load or the warm-up failed", registry=r)
         self.warmup_seconds = Gauge("spinf_warmup_seconds", "boot.warmup_s once known", registry=r)
+        # ours, beyond §3.5: what the warm-up ran (its passes are not in spinf_pass_seconds)
+        self.warmup_steps = Gauge("spinf_warmup_steps", "Warm-up steps run (scoring calls, built passes)", registry=r)
+        self.warmup_passes = Gauge("spinf_warmup_passes", "Forward passes the warm-up ran", registry=r)
         # ours, beyond §3.5: the floor cache across requests (a hit: a key served from it or from a read under way)
         self.floor_hits = Counter("spinf_floor_cache_hits", "Floor keys not read again", registry=r)
         self.floor_misses = Counter("spinf_floor_cache_misses", "Floor keys read in passes", registry=r)
@@ -59,4 +63,7 @@ class Metrics:
         self.load_failed.set(1 if lifecycle.error else 0)
         if lifecycle.boot is not None and lifecycle.boot.warmup_s is not None:
             self.warmup_seconds.set(lifecycle.boot.warmup_s)
+        steps, passes = self.warmup()
+        self.warmup_steps.set(steps)
+        self.warmup_passes.set(passes)
         return generate_latest(self.registry).decode()

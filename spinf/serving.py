@@ -22,7 +22,7 @@ import tempfile
 import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import outcome
@@ -42,7 +42,9 @@ class ServedEngine(Protocol):
 
     def idle_gib(self) -> float: ...
 
-    def warmup_bodies(self, mode: str) -> list[dict]: ...
+    loop: Any  # the engine loop: the warm-up takes the passes it ran off its ``pass_log``, as the packer does
+
+    def warmup_steps(self, mode: str) -> list[Callable[[], object]]: ...
 
     def score(self, body: object) -> dict: ...
 

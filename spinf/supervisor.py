@@ -82,6 +82,11 @@ def _queued(packer: Packer) -> int:
     return packer.statistics().waiting
 
 
+def _warmed_up(warmup: Warmup) -> tuple[int, int]:
+    stats = warmup.statistics()
+    return stats.shapes_done, stats.passes
+
+
 @attrs.frozen
 class Running:
     """What a running set of actors offers the edge: the web services and the shutdown controls."""
@@ -133,6 +138,7 @@ async def running_actors(
         warmup = Warmup(exec_send.clone(), loaded_recv, warmed_send, lifecycle, options.warmup)
         packer = packer_class(packer_recv, exec_send.clone(), warmed_recv, EngineStatus(lifecycle), on_run=metrics.run)
     metrics.queued = functools.partial(_queued, packer)
+    metrics.warmup = functools.partial(_warmed_up, warmup)
     services = WebServices(
         lifecycle=lifecycle,
         packer=packer_send,

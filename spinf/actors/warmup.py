@@ -1,14 +1,15 @@
 """Warm-up: runs every shape a request could pay through the executor before ``/readyz`` turns 200.
 
-``--warmup full|short|none``; the engine says which request bodies cover its shapes (`Engine.warmup_bodies`).
-Each body is one executor job, so a shutdown during warm-up is seen between shapes. Once warm, it hands the engine
-on to the packer (``warmed``) and moves the lifecycle to ready, in that order: a call admitted once ready finds the
-engine already in the packer's hands.
+``--warmup full|short|none``; the engine says what covers its shapes (`Engine.warmup_steps`: scoring calls, and
+under ``full`` passes built for each CUDA-graph bucket and for the whole token budget, `spinf.engine.warm`). Each
+step is one executor job, so a shutdown during warm-up is seen between shapes. The passes the steps ran are the
+warm-up's: they are counted here (``spinf_warmup_passes``) and taken off the engine loop's pass log, so the
+serving metrics see served passes only. Once warm, it hands the engine on to the packer (``warmed``) and moves the
+lifecycle to ready, in that order: a call admitted once ready finds the engine already in the packer's hands.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import attrs
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 @attrs.frozen
 class WarmupStats:
     warm: bool
-    shapes_done: int
+    shapes_done: int  # steps run: scoring calls and built passes
+    passes: int  # forward passes those steps ran
 
 
 @attrs.define
@@ -41,6 +43,7 @@ class Warmup:
     lifecycle: Lifecycle
     mode: str = "full"
     _done: int = 0
+    _passes: int = 0
     _warm: bool = False
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -53,9 +56,10 @@ class Warmup:
                     return
             started = trio.current_time()
             try:
-                for body in engine.warmup_bodies(self.mode):
-                    await run_on_executor(self.executor, functools.partial(engine.score, body))
+                for step in engine.warmup_steps(self.mode):
+                    await run_on_executor(self.executor, step)
                     self._done += 1
+                    self._passes += self._take_passes(engine)
                 idle_gib = await run_on_executor(self.executor, engine.idle_gib)  # reads the device's memory
             except Exception as exc:  # a failed warm-up is a failed boot (api spec §3.1)
                 log.error("warm-up failed: %s: %s", type(exc).__name__, exc)
@@ -70,5 +74,12 @@ class Warmup:
             self._warm = True
             log.info("warm-up (%s) done in %.1f s: ready", self.mode, trio.current_time() - started)
 
+    @staticmethod
+    def _take_passes(engine: ServedEngine) -> int:
+        """The passes logged since the last step, taken off the loop's log (between steps no thread runs it)."""
+        taken = len(engine.loop.pass_log)
+        del engine.loop.pass_log[:]
+        return taken
+
     def statistics(self) -> WarmupStats:
-        return WarmupStats(self._warm, self._done)
+        return WarmupStats(self._warm, self._done, self._passes)

@@ -450,23 +450,17 @@ class Engine:
         return round((self.scorer.allocated_bytes() or 0) / 2**30, 3)
 
     def warmup_bodies(self, mode: str) -> list[dict]:
-        """Requests that exercise every shape a call can pay: ``short`` small passes, ``full`` also a large one."""
-        if mode == "none":
-            return []
-        sentence = "The parcel arrived late and the box was damaged. "
-        yes_no = {"template": "\n\nIs the customer unhappy? Answer:{?}", "options": [" yes", " no"]}
-        bodies = [
-            {
-                "messages": [{"content": sentence * n}],
-                "scoring": {"queries": [{"id": f"w{k}", **yes_no} for k in range(n)]},
-            }
-            for n in (1, 40)
-        ]
-        if mode == "full":
-            words = max(1, self.limits.max_content_tokens // 20)  # a sentence is about 11 to 15 tokens
-            queries = [{"id": f"f{k}", **yes_no, "template": f"\n\nQuestion {k}? Answer:{{?}}"} for k in range(200)]
-            bodies.append({"messages": [{"content": sentence * words}], "scoring": {"queries": queries}})
-        return bodies
+        """The scoring calls of warm-up ``mode`` (`spinf.engine.warm.bodies`: two small calls unless ``none``)."""
+        from spinf.engine import warm
+
+        return warm.bodies(mode)
+
+    def warmup_steps(self, mode: str) -> list:
+        """The warm-up of ``mode`` as zero-argument steps, run one after another: `warmup_bodies` scored, then under
+        ``full`` one built pass per CUDA-graph bucket and one of the whole token budget (`spinf.engine.warm`)."""
+        from spinf.engine import warm
+
+        return warm.steps(self, mode)
 
     def score(self, body: object, *, debug: bool = False, trusted: bool = False) -> dict:
         """The response of spec §5 for a ``/v1/score`` body, or `ApiError`, through the engine loop.

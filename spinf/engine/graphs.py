@@ -15,24 +15,41 @@ compares graphed passes with eager ones bit for bit.
 Graphs are captured lazily, in the thread that runs the passes (the executor's), the first time a bucket is
 needed; a change of the model's weights (a scheme applied after loading) drops them. A pass that does not fit a
 bucket (more tokens, more jobs than `MAX_JOBS`, paths deeper than `MAX_DEPTH`) runs eagerly, and so does every pass
-once a capture has failed (logged once).
+once a capture has failed (logged once). `all_buckets` and `bucket_of` are the bucket rule alone, torch-free in
+use, so the warm-up (`spinf.engine.warm`) can capture every graph a request could otherwise pay for, and a CPU test
+can check that it does.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
 import torch
 
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.kernels.attention import KernelPlan, PlanArrays
+
+if TYPE_CHECKING:  # Triton is imported when a graph is captured, never on the CPU
+    from spinf.engine.kernels.attention import KernelPlan, PlanArrays
 
 log = logging.getLogger(__name__)
 BUCKETS = tuple(range(128, 1025, 128))  # token counts a graph is captured for (rows padded up to the next)
 MAX_JOBS = 64  # jobs per pass a bucket's tile tables hold beside its full tiles
 MAX_DEPTH = 64  # path steps per row
+
+
+def all_buckets() -> tuple[int, ...]:
+    """Every token count a graph is captured for: one capture each, whatever the jobs and depths of the pass
+    (the tile tables and paths are sized for `MAX_JOBS` and `MAX_DEPTH`)."""
+    return BUCKETS
+
+
+def bucket_of(num_tokens: int) -> int | None:
+    """The bucket a pass of ``num_tokens`` tokens replays (None: larger than every bucket, so eager), given that its
+    jobs and depth fit (`PassGraphs` checks the tables too)."""
+    return next((b for b in BUCKETS if b >= num_tokens), None)
 
 
 @attrs.define(eq=False)
@@ -53,6 +70,11 @@ class PassGraphs:
         self._signature = None
         self.failed = False
         self.replays = 0
+
+    @property
+    def captured(self) -> tuple[int, ...]:
+        """The buckets whose graph is captured, ascending."""
+        return tuple(sorted(self._graphs))
 
     def run(self, token_ids: np.ndarray, arrays: PlanArrays) -> torch.Tensor | None:
         """The pass's hidden states [n, hidden] from a replay (a view of the graph's output, valid until the next
@@ -77,7 +99,7 @@ class PassGraphs:
         return graph.out[: len(token_ids)]
 
     def _bucket(self, n: int, arrays: PlanArrays) -> int | None:
-        bucket = next((b for b in BUCKETS if b >= n), None)
+        bucket = bucket_of(n)
         if bucket is None or arrays.paths.shape[1] > MAX_DEPTH:
             return None
         for bm, (tiles, segments) in arrays.tables.items():
@@ -89,10 +111,12 @@ class PassGraphs:
         """What identifies the weights a graph reads: the tensors' addresses and types."""
         model = self.model
         layers = (model.layers[0], model.layers[-1])
-        fp8 = tuple(id(weight) for layer in layers for weight, _ in layer.fp8.values())
+        fp8 = tuple(id(weight) for layer in layers for weight in layer.stored_weights())
         return (model.embed.weight.data_ptr(), model.embed.weight.dtype, fp8, layers[-1].input_norm.data_ptr())
 
     def _capture(self, bucket: int) -> _Graph:
+        from spinf.engine.kernels.attention import KernelPlan
+
         device = self.device
         tokens = torch.zeros(bucket, dtype=torch.long, device=device)
         plan = KernelPlan(

@@ -56,3 +56,18 @@ def test_a_pass_larger_than_every_bucket_runs_eagerly(gpu_engine):
     found = numbers(gpu_engine.score(large))
     assert found == numbers(gpu_engine.score(body(TARGETS, [("a", CONTENT * 3)])))
     assert gpu_engine.scorer.graphs.replays - before <= 2  # the floor passes only, not the content's
+
+
+def test_the_full_warm_up_captures_every_bucket(tiny_cache):
+    import torch
+
+    from spinf.engine.graphs import all_buckets
+
+    engine = Engine("tiny", device="cuda", cache_dir=tiny_cache)
+    engine.model.to(torch.bfloat16)
+    for step in engine.warmup_steps("short"):
+        step()
+    assert set(engine.scorer.graphs.captured) < set(all_buckets())  # short captures only where its calls land
+    for step in engine.warmup_steps("full"):
+        step()
+    assert engine.scorer.graphs.captured == all_buckets() and not engine.scorer.graphs.failed

@@ -98,8 +98,8 @@ class FakeEngine:
     def __attrs_post_init__(self):
         self.loop = FakeLoop(self)
 
-    def warmup_bodies(self, mode):
-        return [] if mode == "none" else [{"messages": [{"content": "warm"}]}]
+    def warmup_steps(self, mode):
+        return [] if mode == "none" else [lambda: self.score({"messages": [{"content": "warm"}]})]
 
     def score(self, body):
         return {}

@@ -1,0 +1,120 @@
+"""What the warm-up runs (``--warmup full|short|none``): before ``/readyz`` turns 200, what a request would pay.
+
+On a GPU a request can pay for three kinds of compile, each once per process:
+
+1. the CUDA graph of each token bucket (`spinf.engine.graphs.all_buckets`: every 128 tokens up to 1,024), captured
+   the first time a pass of that size runs. One capture per bucket, whatever the pass's jobs and depth, since a
+   graph's tables are sized for the most jobs and the deepest paths it takes;
+2. each Triton kernel in each specialisation a pass reaches. The kernels' configurations are fixed per layer kind
+   and scheme, and Triton specialises an integer argument only on whether it is a multiple of 16; of the
+   arguments, only the attention plan's path width changes with the pass (64 in a graph's plan; as deep as the
+   deepest question in an eager pass's);
+3. the LM head's soft-capped log-sum-exp, whose rows come in chunks of exactly 128: one shape for every pass.
+
+The cuBLAS products pick their kernel per row count at run time; there is nothing of theirs to compile.
+
+``short``: two small scoring calls through `Engine.score` (a question on one sentence; 40 queries on 40
+sentences), which compile the kernels and the head and capture the graphs of the buckets they land in. ``full``:
+the same calls, then one pass per graph bucket of exactly the bucket's tokens (paths 16 deep: a multiple of 16, as
+a graph's plan is, for an engine whose graphs are off), then one pass of the whole token budget (the largest pass,
+so running out of memory fails the boot rather than a call; eager, with paths 3 deep). Those passes are jobs built
+here (`RawJobs`) and run through the engine loop like every caller's work, so each lands in its bucket whatever
+the tokenizer. ``none``: nothing; the first requests pay. On the CPU there is no graph and no Triton: the same steps
+run and check the memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from spinf.engine.graphs import all_buckets
+from spinf.engine.trie import Job
+from spinf.engine.work import RawJobs
+
+if TYPE_CHECKING:
+    from spinf.engine.engine import Engine
+    from spinf.engine.loop import EngineLoop
+
+MODES = ("full", "short", "none")
+SENTENCE = "The parcel arrived late and the box was damaged. "
+BUCKET_DEPTH = 16  # a multiple of 16, as the 64-wide path tables of a graph
+EAGER_DEPTH = 3  # not a multiple of 16: the other specialisation of the attention kernel
+# tokens per job of the budget pass: on a GPU a pass's tokens, not its jobs' lengths, set its memory, while the
+# CPU's attention costs the square of a job's length (16 jobs of 1,024 tokens took 4 s on the tiny model, 32 of 512
+# took 1.3 s)
+BUDGET_JOB = 512
+
+
+@attrs.frozen
+class WarmPass:
+    """One pass of built jobs: each job's tokens, and the depth of the one question path each ends in."""
+
+    sizes: tuple[int, ...]
+    depth: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.sizes)
+
+
+def bodies(mode: str) -> list[dict]:
+    """The scoring calls of ``short`` and ``full``: a question on one sentence; 40 queries on 40 sentences."""
+    check_mode(mode)
+    if mode == "none":
+        return []
+    yes_no = {"template": "\n\nIs the customer unhappy? Answer:{?}", "options": [" yes", " no"]}
+    queries = [{"id": f"w{k}", **yes_no} for k in range(40)]
+    return [{"messages": [{"content": SENTENCE * n}], "scoring": {"queries": queries[:n]}} for n in (1, 40)]
+
+
+def passes(mode: str, token_budget: int) -> list[WarmPass]:
+    """The built passes of ``mode``: under ``full`` one per graph bucket, then one of the token budget (at least one
+    token past the largest bucket, so it runs eagerly) in jobs of at most `BUDGET_JOB` tokens."""
+    check_mode(mode)
+    if mode != "full":
+        return []
+    found = [WarmPass((bucket,), BUCKET_DEPTH) for bucket in all_buckets()]
+    total = max(token_budget, all_buckets()[-1] + 1)
+    count = -(-total // BUDGET_JOB)
+    sizes = tuple(total // count + (i < total % count) for i in range(count))  # as even as they come
+    found.append(WarmPass(sizes, EAGER_DEPTH))
+    return found
+
+
+def jobs(plan: WarmPass, filler: tuple[int, ...]) -> list[Job]:
+    """The jobs of ``plan``: each a prefix of ``filler`` repeated, then one path of ``plan.depth`` more of its tokens,
+    the last one read (so the pass goes through the LM head too)."""
+    out = []
+    for size in plan.sizes:
+        tokens = tuple(itertools.islice(itertools.cycle(filler), size + 1))
+        job = Job(tokens[: size - plan.depth])
+        nodes = job.trie.insert(tokens[size - plan.depth : size])
+        job.reads.add((nodes[-1], tokens[size]))
+        out.append(job)
+    return out
+
+
+def run_pass(loop: EngineLoop, built: list[Job]) -> int:
+    """``built`` through ``loop`` as one caller's jobs; the tokens run (the error of a failed pass is raised)."""
+    work = RawJobs(jobs=built)
+    loop.run([work])
+    work.unwrap()
+    return work.ran_tokens
+
+
+def steps(engine: Engine, mode: str) -> list[Callable[[], object]]:
+    """The warm-up of ``mode`` as steps to run one after another (the server runs each as its own executor job)."""
+    filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
+    calls = [functools.partial(engine.score, body) for body in bodies(mode)]
+    built = passes(mode, engine.shape.token_budget)
+    return calls + [functools.partial(run_pass, engine.loop, jobs(plan, filler)) for plan in built]
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"warm-up mode {mode!r}: one of {', '.join(MODES)}")
