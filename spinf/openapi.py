@@ -169,6 +169,8 @@ def _response_schemas() -> dict:
                 **same(STR, "engine image model revision quant gpu capability torch transformers python"),
                 **same(integer(1), "token_budget max_tokens layers"),
                 "cuda_graphs": described(BOOL, "whether small passes replay CUDA graphs (never on the CPU)"),
+                "lm_head": described(enum("f32out", "bf16", "fp32"), "the LM head's precision (fingerprint part 7)"),
+                "batch_invariant": described(BOOL, "bit-identical scores whatever shares the call (api spec 5.10)"),
                 "cuda": nullable(STR),
                 "scale_table?": described(ANY, "only when there is one"),
             }

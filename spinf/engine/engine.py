@@ -31,6 +31,7 @@ from spinf.engine.hardware import (
     device_facts,
     settled_quant,
 )
+from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import usage
@@ -42,6 +43,7 @@ from spinf.engine.scales import (
     read_scale_table,
     store_path,
 )
+from spinf.engine.schemes import SCHEMES
 from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID, find_or_generate
 from spinf.engine.tokenizer import TextTokenizer
@@ -56,8 +58,16 @@ DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 DEFAULT_FLOOR_CACHE = 65_536
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
-# linear with the revision's scale table (spinf.engine.scales). The other fp8 and int4 schemes come with the GPU work.
-RUNNABLE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8s": torch.bfloat16}
+# linear with the revision's scale table (spinf.engine.scales); fp8, fp8row, w8a16 and w8a8 load bf16 and quantize
+# each layer as it arrives (spinf.engine.schemes). On the CPU they run emulated (the tiny model and local folders).
+# The int4 modes come with the Qwen stack.
+RUNNABLE_SCHEMES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp8s": torch.bfloat16,
+    **dict.fromkeys(SCHEMES, torch.bfloat16),
+}
+
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
@@ -165,17 +175,11 @@ def _check_runnable(name: str, weight_format: str, scheme: str | None, model_id:
             "fp8 weights or input scales); serve the model's bf16 checkpoint instead, in fp8s with a scale table "
             f"(`{CALIBRATE_COMMAND}`) or with --quant bf16"
         )
-    if scheme == "fp8":
-        raise ModelError(
-            f"{name}: the dynamic fp8 scheme is not available in this build. Its batch-invariant form fp8s needs a "
-            f"scale table for {model_id} at revision {revision}: make one with "
-            f"`SPINF_MODEL={name} {CALIBRATE_COMMAND}`, then serve again (a catalog model picks fp8s by itself; "
-            "otherwise give --quant fp8s), or choose --quant bf16"
-        )
     if scheme is not None and scheme not in RUNNABLE_SCHEMES:
         raise ModelError(
-            f"{name}: the {scheme} scheme is not available in this build yet; it runs fp8s (with a scale table, on "
-            "compute capability 8.9 or later) and bf16 on a GPU, and fp32 (the CPU and the built-in tiny model)"
+            f"{name}: the {scheme} scheme is not available in this build yet; it runs the Gemma schemes "
+            f"{', '.join(s for s in RUNNABLE_SCHEMES if s != 'fp32')} on a GPU (the fp8 ones on compute capability "
+            "8.9 or later, fp8s with a scale table), and fp32 (the CPU and the built-in tiny model)"
         )
 
 
@@ -228,6 +232,7 @@ class Engine:
         features: Features | None = None,
         compile: bool = True,
         layers: int = 0,
+        lm_head: str = DEFAULT_HEAD,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -276,7 +281,13 @@ class Engine:
             scales = table["scales"]
         try:
             self.model = load_gemma4_text(
-                self.folder, device=device, dtype=RUNNABLE_SCHEMES[self.quant], scales=scales, layers=layers
+                self.folder,
+                device=device,
+                dtype=RUNNABLE_SCHEMES[self.quant],
+                scales=scales,
+                layers=layers,
+                scheme=self.quant,
+                lm_head=lm_head,
             )
         except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
             raise ModelError(f"{path}: {exc}") from exc
@@ -310,8 +321,19 @@ class Engine:
         cpu_fp32 = self.device.type == "cpu" and self.quant == "fp32"
         gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
         self.batch_invariant = resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
+        log.info("scores are %s", self._invariance_note())
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
+
+    def _invariance_note(self) -> str:
+        """What the start-up log says of batch invariance (``/v1/models`` and ``/v0/info`` say it as a boolean)."""
+        if self.batch_invariant:
+            return "batch-invariant: concurrent calls may share passes"
+        why = f"{self.quant} on {self.device.type}" if self.resolved.batch_invariant else "outside the catalog"
+        note = f"deterministic but not batch-invariant ({why}): each call runs in passes of its own"
+        if self.quant == "fp8" and self.resolved.manifest is not None:
+            note += f"; a scale table (`SPINF_MODEL={self.served_name} {CALIBRATE_COMMAND}`) makes it fp8s"
+        return note
 
     def new_loop(self, *, share_passes: bool, floor_cache: int) -> EngineLoop:
         """An engine loop on this engine's model (``Engine.loop`` is the one every caller uses; tests make more)."""
@@ -346,6 +368,7 @@ class Engine:
             features=settings.features.to_features(),
             compile=engine.compile,
             layers=engine.layers,
+            lm_head=engine.lm_head,
         )
 
     @property
@@ -363,7 +386,7 @@ class Engine:
             os.environ.get("GIT_SHA") or "unknown",
             __version__,
             capability,
-            "fp32",
+            self.model.head_precision(),
         ]
         if self.quant == "fp8s":
             parts.append(self.scale_table)
@@ -433,6 +456,8 @@ class Engine:
             "revision": self.revision,
             "quant": self.quant,
             **({"scale_table": self.scale_table} if self.scale_table else {}),
+            "lm_head": self.model.head_precision(),  # ours, beyond §3.6, as the next: part 7 of the fingerprint
+            "batch_invariant": self.batch_invariant,
             "token_budget": self.shape.token_budget,
             "max_tokens": self.shape.max_tokens,
             "layers": len(self.model.layers),  # ours, beyond §3.6, as the next

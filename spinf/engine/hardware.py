@@ -9,8 +9,9 @@ start downloads nothing, and after it on the files themselves. The device facts 
 tests pass `DeviceFacts` in instead.
 
 Schemes by name: the Gemma schemes of B.8 (``fp8s fp8 fp8row w8a16 w8a8 bf16``), the int4 modes of B.14.3
-(``i8 f16 fp8 bf16``, reported as ``int4-<mode>``), and ``fp32``: the weights as they are, the only scheme on CPU
-and the built-in tiny model's automatic one (on a GPU it may also be asked to run fp8s).
+(``i8 f16 fp8 bf16``, reported as ``int4-<mode>``), and ``fp32``: the weights as they are, the CPU's scheme and the
+built-in tiny model's automatic one. The CPU runs the Gemma schemes too, emulated, for the tiny model and a local
+folder only (`CPU_SCHEMES`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ SCHEME_BYTES = {"fp8s": 1.0, "fp8": 1.0, "fp8row": 1.0, "w8a16": 1.0, "w8a8": 1.
 
 # What a checkpoint outside the catalog may run on a GPU before its config.json tells its format.
 ANY_FORMAT_SCHEMES = tuple(dict.fromkeys(scheme for schemes in FORMAT_SCHEMES.values() for scheme in schemes))
+
+# What the CPU runs for the tiny model and a local folder: fp32, and the Gemma schemes emulated (tests, trials).
+CPU_SCHEMES = ("fp32", *GEMMA_SCHEMES)
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -162,7 +166,8 @@ def _check_scheme(
         raise ConfigError(
             f"quant {quant!r} cannot run {resolved.served_name} on {facts.device}: allowed are {', '.join(allowed)}"
         )
-    if scheme in FP8_SCHEMES and (facts.capability is None or facts.capability < FP8_MIN_CAPABILITY):
+    on_gpu = facts.device != "cpu"  # the CPU emulates the fp8 products (`allowed_schemes` says for which models)
+    if scheme in FP8_SCHEMES and on_gpu and (facts.capability is None or facts.capability < FP8_MIN_CAPABILITY):
         capability = ".".join(map(str, facts.capability)) if facts.capability else "none"
         raise ConfigError(
             f"quant {quant!r} needs compute capability 8.9 or later; {facts.device} ({facts.name}) has {capability}. "
@@ -171,10 +176,11 @@ def _check_scheme(
 
 
 def allowed_schemes(resolved: ResolvedModel, weight_format: str | None, *, on_cpu: bool) -> tuple[str, ...]:
-    """The schemes that may run ``resolved``: ``fp32`` on CPU, else the manifest's, else its format's; with the
+    """The schemes that may run ``resolved``: ``fp32`` on CPU (and there, for the built-in tiny model and a local
+    folder, every Gemma scheme, emulated: `spinf.engine.schemes`), else the manifest's, else its format's; with the
     format not known yet (None), those of any format."""
     if on_cpu:
-        return ("fp32",)
+        return CPU_SCHEMES if resolved.is_builtin or resolved.local_folder is not None else ("fp32",)
     if resolved.manifest is not None:
         return resolved.manifest.quant_allowed
     if weight_format is None:

@@ -24,8 +24,10 @@ from torch import nn
 from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig, read_text_config
 from spinf.engine.gemm import gpu_mm, row_stable_mm
+from spinf.engine.head import DEFAULT_HEAD, check_mode, head_logits, head_precision, head_rows, head_weight
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
+from spinf.engine.schemes import SCHEMES, Scheme
 from spinf.errors import ModelError
 
 
@@ -76,6 +78,8 @@ class DecoderLayer(nn.Module):
         self.spec = spec
         self.prefix = f"layers.{index}."
         self.fp8: dict[str, tuple[Fp8Weight, float]] = {}  # linear name -> (fp8 weight, static input scale)
+        self.scheme: Scheme | None = None  # a scheme that quantizes on the fly (spinf.engine.schemes), and its
+        self.quantized: dict[str, object] = {}  # stored weights by linear name
         self.observer: Callable[[str, torch.Tensor], None] | None = None  # calibration: sees each linear's input
         self.eps = cfg.rms_norm_eps
         self.window = cfg.sliding_window if spec.is_sliding else None
@@ -179,6 +183,18 @@ class DecoderLayer(nn.Module):
             self.fp8[name] = (weight, float(scales[self.prefix + name]))
             module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
+    def to_scheme(self, scheme: Scheme) -> None:
+        """This layer's linears stored as ``scheme`` stores them; the float weights are released."""
+        for name in LINEARS:
+            module = getattr(self, name)
+            self.quantized[name] = scheme.quantize(module.weight, self.part_sizes(name))
+            module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+        self.scheme = scheme
+
+    def stored_weights(self) -> list[object]:
+        """The quantized weights the linears read (what a captured CUDA graph holds on to)."""
+        return [weight for weight, _ in self.fp8.values()] + list(self.quantized.values())
+
     def part_sizes(self, name: str) -> tuple[int, ...] | None:
         """The output rows of each projection fused into linear ``name`` (q, k[, v]; gate, up), None if unfused:
         each part is quantized with its own scale, as a pre-quantized checkpoint stores it."""
@@ -188,11 +204,14 @@ class DecoderLayer(nn.Module):
         return self.fp8[name][1] if name in self.fp8 else None
 
     def _gemm(self, name: str, x: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """A linear on an input already prepared for it: e4m3 (quantized by its static scale) under fp8s, else
-        in the input's dtype, row-stable on either device."""
+        """A linear on an input already prepared for it: e4m3 (quantized by its static scale) under fp8s, in the
+        model dtype under a scheme that quantizes it itself, else in the input's dtype, row-stable on either
+        device."""
         if name in self.fp8:
             weight, scale = self.fp8[name]
             return fp8_matmul(x, weight, scale, out_dtype=out_dtype)
+        if self.scheme is not None:
+            return self.scheme.linear(x, self.quantized[name], out_dtype)
         weight = getattr(self, name).weight
         return gpu_mm(x, weight) if x.is_cuda else row_stable_mm(x, weight)
 
@@ -215,6 +234,7 @@ class Gemma4Text(nn.Module):
         self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         kinds = {spec.is_sliding: spec for spec in cfg.layers}
         self._rope_specs = kinds
+        self.head_mode = DEFAULT_HEAD  # the LM head's precision (spinf.engine.head)
 
     def forward(self, token_ids: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] (before the final norm) of one pass."""
@@ -266,6 +286,14 @@ class Gemma4Text(nn.Module):
         for layer in self.layers:
             layer.to_fp8s(scales)
 
+    def to_scheme(self, name: str) -> None:
+        """Quantize every decoder linear with the on-the-fly scheme ``name`` (fp8, fp8row, w8a16, w8a8)."""
+        for layer in self.layers:
+            layer.to_scheme(SCHEMES[name])
+
+    def head_precision(self) -> str:
+        return head_precision(self.head_mode, self.embed.weight.dtype)
+
     def check_scales(self, scales: Mapping[str, float]) -> None:
         missing = [name for name in self.linear_names() if name not in scales]
         if missing:
@@ -277,22 +305,19 @@ class Gemma4Text(nn.Module):
         """fp32 log-probs of token ``pick_cols[i]`` at read row ``pick_rows[i]``, without a full log-softmax.
 
         The GPU head: read rows go through in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so every
-        product and reduction has one shape; per chunk the bf16 head gives fp32 logits, soft-capped, and the
-        full-vocabulary log-sum-exp; only the picked columns leave. ``pick_rows`` is sorted, and the picks of
-        chunk ``c`` are ``bounds[c]:bounds[c + 1]``. The soft-capped log-sum-exp is one Triton kernel, so no fp32
-        tensor larger than the one ``[HEAD_ROWS, vocab]`` logits chunk exists.
-        """
+        product and reduction has one shape; per chunk the head gives fp32 logits (in the precision of ``head_mode``,
+        `spinf.engine.head`), soft-capped, and the full-vocabulary log-sum-exp; only the picked columns leave.
+        ``pick_rows`` is sorted, and the picks of chunk ``c`` are ``bounds[c]:bounds[c + 1]``. The soft-capped
+        log-sum-exp is one Triton kernel, so no fp32 tensor larger than the one ``[HEAD_ROWS, vocab]`` logits chunk
+        exists (beside, under fp32, the embedding cast once per pass)."""
         out = []
-        cap = self.cfg.final_logit_softcapping
+        cap, mode = self.cfg.final_logit_softcapping, self.head_mode
+        weight = head_weight(self.embed.weight, mode) if hidden_rows.shape[0] else None
         for c, start in enumerate(range(0, hidden_rows.shape[0], HEAD_ROWS)):
-            chunk = hidden_rows[start : start + HEAD_ROWS]
+            chunk = head_rows(hidden_rows[start : start + HEAD_ROWS], mode)
             if chunk.shape[0] < HEAD_ROWS:
                 chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - chunk.shape[0], chunk.shape[1]))])
-            x = rms_norm(chunk, self.final_norm, self.cfg.rms_norm_eps)
-            if x.dtype == torch.float32:
-                logits = x @ self.embed.weight.t()
-            else:
-                logits = torch.mm(x, self.embed.weight.t(), out_dtype=torch.float32)
+            logits = head_logits(rms_norm(chunk, self.final_norm, self.cfg.rms_norm_eps), weight, mode)
             lse = kernels().softcap_logsumexp(logits, cap)
             rows = pick_rows[bounds[c] : bounds[c + 1]] - start
             picked = logits[rows, pick_cols[bounds[c] : bounds[c + 1]]]
@@ -302,9 +327,11 @@ class Gemma4Text(nn.Module):
         return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping."""
-        x = rms_norm(hidden_rows, self.final_norm, self.cfg.rms_norm_eps)
-        logits = row_stable_mm(x.float(), self.embed.weight.float())
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping
+        (the CPU head; ``head_mode`` rounds its operands and logits as on a GPU)."""
+        mode = self.head_mode
+        x = rms_norm(head_rows(hidden_rows, mode), self.final_norm, self.cfg.rms_norm_eps)
+        logits = head_logits(x, head_weight(self.embed.weight, mode), mode)
         cap = self.cfg.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -366,11 +393,14 @@ def load_gemma4_text(
     dtype: torch.dtype = torch.float32,
     scales: Mapping[str, float] | None = None,
     layers: int = 0,
+    scheme: str | None = None,
+    lm_head: str = DEFAULT_HEAD,
 ) -> Gemma4Text:
     """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors), layer by
-    layer; with fp8s ``scales`` each layer is quantized as soon as it is on the device, so the float weights of
-    the whole model never sit there at once. ``layers`` (unless 0) keeps only the first that many decoder layers
-    (the ``layers`` setting); the others' weights are never read."""
+    layer; with fp8s ``scales``, or a ``scheme`` that quantizes on the fly (`spinf.engine.schemes.SCHEMES`), each
+    layer is quantized as soon as it is on the device, so the float weights of the whole model never sit there at
+    once. ``layers`` (unless 0) keeps only the first that many decoder layers (the ``layers`` setting); the
+    others' weights are never read. ``lm_head`` is the head's precision mode (`spinf.engine.head`)."""
     folder = Path(folder)
     cfg, prefix = read_text_config(folder)
     if layers:
@@ -381,6 +411,8 @@ def load_gemma4_text(
         model = Gemma4Text(cfg)
     if scales is not None:
         model.check_scales(scales)
+    model.head_mode = check_mode(lm_head)
+    on_the_fly = SCHEMES.get(scheme) if scales is None else None  # fp8s is quantized by its scales
     raw = _read_tensors(folder, prefix)
     raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
 
@@ -395,6 +427,8 @@ def load_gemma4_text(
             layer.load_state_dict(placed(_layer_state(raw, i, spec)), assign=True, strict=True)
             if scales is not None:
                 layer.to_fp8s(scales)
+            elif on_the_fly is not None:
+                layer.to_scheme(on_the_fly)
     except KeyError as exc:
         raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
     return model.eval().requires_grad_(False)

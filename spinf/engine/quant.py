@@ -105,26 +105,31 @@ def ones_column(rows: int, device: torch.device) -> torch.Tensor:
     return ones[:rows]
 
 
-def fp8_matmul(xq: torch.Tensor, weight: Fp8Weight, x_scale: float, out_dtype=torch.bfloat16) -> torch.Tensor:
+def fp8_matmul(
+    xq: torch.Tensor, weight: Fp8Weight, x_scale: float | torch.Tensor, out_dtype=torch.bfloat16
+) -> torch.Tensor:
     """``(xq · x_scale) @ W.T`` for an input already quantized (e4m3): ``_scaled_mm`` on CUDA, emulated elsewhere.
 
+    ``x_scale`` is fp8s's static scale (a float, a power of two) or fp8's dynamic one (an fp32 device scalar).
     ``_scaled_mm`` with per-tensor scales gives every row the same bits whatever the row count (measured for every
     12B shape on the H200, benchmarks/RESULTS.md), so no minimum row count is needed. A per-row weight scale runs
     the row-wise ``_scaled_mm`` (bf16 output) with ones for the input rows and ``x_scale · scale`` for the output
-    columns, so the epilogue multiplies each sum once by an exact product; benchmarks/schemes.py probes whether
-    its rows are invariant too.
+    columns, so the epilogue multiplies each sum once by one product (exact for a static scale);
+    ``benchmarks/schemes.py`` (its probe) measures whether its rows are invariant too.
     """
     if xq.is_cuda:
+        dynamic = isinstance(x_scale, torch.Tensor)
         if weight.per_row:
+            scale_b = (x_scale * weight.scale)[None, :] if dynamic else weight.scaled_rows(x_scale)
             out = torch._scaled_mm(
                 xq,
                 weight.data.t(),
                 scale_a=ones_column(xq.shape[0], xq.device),
-                scale_b=weight.scaled_rows(x_scale),
+                scale_b=scale_b,
                 out_dtype=torch.bfloat16,
             )
             return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
-        scale_a = _scale_tensor(x_scale, xq.device)
+        scale_a = x_scale if dynamic else _scale_tensor(x_scale, xq.device)
         return torch._scaled_mm(xq, weight.data.t(), scale_a=scale_a, scale_b=weight.scale, out_dtype=out_dtype)
     return row_stable_mm(xq.float() * x_scale, weight.dequantized()).to(out_dtype)
 

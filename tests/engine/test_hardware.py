@@ -110,11 +110,15 @@ def test_the_tiny_model_runs_on_cpu(tiny):
     assert check_hardware(tiny, "fp32", "cpu", 4_000_000, facts=facts) is facts
 
 
-def test_cpu_runs_fp32_only(tiny, local_gemma):
+def test_the_cpu_emulates_the_gemma_schemes_for_the_tiny_model_and_a_local_folder_only(tiny, local_gemma):
     facts = DeviceFacts("cpu", "cpu", None, 64 * GIB)
-    with pytest.raises(ConfigError, match=r"^quant 'bf16' cannot run .* on cpu: allowed are fp32$"):
-        check_hardware(local_gemma, "bf16", "cpu", GIB, facts=facts)
-    check_hardware(local_gemma, "fp32", "cpu", GIB, facts=facts)
+    for resolved in (tiny, local_gemma):
+        for scheme in ("fp32", "bf16", "fp8s", "fp8", "fp8row", "w8a16", "w8a8"):
+            assert check_hardware(resolved, scheme, "cpu", GIB, facts=facts) is facts
+    hub = resolve_model("acme/gemma-ft")  # a Hub repo outside the catalog: fp32 only on the CPU
+    with pytest.raises(ConfigError, match=r"^quant 'bf16' cannot run acme/gemma-ft on cpu: allowed are fp32$"):
+        check_hardware(hub, "bf16", "cpu", GIB, weight_format="safetensors-bf16", facts=facts)
+    check_hardware(hub, "fp32", "cpu", GIB, weight_format="safetensors-bf16", facts=facts)
 
 
 # -- schemes ------------------------------------------------------------------------------------------------------

@@ -267,3 +267,28 @@ def test_softcap_logsumexp_matches_torch(cap):
     capped = logits if cap is None else torch.tanh(logits / cap) * cap
     got = kernels.softcap_logsumexp(logits.to(DEVICE), cap).cpu()
     torch.testing.assert_close(got, torch.logsumexp(capped, dim=-1), atol=1e-4, rtol=1e-5)
+
+
+def test_the_dynamic_quantizer_makes_each_rows_scale_and_rounds_int8_like_torch():
+    """fp8row's and w8a8's per-row quantizer (and fp8's by a device scale), against spinf.engine.schemes' torch
+    arithmetic: the scales and the int8 values bit for bit everywhere; the e4m3 values on the GPU only (above)."""
+    from spinf.engine.schemes import quantize_tokens, tensor_scale
+
+    x = (torch.randn(21, 5000) * torch.logspace(-3, 3, 21)[:, None]).to(BF16)  # wider than one 4096-column step
+    x[4] = 0
+    x[7] = (torch.rand(5000) * 200 - 100).to(BF16)
+    x[7, :4] = torch.tensor([0.5, 1.5, -2.5, 127.0])  # amax 127: scale 1, so ties, which round to even
+    for int8 in (True, False):
+        got, got_scale = kernels.quantize_dynamic(x.to(DEVICE), int8=int8)
+        want, want_scale = quantize_tokens(x, int8=int8)
+        assert torch.equal(got_scale.cpu(), want_scale)
+        if int8 or DEVICE.type == "cuda":
+            assert torch.equal(got.cpu().float(), want.float())
+        if int8:
+            assert got[7, :4].tolist() == [0, 2, -2, 127]
+    scale = tensor_scale(x).to(DEVICE)
+    got, same = kernels.quantize_dynamic(x.to(DEVICE), scale=scale)
+    assert same is scale and got.dtype == torch.float8_e4m3fn
+    if DEVICE.type == "cuda":
+        assert torch.equal(got.cpu().float(), quantize(x, scale.cpu()).float())
+    assert kernels.quantize_dynamic(x[:0].to(DEVICE), int8=True)[0].shape == (0, 5000)

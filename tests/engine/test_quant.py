@@ -108,7 +108,7 @@ def test_on_the_gpu_scaled_mm_gives_the_dequantized_product_with_invariant_rows(
 def test_on_the_gpu_a_per_row_weight_scale_runs_the_row_wise_product_with_invariant_rows():
     """The row-wise ``_scaled_mm`` (ones for the input rows, ``x_scale · w_scale`` per column, bf16 out) of a fused
     weight: close to the dequantized product, and every row the same alone as inside 300 rows (fp8s's invariance
-    with per-row weight scales rests on it; benchmarks/schemes.py --probe checks the 12B shapes)."""
+    with per-row weight scales rests on it; benchmarks/schemes.py probes the 12B shapes)."""
     gen = torch.Generator(device="cuda").manual_seed(4)
     weight = torch.cat([torch.randn(256, 256, device="cuda", generator=gen) * s for s in (1 / 16, 1 / 2)])
     x = torch.randn(300, 256, device="cuda", generator=gen)

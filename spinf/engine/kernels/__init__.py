@@ -15,6 +15,7 @@ from spinf.engine.kernels.rows import (
     norm_rows,
     prepare_qkv,
     qkv_norm_weights,
+    quantize_dynamic,
     quantize_rows,
     softcap_logsumexp,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "norm_rows",
     "prepare_qkv",
     "qkv_norm_weights",
+    "quantize_dynamic",
     "quantize_rows",
     "softcap_logsumexp",
     "tile_rows",

@@ -9,6 +9,9 @@ follows the plain torch path of `spinf.engine.model` step by step, rounding to b
 * `add_norm`: ``h + norm(y)`` (and the layer scalar), the residual update after attention and after the MLP;
 * `gelu_mul`: ``gelu_tanh(gate) * up`` from the fused gate/up product, optionally quantized for the down projection;
 * `quantize_rows`: the quantizer alone (the attention output before the o projection);
+* `quantize_dynamic`: the dynamic quantizers of the other schemes (`spinf.engine.schemes`): e4m3 by a scale read
+  from the device (fp8), or e4m3 / int8 by each row's own ``amax / 448`` or ``amax / 127`` (fp8row, w8a8), which
+  the kernel also writes;
 * `prepare_qkv`: per head, the q/k RMSNorm with its weight, the weightless v norm, and rotate-half rope from the
   token positions, written into one ``[N, H + 2·Hkv, D]`` buffer.
 """
@@ -114,6 +117,40 @@ def _quantize_kernel(x_ptr, out_ptr, n, inv_scale, BLOCK: tl.constexpr):
     mask = cols < n
     x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
     _store_row(out_ptr + row * n, cols, mask, x, inv_scale, True)
+
+
+# The dynamic quantizer: the scale is read from ``scale_ptr`` or, with PER_ROW, made from the row's largest |x| and
+# written there; then ``x / scale`` (correctly rounded, as torch divides), for int8 rounded to nearest even (adding
+# and taking away 1.5 · 2^23 does it in fp32 for |y| < 2^22) and clamped to ±127, for e4m3 clamped to ±448 and cast.
+@triton.jit
+def _dynamic_quantize_kernel(
+    x_ptr, out_ptr, scale_ptr, n, PER_ROW: tl.constexpr, INT8: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    if PER_ROW:
+        amax = 0.0
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+        amax = tl.maximum(amax, 1.1754943508222875e-38)  # the smallest normal fp32: an all-zero row quantizes to 0
+        if INT8:
+            scale = tl.math.div_rn(amax, 127.0)
+        else:
+            scale = tl.math.div_rn(amax, 448.0)
+        tl.store(scale_ptr + row, scale)
+    else:
+        scale = tl.load(scale_ptr)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n
+        y = tl.math.div_rn(tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32), scale)
+        if INT8:
+            y = tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0)
+            tl.store(out_ptr + row * n + cols, y.to(tl.int8), mask=mask)
+        else:
+            y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+            tl.store(out_ptr + row * n + cols, y.to(tl.float8e4nv), mask=mask)
 
 
 @triton.jit
@@ -235,6 +272,26 @@ def quantize_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     if x.shape[0]:
         _quantize_kernel[(x.shape[0],)](x, out, x.shape[1], 1.0 / scale, BLOCK=_block(x.shape[1]))
     return out
+
+
+_DYNAMIC_BLOCK = 4096  # columns per step of `quantize_dynamic` (fixed)
+
+
+def quantize_dynamic(
+    x: torch.Tensor, *, int8: bool = False, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [N, n] quantized by ``scale`` (an fp32 device scalar: e4m3), or, without one, each row by its own
+    ``amax / 448`` (e4m3) or ``amax / 127`` (``int8``); returns the quantized rows and the scale (the one given, or
+    the rows' ``[N, 1]`` fp32 scales)."""
+    rows, n = x.shape
+    out = torch.empty((rows, n), dtype=torch.int8 if int8 else torch.float8_e4m3fn, device=x.device)
+    per_row = scale is None
+    if per_row:
+        scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows:
+        block = min(_block(n), _DYNAMIC_BLOCK)
+        _dynamic_quantize_kernel[(rows,)](x, out, scale, n, PER_ROW=per_row, INT8=int8, BLOCK=block, num_warps=8)
+    return out, scale
 
 
 def qkv_norm_weights(q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
