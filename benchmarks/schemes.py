@@ -43,8 +43,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
-from benchmarks.checkpoint import MANIFEST as CHECKPOINT_MANIFEST  # noqa: E402
-from benchmarks.checkpoint import MODEL_ID, Folder, calibrate_folder, free_memory, work_dir, write_checkpoint  # noqa: E402
+from benchmarks.checkpoint import (  # noqa: E402
+    Folder,
+    calibrate_folder,
+    free_memory,
+    work_dir,
+    write_checkpoint,
+    write_manifest,
+)
 from benchmarks.gemma12b import decoder_linear_params  # noqa: E402
 from benchmarks.gpu_fast import calibration_corpus, fp8_peak_tflops  # noqa: E402
 from benchmarks.gpu_jobsets import (  # noqa: E402
@@ -67,24 +73,28 @@ from spinf.engine.head import HEAD_MODES  # noqa: E402
 
 SCHEMES = ("bf16", "fp8s", "fp8", "fp8row", "w8a16", "w8a8")
 JOBS = ("J1", "J2", "J3")
-ALLOWED = 'allowed = ["fp8s", "bf16"]'  # the benchmarks' manifest (benchmarks.checkpoint), widened here
-MANIFEST = CHECKPOINT_MANIFEST.replace(ALLOWED, f"allowed = {json.dumps(list(GEMMA_SCHEMES))}")
+ALLOWED = 'allowed = ["fp8s", "bf16"]'  # what the benchmarks' manifest allows (benchmarks.checkpoint), widened here
+
+
+def widened_manifest(root: Path, folder: Folder) -> Path:
+    """The folder of ``folder``'s manifest (`benchmarks.checkpoint.write_manifest`) with every Gemma scheme allowed."""
+    manifests = write_manifest(root, folder)
+    manifest = manifests / "bench.toml"
+    text = manifest.read_text()
+    if ALLOWED not in text:
+        raise RuntimeError(f"{manifest} does not say {ALLOWED}: benchmarks/schemes.py widens that line")
+    manifest.write_text(text.replace(ALLOWED, f"allowed = {json.dumps(list(GEMMA_SCHEMES))}"))
+    return manifests
 
 
 def open_scheme(folder: Folder, root: Path, scheme: str, lm_head: str = "f32out") -> Engine:
-    """The engine on ``folder`` in ``scheme``: the catalog model `MODEL_ID` with ``--model-dir`` on a GPU, the folder
-    by its path on the CPU (every scheme emulated there)."""
+    """The engine on ``folder`` in ``scheme``: its catalog model (`benchmarks.checkpoint.write_manifest`, every Gemma
+    scheme allowed) with ``--model-dir`` on a GPU, the folder by its path on the CPU (every scheme emulated there)."""
     if not folder.on_gpu:
         return Engine(str(folder.path), device="cpu", quant=scheme, limits=BENCH_LIMITS, lm_head=lm_head)
-    manifests = root / "manifests-schemes"
-    manifests.mkdir(parents=True, exist_ok=True)
-    if ALLOWED not in CHECKPOINT_MANIFEST:
-        raise RuntimeError(f"benchmarks.checkpoint.MANIFEST no longer says {ALLOWED}: widen it here again")
-    (manifests / "bench.toml").write_text(MANIFEST.format(id=MODEL_ID, revision=folder.revision))
-    os.environ["SPINF_MANIFEST_DIRS"] = str(manifests)
-    return Engine(
-        MODEL_ID, device="cuda", quant=scheme, model_dir=str(folder.path), limits=BENCH_LIMITS, lm_head=lm_head
-    )
+    os.environ["SPINF_MANIFEST_DIRS"] = str(widened_manifest(root, folder))
+    model = folder.model_id
+    return Engine(model, device="cuda", quant=scheme, model_dir=str(folder.path), limits=BENCH_LIMITS, lm_head=lm_head)
 
 
 class Run:
@@ -105,7 +115,7 @@ def header(run: Run, command: str) -> None:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     peak = f"{run.peak:.0f} TFLOP/s" if run.peak else "not measured"
     served = (
-        f"the catalog model {MODEL_ID} (--model-dir), bf16 weights quantized at load"
+        f"the catalog model {run.folder.model_id} (--model-dir), bf16 weights quantized at load"
         if run.folder.on_gpu
         else "the fp32 folder by its path, every scheme emulated on the CPU (the smoke test)"
     )

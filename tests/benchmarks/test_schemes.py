@@ -44,3 +44,16 @@ def test_schemes_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     found = json.loads(figures.read_text())
     assert set(found["schemes"]) == set(SCHEMES) and set(found["heads"]) == {"f32out", "bf16", "fp32"}
     assert found["schemes"]["w8a8"]["J2"]["max_dlogprob"] > 0 and found["schemes"]["bf16"]["J1"]["questions_per_s"] > 0
+
+
+def test_on_a_gpu_the_folder_is_served_as_a_catalog_model_that_allows_every_gemma_scheme(tmp_path, monkeypatch):
+    from benchmarks.checkpoint import Folder
+    from benchmarks.schemes import widened_manifest
+    from spinf.catalog import resolve_model
+    from spinf.catalog.manifest import GEMMA_SCHEMES
+
+    folder = Folder(tmp_path / "folder", "0123abcd" * 5, 0, 0.0, True)
+    monkeypatch.setenv("SPINF_MANIFEST_DIRS", str(widened_manifest(tmp_path, folder)))
+    resolved = resolve_model(folder.model_id)
+    assert resolved.manifest.quant_allowed == GEMMA_SCHEMES and resolved.revision == folder.revision
+    assert resolved.batch_invariant  # a catalog model: fp8s shares passes, as for the models we ship

@@ -283,6 +283,7 @@ def quantize_dynamic(
     """Rows [N, n] quantized by ``scale`` (an fp32 device scalar: e4m3), or, without one, each row by its own
     ``amax / 448`` (e4m3) or ``amax / 127`` (``int8``); returns the quantized rows and the scale (the one given, or
     the rows' ``[N, 1]`` fp32 scales)."""
+    x = x.contiguous()  # the kernel reads row r at r · n
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=torch.int8 if int8 else torch.float8_e4m3fn, device=x.device)
     per_row = scale is None
