@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spinf.engine.config import TextConfig, parse_text_config  # noqa: E402
-from spinf.engine.model import Gemma4Text, _layer_state  # noqa: E402
+from spinf.engine.loading import _layer_state  # noqa: E402
+from spinf.engine.model import Gemma4Text  # noqa: E402
 from spinf.engine.tiny import TINY_CONFIG, tiny_weight_shapes  # noqa: E402
 
 NUM_LAYERS = 48

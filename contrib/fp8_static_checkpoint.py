@@ -24,7 +24,7 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -116,6 +116,44 @@ def _shards(folder: Path) -> list[str]:
     return ["model.safetensors"]
 
 
+def write_shards(
+    dst: Path,
+    config: Mapping,
+    shards: Iterable[tuple[str, dict[str, torch.Tensor]]],
+    scales: Callable[[list[str]], Mapping[str, float]],
+    *,
+    index: bool,
+) -> Path:
+    """Write ``shards`` (file name, tensors by checkpoint name) into ``dst`` with their decoder linears compressed,
+    ``config`` as ``config.json`` with compressed-tensors' ``quantization_config``, and the index when ``index``.
+    ``scales`` gives the input scale of each linear of a shard, by name."""
+    weight_map: dict[str, str] = {}
+    ignored: set[str] = set()
+    compressor = None
+    total = 0
+    for shard, tensors in shards:
+        linears = {key: tensors.pop(key) for key in list(tensors) if _text_linear(key)}
+        ignored.update(key.removesuffix(".weight") for key in tensors if LINEAR.match(key))
+        if linears:
+            state, compressor = compress_linears(linears, scales(list(linears)), [])
+            tensors.update(state)
+        tensors = {key: value.cpu().contiguous() for key, value in tensors.items()}
+        save_file(tensors, str(dst / shard), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update(dict.fromkeys(tensors, shard))
+        del tensors, linears
+    if compressor is None:
+        raise SystemExit(f"{dst}: the shards hold no Gemma 4 decoder linears to quantize")
+    if index:
+        body = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (dst / INDEX).write_text(json.dumps(body, indent=2) + "\n")
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # what a full model's compressed-tensors config says: the (tied) LM head and the other linears stay unquantized
+    compressor.quantization_config.ignore = ["lm_head", *sorted(ignored)]
+    compressor.update_config(str(dst))
+    return dst
+
+
 def write_fp8_static(
     src: str | Path,
     dst: str | Path,
@@ -130,32 +168,16 @@ def write_fp8_static(
     for path in src.iterdir():  # tokenizer, generation config and the like, as they are
         if path.is_file() and path.suffix != ".safetensors" and path.name not in (INDEX, "config.json"):
             shutil.copy2(path, dst / path.name)
-    weight_map: dict[str, str] = {}
-    ignored: set[str] = set()
-    compressor = None
-    total = 0
-    for shard in _shards(src):
-        with safe_open(str(src / shard), framework="pt", device=device) as f:
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-        linears = {key: tensors.pop(key) for key in list(tensors) if _text_linear(key)}
-        ignored.update(key.removesuffix(".weight") for key in tensors if LINEAR.match(key))
-        if linears:
-            state, compressor = compress_linears(linears, input_scales(list(linears), table, input_scale), [])
-            tensors.update(state)
-        tensors = {key: value.cpu().contiguous() for key, value in tensors.items()}
-        save_file(tensors, str(dst / shard), metadata={"format": "pt"})
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-        weight_map.update(dict.fromkeys(tensors, shard))
-    if compressor is None:
-        raise SystemExit(f"{src} has no Gemma 4 decoder linears to quantize")
-    if (src / INDEX).exists():
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (dst / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    shutil.copy2(src / "config.json", dst / "config.json")
-    # what a full model's compressed-tensors config says: the (tied) LM head and the other linears stay unquantized
-    compressor.quantization_config.ignore = ["lm_head", *sorted(ignored)]
-    compressor.update_config(str(dst))
-    return dst
+
+    def shards() -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        for shard in _shards(src):
+            with safe_open(str(src / shard), framework="pt", device=device) as f:
+                yield shard, {key: f.get_tensor(key) for key in f.keys()}
+
+    config = json.loads((src / "config.json").read_text())
+    return write_shards(
+        dst, config, shards(), lambda names: input_scales(names, table, input_scale), index=(src / INDEX).exists()
+    )
 
 
 def main() -> int:

@@ -51,15 +51,18 @@ def tiny_cache(root: Path) -> Path:
 
 
 class ServerProcess:
-    """``spinf-serve serve MODEL`` on 127.0.0.1 as a child process, ready when constructed."""
+    """``spinf-serve serve MODEL`` on 127.0.0.1 as a child process, ready when constructed (``model`` None: no model
+    argument, the default model; ``device`` the ``--device``; ``ready_s`` how long it may take)."""
 
     def __init__(
         self,
         folder: Path,
         *flags: str,
-        model: str = "spinf/tiny-gemma4",
+        model: str | None = "spinf/tiny-gemma4",
         env: dict | None = None,
         hf_home: Path | None = None,
+        device: str = "cpu",
+        ready_s: float = 120.0,
     ):
         folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -68,11 +71,17 @@ class ServerProcess:
         hf_home = hf_home or tiny_cache(folder / "hf")
         base = {"HF_HOME": str(hf_home), "SPINF_DRAIN_FILE": str(folder / "drain")}
         env = {**os.environ, **base, "PYTHONUNBUFFERED": "1", **(env or {})}
-        command = [sys.executable, "-m", "spinf", "serve", model, "--device", "cpu", "--host", "127.0.0.1"]
-        command += ["--port", str(self.port), "--warmup", "short", *flags]
+        self.command = ["serve", *([model] if model else []), "--device", device, "--host", "127.0.0.1"]
+        self.command += ["--port", str(self.port), "--warmup", "short", *flags]
         self._log = open(self.log_path, "w+")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.wait_ready()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "spinf", *self.command],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        self.wait_ready(ready_s)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -21,7 +21,7 @@ import torch
 
 from spinf._version import __version__
 from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
-from spinf.engine import hostgc
+from spinf.engine import fp8_static, hostgc
 from spinf.engine.compiler import EngineShape
 from spinf.engine.hardware import (
     DeviceFacts,
@@ -32,8 +32,8 @@ from spinf.engine.hardware import (
     settled_quant,
 )
 from spinf.engine.head import DEFAULT_HEAD
+from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
-from spinf.engine.model import load_gemma4_text
 from spinf.engine.results import usage
 from spinf.engine.scales import (
     CALIBRATE_COMMAND,
@@ -67,7 +67,6 @@ RUNNABLE_SCHEMES = {
     "fp8s": torch.bfloat16,
     **dict.fromkeys(SCHEMES, torch.bfloat16),
 }
-
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
@@ -110,7 +109,7 @@ def open_checkpoint(
     )
     check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
     _check_runnable(resolved.served_name, checkpoint.weight_format, scheme, model_id, checkpoint.revision)
-    if scheme == "fp8s" and table is None:
+    if scheme == "fp8s" and table is None and checkpoint.weight_format != fp8_static.FORMAT:
         raise missing_table_error(resolved.served_name, model_id, checkpoint.revision, checkpoint.folder)
     return resolved, checkpoint, scheme
 
@@ -169,12 +168,6 @@ def _check_runnable(name: str, weight_format: str, scheme: str | None, model_id:
 
     Whether fp8s has its scale table is asked after the lookup, since a checkpoint may ship its own.
     """
-    if weight_format == "fp8-static":
-        raise ModelError(
-            f"{name}: pre-quantized fp8-static checkpoints cannot be loaded by this build yet (the loader reads no "
-            "fp8 weights or input scales); serve the model's bf16 checkpoint instead, in fp8s with a scale table "
-            f"(`{CALIBRATE_COMMAND}`) or with --quant bf16"
-        )
     if scheme is not None and scheme not in RUNNABLE_SCHEMES:
         raise ModelError(
             f"{name}: the {scheme} scheme is not available in this build yet; it runs the Gemma schemes "
@@ -274,7 +267,9 @@ class Engine:
         # the id of the fp8s scale table, part 8 of the fingerprint (api spec §11); None under the other schemes
         self.scale_table: str | None = None
         scales = None
-        if self.quant == "fp8s":  # quantized layer by layer while loading: the bf16 weights never all sit on the GPU
+        if self.quant == "fp8s" and checkpoint.weight_format == fp8_static.FORMAT:
+            self.scale_table = fp8_static.CHECKPOINT_TABLE  # its own fp8 weights and input scales, as they are
+        elif self.quant == "fp8s":  # quantized layer by layer while loading: the bf16 weights never all sit on the GPU
             path, table, self.scale_table = read_scale_table(
                 self.served_name, self.model_id, self.revision, self.folder
             )

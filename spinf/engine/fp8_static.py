@@ -16,7 +16,9 @@ is clipped more than the checkpoint asked).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 import torch
 
@@ -27,6 +29,9 @@ from spinf.errors import ModelError
 FORMAT = "fp8-static"
 # the table id of part 8 of the system fingerprint (api spec §11) when the input scales come from the checkpoint
 CHECKPOINT_TABLE = "checkpoint"
+# The schemes that run an fp8-static checkpoint's fp8 weights as they are: fp8s with its input scales, fp8 with dynamic
+# ones. Any other scheme gets the weights dequantized (fp32, per row) and quantizes them itself.
+READS_FP8 = ("fp8s", "fp8")
 # The layout this reader accepts, field by field, for both the weights and the input activations.
 _ARGS = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
 
@@ -87,6 +92,20 @@ def check_format(config: Mapping, where: str) -> None:
     problem = format_problem(config)
     if problem is not None:
         raise ModelError(f"{where}: not an fp8-static checkpoint this engine reads: {problem}")
+
+
+def is_fp8_static(folder: str | Path) -> bool:
+    """Whether the checkpoint in ``folder`` is pre-quantized (a ``quantization_config``); `ModelError` when it is, but
+    not in the fp8-static layout."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the model config {path}: {exc}") from exc
+    if "quantization_config" not in config:
+        return False
+    check_format(config, str(path))
+    return True
 
 
 def _tensor(raw: MutableMapping[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -225,6 +225,8 @@ def choose_quant(
         requested = manifest.quant_default
     if requested:
         return f"int4-{requested.removeprefix('int4-')}" if weight_format == INT4_FORMAT else requested
+    if capability is None and weight_format == "fp8-static":
+        return "fp8s"  # its own fp8 weights and input scales, emulated (the folder is served as it is, fp32 or not)
     if capability is None or resolved.is_builtin:
         return "fp32"
     if weight_format == INT4_FORMAT:

@@ -11,20 +11,16 @@ arithmetic through the Triton kernels of `spinf.engine.kernels`.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
-import attrs
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from spinf.engine.attention import AttentionPlan, tree_attention
-from spinf.engine.config import LayerSpec, TextConfig, read_text_config
+from spinf.engine.config import LayerSpec, TextConfig
 from spinf.engine.gemm import gpu_mm, row_stable_mm
-from spinf.engine.head import DEFAULT_HEAD, check_mode, head_logits, head_precision, head_rows, head_weight
+from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
 from spinf.engine.schemes import SCHEMES, Scheme
@@ -183,6 +179,24 @@ class DecoderLayer(nn.Module):
             self.fp8[name] = (weight, float(scales[self.prefix + name]))
             module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
+    def load_fp8(
+        self, state: Mapping[str, torch.Tensor], fp8: Mapping[str, tuple[Fp8Weight, float]], scheme: Scheme | None
+    ) -> None:
+        """This layer from an fp8-static checkpoint: ``state`` without the linears, and the linears' fp8 weights
+        with their input scales (`spinf.engine.fp8_static.take_layer`), run as fp8s (the checkpoint's static input
+        scales) or, with ``scheme`` (dynamic fp8), with the same weights and dynamic input scales."""
+        norm = state["input_norm"]
+        for name in LINEARS:
+            getattr(self, name).weight = nn.Parameter(norm.new_empty(0), requires_grad=False)
+        missing, unexpected = self.load_state_dict(state, assign=True, strict=False)
+        if unexpected or set(missing) != {f"{name}.weight" for name in LINEARS}:
+            raise ModelError(f"layer {self.prefix}: unexpected {unexpected}, missing {missing}")
+        if scheme is None:
+            self.fp8 = dict(fp8)
+        else:
+            self.quantized = {name: weight for name, (weight, _) in fp8.items()}
+            self.scheme = scheme
+
     def to_scheme(self, scheme: Scheme) -> None:
         """This layer's linears stored as ``scheme`` stores them; the float weights are released."""
         for name in LINEARS:
@@ -336,99 +350,3 @@ class Gemma4Text(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return torch.log_softmax(logits, dim=-1)
-
-
-def _open_shards(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"{index}: not a readable shard index ({type(exc).__name__}: {exc})") from exc
-        return [folder / n for n in names]
-    single = folder / "model.safetensors"
-    if not single.exists():
-        raise ModelError(f"{folder} holds no model.safetensors (nor a sharded index)")
-    return [single]
-
-
-def _read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under ``prefix``, memory-mapped; a shard safetensors refuses is a `ModelError` naming it (the
-    catalog's completeness check catches most before this, but not a file changed since or a folder given here)."""
-    tensors = {}
-    for shard in _open_shards(folder):
-        try:
-            with safe_open(str(shard), framework="pt") as f:
-                for key in f.keys():
-                    if key.startswith(prefix):
-                        tensors[key[len(prefix) :]] = f.get_tensor(key)
-        except (SafetensorError, OSError) as exc:
-            raise ModelError(f"{shard}: not a readable safetensors file ({exc})") from exc
-    return tensors
-
-
-def _layer_state(raw: dict[str, torch.Tensor], i: int, spec: LayerSpec) -> dict[str, torch.Tensor]:
-    """Checkpoint names of layer ``i`` -> this module's names, with q/k/v and gate/up fused."""
-    p = f"layers.{i}."
-    qkv = ["q_proj", "k_proj"] + ([] if spec.k_eq_v else ["v_proj"])
-    return {
-        "wqkv.weight": torch.cat([raw.pop(f"{p}self_attn.{n}.weight") for n in qkv]),
-        "wo.weight": raw.pop(f"{p}self_attn.o_proj.weight"),
-        "w_gate_up.weight": torch.cat([raw.pop(f"{p}mlp.{n}.weight") for n in ("gate_proj", "up_proj")]),
-        "w_down.weight": raw.pop(f"{p}mlp.down_proj.weight"),
-        "q_norm": raw.pop(f"{p}self_attn.q_norm.weight"),
-        "k_norm": raw.pop(f"{p}self_attn.k_norm.weight"),
-        "input_norm": raw.pop(f"{p}input_layernorm.weight"),
-        "post_attn_norm": raw.pop(f"{p}post_attention_layernorm.weight"),
-        "pre_ff_norm": raw.pop(f"{p}pre_feedforward_layernorm.weight"),
-        "post_ff_norm": raw.pop(f"{p}post_feedforward_layernorm.weight"),
-        "layer_scalar": raw.pop(f"{p}layer_scalar", torch.ones(1)),
-    }
-
-
-def load_gemma4_text(
-    folder: str | Path,
-    *,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    scales: Mapping[str, float] | None = None,
-    layers: int = 0,
-    scheme: str | None = None,
-    lm_head: str = DEFAULT_HEAD,
-) -> Gemma4Text:
-    """Build the model on ``meta`` and assign the checkpoint's text weights (memory-mapped safetensors), layer by
-    layer; with fp8s ``scales``, or a ``scheme`` that quantizes on the fly (`spinf.engine.schemes.SCHEMES`), each
-    layer is quantized as soon as it is on the device, so the float weights of the whole model never sit there at
-    once. ``layers`` (unless 0) keeps only the first that many decoder layers (the ``layers`` setting); the
-    others' weights are never read. ``lm_head`` is the head's precision mode (`spinf.engine.head`)."""
-    folder = Path(folder)
-    cfg, prefix = read_text_config(folder)
-    if layers:
-        if layers > len(cfg.layers):
-            raise ModelError(f"{folder}: the checkpoint has {len(cfg.layers)} layers, fewer than the {layers} asked")
-        cfg = attrs.evolve(cfg, layers=cfg.layers[:layers])
-    with torch.device("meta"):
-        model = Gemma4Text(cfg)
-    if scales is not None:
-        model.check_scales(scales)
-    model.head_mode = check_mode(lm_head)
-    on_the_fly = SCHEMES.get(scheme) if scales is None else None  # fp8s is quantized by its scales
-    raw = _read_tensors(folder, prefix)
-    raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
-
-    def placed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-
-    try:
-        top = placed({"embed.weight": raw.pop("embed_tokens.weight"), "final_norm": raw.pop("norm.weight")})
-        model.embed.load_state_dict({"weight": top["embed.weight"]}, assign=True)
-        model.final_norm = nn.Parameter(top["final_norm"], requires_grad=False)
-        for i, (layer, spec) in enumerate(zip(model.layers, cfg.layers, strict=True)):
-            layer.load_state_dict(placed(_layer_state(raw, i, spec)), assign=True, strict=True)
-            if scales is not None:
-                layer.to_fp8s(scales)
-            elif on_the_fly is not None:
-                layer.to_scheme(on_the_fly)
-    except KeyError as exc:
-        raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
-    return model.eval().requires_grad_(False)

@@ -22,7 +22,7 @@ from benchmarks.gemma12b import (
     scaled,
 )
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b, weight_bytes
-from spinf.engine.model import load_gemma4_text
+from spinf.engine.loading import load_gemma4_text
 
 CONFIG = scaled(GEMMA_12B_TEXT_CONFIG, layers=3, window=16)
 

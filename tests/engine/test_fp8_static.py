@@ -13,12 +13,16 @@ import copy
 import json
 import shutil
 
+import httpx
 import pytest
 import torch
 from safetensors import safe_open
 
 from contrib.fp8_static_checkpoint import E4M3_MAX, write_fp8_static
-from spinf.engine.fp8_static import format_problem
+from spinf.engine.attention import AttentionPlan
+from spinf.engine.fp8_static import format_problem, input_scales
+from spinf.engine.loading import load_gemma4_text
+from spinf.errors import ModelError
 
 compressed_tensors = pytest.importorskip("compressed_tensors")
 INPUT_SCALE = 0.25  # every linear's input scale in the fixture; e4m3's range then covers |x| <= 112
@@ -50,6 +54,9 @@ def _ecosystem_checkpoint(src, dst, input_scale=INPUT_SCALE):
             module.input_scale.data.fill_(input_scale)
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
     compressor.compress_model(model)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:  # back to bf16, all but the scales
+        if tensor.dtype == torch.float32 and not name.endswith("_scale"):
+            tensor.data = tensor.data.to(torch.bfloat16)
     model.save_pretrained(dst)
     compressor.update_config(str(dst))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -58,8 +65,23 @@ def _ecosystem_checkpoint(src, dst, input_scale=INPUT_SCALE):
 
 
 @pytest.fixture(scope="module")
-def fp8_folder(tiny_engine, tmp_path_factory):
-    return _ecosystem_checkpoint(tiny_engine.folder, tmp_path_factory.mktemp("fp8-static") / "tiny-fp8")
+def bf16_folder(tiny_engine, tmp_path_factory):
+    """The tiny model as a bf16 checkpoint: the kind of original a published fp8-static checkpoint is made from."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("bf16") / "tiny-bf16"
+    shutil.copytree(tiny_engine.folder, folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, folder / "model.safetensors", {"format": "pt"})
+    config = _config(folder)
+    config["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fp8_folder(bf16_folder, tmp_path_factory):
+    return _ecosystem_checkpoint(bf16_folder, tmp_path_factory.mktemp("fp8-static") / "tiny-fp8")
 
 
 def _config(folder):
@@ -74,8 +96,8 @@ def test_the_ecosystem_layout_is_what_the_reader_accepts(fp8_folder):
         assert f.get_tensor("model.layers.0.self_attn.q_proj.input_scale").item() == INPUT_SCALE
 
 
-def test_our_shard_writer_writes_what_transformers_and_compressed_tensors_write(tiny_engine, fp8_folder, tmp_path):
-    ours = write_fp8_static(tiny_engine.folder, tmp_path / "ours", input_scale=INPUT_SCALE)
+def test_our_shard_writer_writes_what_transformers_and_compressed_tensors_write(bf16_folder, fp8_folder, tmp_path):
+    ours = write_fp8_static(bf16_folder, tmp_path / "ours", input_scale=INPUT_SCALE)
     theirs = _config(fp8_folder)["quantization_config"]
     assert _config(ours)["quantization_config"] == theirs
     with (
@@ -117,3 +139,133 @@ def _changed(config, path, value):
 def test_any_other_quantization_config_is_refused_with_its_reason(fp8_folder, path, value, reason):
     problem = format_problem(_changed(_config(fp8_folder), path, value))
     assert problem is not None and reason in problem and "\n" not in problem
+
+
+def _table(folder):
+    """The checkpoint's input scales as an fp8s scale table (the engine's fused linear names)."""
+    from spinf.engine.config import read_text_config
+    from spinf.engine.loading import _read_tensors
+
+    cfg, prefix = read_text_config(folder)
+    return input_scales(_read_tensors(folder, prefix), len(cfg.layers), list(cfg.layers))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_checkpoint_holds_the_same_weights_and_gives_the_same_bits_as_its_original_quantized_at_load(
+    bf16_folder, fp8_folder, dtype
+):
+    read = load_gemma4_text(fp8_folder, dtype=dtype, scheme="fp8s")
+    at_load = load_gemma4_text(bf16_folder, dtype=dtype, scales=_table(fp8_folder))
+    for a, b in zip(read.layers, at_load.layers, strict=True):
+        assert a.fp8.keys() == b.fp8.keys() == {"wqkv", "wo", "w_gate_up", "w_down"}
+        for name, ((wa, sa), (wb, sb)) in ((n, (a.fp8[n], b.fp8[n])) for n in a.fp8):
+            assert sa == sb == INPUT_SCALE, name
+            assert torch.equal(wa.data.view(torch.uint8), wb.data.view(torch.uint8)), name
+            assert torch.equal(wa.scale, wb.scale), name
+        assert a.wqkv.weight.numel() == 0  # no float copy of an fp8 linear is kept
+    ids = torch.randint(3, 8192, (57,), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        got = read.read_logprobs(read(ids, AttentionPlan.for_sequence(57)))
+        expected = at_load.read_logprobs(at_load(ids, AttentionPlan.for_sequence(57)))
+    assert torch.equal(got, expected)
+
+
+def test_other_schemes_read_the_checkpoint_dequantized(fp8_folder):
+    """bf16/fp32 and the schemes that quantize themselves get each row's fp8 weight times its scale."""
+    fp32 = load_gemma4_text(fp8_folder, dtype=torch.float32, scheme="fp32")
+    fp8s = load_gemma4_text(fp8_folder, dtype=torch.float32, scheme="fp8s")
+    for a, b in zip(fp32.layers, fp8s.layers, strict=True):
+        assert not a.fp8 and a.wqkv.weight.dtype == torch.float32
+        assert torch.equal(a.wqkv.weight, b.fp8["wqkv"][0].dequantized())
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_tensor(fp8_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(fp8_folder, broken)
+    tensors = load_file(broken / "model.safetensors")
+    tensors["model.layers.2.mlp.up_proj.weight_scale"] = torch.tensor([0.5, 0.5])
+    del tensors["model.layers.3.self_attn.o_proj.input_scale"]
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"layers\.2\.mlp\.up_proj\.weight_scale: a tensor-strategy scale is one"):
+        load_gemma4_text(broken, scheme="fp8s")
+    tensors["model.layers.2.mlp.up_proj.weight_scale"] = torch.tensor([0.5])
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"lacks 'layers\.3\.self_attn\.o_proj\.input_scale'"):
+        load_gemma4_text(broken, scheme="fp8s")
+    config = _config(broken)
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "channel"
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"not an fp8-static checkpoint this engine reads: .*weights\.strategy"):
+        load_gemma4_text(broken, scheme="fp8s")
+
+
+BODY = {
+    "inputs": [
+        {"id": "a", "messages": [{"content": "I was charged twice for my order. Please refund one payment."}]},
+        {"id": "b", "messages": [{"content": "Where is my parcel? It is a week late. " * 6}]},
+    ],
+    "scoring": {
+        "queries": [
+            {
+                "id": "refund",
+                "template": "\n\nDoes the customer ask for a refund? Answer:{?}",
+                "options": [" yes", " no"],
+            },
+            {"id": "tone", "template": "\n\nThe tone is{?}", "options": [" calm", " angry", " neutral"]},
+        ]
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def fp8_engine(fp8_folder):
+    from spinf import Engine
+
+    return Engine(str(fp8_folder), device="cpu")
+
+
+def test_a_folder_in_the_format_is_served_by_path_as_fp8s_with_its_own_input_scales(fp8_engine):
+    """On a CPU the folder runs through the e4m3 emulation; fingerprint part 8 is ``checkpoint`` (api spec §11)."""
+    assert (fp8_engine.quant, fp8_engine.scale_table) == ("fp8s", "checkpoint")
+    assert not fp8_engine.batch_invariant  # a folder carries no guarantee (api spec §9.6)
+    assert all(set(layer.fp8) == {"wqkv", "wo", "w_gate_up", "w_down"} for layer in fp8_engine.model.layers)
+
+
+def test_the_checkpoint_scores_bit_identically_to_its_bf16_original_in_fp8s_with_the_same_scales(
+    fp8_engine, bf16_folder, fp8_folder, tmp_path
+):
+    from spinf import Engine
+    from spinf.engine.scales import SHIPPED_TABLE, TABLE_FORMAT, write_table
+
+    original = tmp_path / "original"
+    shutil.copytree(bf16_folder, original)
+    write_table({"format": TABLE_FORMAT, "scheme": "fp8s", "scales": _table(fp8_folder)}, original / SHIPPED_TABLE)
+    at_load = Engine(str(original), device="cpu", quant="fp8s")
+    assert at_load.scale_table not in (None, "checkpoint")
+    assert json.dumps(fp8_engine.score(BODY)["results"]) == json.dumps(at_load.score(BODY)["results"])
+    bf16 = Engine(str(fp8_folder), device="cpu", quant="bf16")  # the weights dequantized: close, other bits
+    assert json.dumps(bf16.score(BODY)["results"]) != json.dumps(at_load.score(BODY)["results"])
+
+
+def test_spinf_serve_serves_the_folder_over_a_socket(fp8_folder, fp8_engine, tmp_path):
+    """``spinf-serve serve ./folder --device cpu`` as a user starts it, called with the published client."""
+    from spinf_client import SpinfClient
+
+    from contrib.loadtest.harness import ServerProcess
+
+    server = ServerProcess(tmp_path, "--trusted-token", "boss", model=str(fp8_folder))
+    try:
+        auth = {"Authorization": "Bearer boss"}
+        info = httpx.get(f"{server.url}/v0/info", headers=auth, timeout=30).json()
+        client = SpinfClient(base_url=server.url, model=str(fp8_folder), api_key="boss")
+        answer = httpx.post(f"{server.url}/v1/score", json=BODY, headers=auth, timeout=120).json()
+        models = client.models()
+    finally:
+        assert server.stop() == 0
+    assert json.dumps(answer["results"]) == json.dumps(fp8_engine.score(BODY)["results"])
+    assert answer["system_fingerprint"] == fp8_engine.system_fingerprint
+    engine = info.get("engine", info)
+    assert (engine["quant"], engine["scale_table"]) == ("fp8s", "checkpoint"), info
+    assert models

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from spinf.engine.attention import AttentionPlan
 from spinf.engine.config import read_text_config
 from spinf.engine.gemm import GEMM_ROWS, row_stable_mm
-from spinf.engine.model import load_gemma4_text
+from spinf.engine.loading import load_gemma4_text
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from spinf.cli import main
 from spinf.engine import engine as engine_module
 from spinf.engine.calibrate import calibrate
 from spinf.engine.hardware import GIB, DeviceFacts
-from spinf.engine.model import load_gemma4_text
+from spinf.engine.loading import load_gemma4_text
 from spinf.engine.scales import SHIPPED_TABLE, find_table, read_scale_table, store_path, table_id, write_table
 from spinf.errors import ConfigError, ModelError
 
@@ -133,12 +133,16 @@ def test_fp8s_on_the_cpu_needs_a_table_too(tiny_cache):
         Engine("tiny", device="cpu", cache_dir=tiny_cache, quant="fp8s")
 
 
-def test_a_pre_quantized_fp8_checkpoint_is_refused_whatever_the_scheme(tmp_path, on_gpu):
+def test_a_pre_quantized_fp8_checkpoint_needs_no_scale_table(tmp_path, on_gpu):
+    """Its input scales are in the checkpoint: the automatic choice is fp8s with no table anywhere, and any other
+    scheme may be asked (the weights are then dequantized, `spinf.engine.fp8_static`)."""
     root = tmp_path / "cache"
     write_snapshot(root, "spinf/gemma-4-12b-fp8", "a689df2c5f611e3bfaa4569b8190f97db5018569")
-    for quant in ("", "bf16"):
-        with pytest.raises(ModelError, match=r"^spinf/gemma-4-12b-fp8: pre-quantized fp8-static checkpoints cannot"):
-            engine_module.open_checkpoint("spinf-12b", device="cuda:0", quant=quant, cache_dirs=[str(root)])
+    for quant, scheme in (("", "fp8s"), ("bf16", "bf16"), ("fp8", "fp8")):
+        _, checkpoint, chosen = engine_module.open_checkpoint(
+            "spinf-12b", device="cuda:0", quant=quant, cache_dirs=[str(root)]
+        )
+        assert (checkpoint.weight_format, chosen) == ("fp8-static", scheme)
 
 
 # -- loading a table -----------------------------------------------------------------------------------------------
