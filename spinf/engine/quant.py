@@ -33,9 +33,18 @@ def activation_scale(amax: float, headroom: float = DEFAULT_HEADROOM) -> float:
     return 2.0 ** math.ceil(math.log2(headroom * amax / E4M3_MAX))
 
 
+def divided(x: torch.Tensor, by: float) -> torch.Tensor:
+    """``x / by``, correctly rounded on every device. CUDA turns a division by a Python number into a product with
+    its rounded inverse, which moves last bits (a scale made on the GPU would not be the CPU's, nor the one a
+    checkpoint written elsewhere holds), so the divisor goes as a tensor on ``x``'s device."""
+    return x / torch.tensor(by, dtype=x.dtype, device=x.device)
+
+
 def quantize(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """``x / scale`` clamped to the e4m3 range and cast, in fp32 math (row-wise: no cross-row statistic)."""
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    x = x.float()
+    scaled = divided(x, scale) if isinstance(scale, int | float) else x / scale
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 @attrs.frozen
@@ -59,7 +68,7 @@ class Fp8Weight:
         if sizes is not None and len(sizes) > 1:
             return cls.fuse([cls.from_float(part) for part in weight.split(list(sizes))])
         amax = weight.abs().max().float().clamp(min=torch.finfo(torch.float32).tiny)
-        scale = amax / E4M3_MAX
+        scale = divided(amax, E4M3_MAX)
         return cls(quantize(weight, scale), scale.reshape(()))
 
     @classmethod

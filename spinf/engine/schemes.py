@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from spinf.engine.gemm import gpu_mm, row_stable_mm
-from spinf.engine.quant import E4M3_MAX, Fp8Weight, fp8_matmul, quantize
+from spinf.engine.quant import E4M3_MAX, Fp8Weight, divided, fp8_matmul, quantize
 
 INT8_MAX = 127.0
 TINY = torch.finfo(torch.float32).tiny  # the floor of an amax, so an all-zero row or tensor quantizes to zeros
@@ -52,7 +52,7 @@ class Int8Weight:
     def from_float(cls, weight: torch.Tensor, sizes: Sequence[int] | None = None) -> Int8Weight:
         """Per output row, so fusing projections changes nothing (``sizes`` is accepted for the common call)."""
         w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=TINY) / INT8_MAX
+        scale = divided(w.abs().amax(dim=1).clamp(min=TINY), INT8_MAX)
         return cls(torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale)
 
     def dequantized(self) -> torch.Tensor:
@@ -62,13 +62,13 @@ class Int8Weight:
 def fp8_per_row(weight: torch.Tensor, sizes: Sequence[int] | None = None) -> Fp8Weight:
     """e4m3 with one ``amax / 448`` per output row (fp8row's weight)."""
     w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=TINY) / E4M3_MAX
+    scale = divided(w.abs().amax(dim=1).clamp(min=TINY), E4M3_MAX)
     return Fp8Weight(quantize(w, scale[:, None]), scale)
 
 
 def tensor_scale(x: torch.Tensor) -> torch.Tensor:
     """fp8's dynamic activation scale: the largest ``|x|`` of the whole input / 448, an fp32 scalar on its device."""
-    return torch.linalg.vector_norm(x, float("inf")).float().clamp(min=TINY) / E4M3_MAX
+    return divided(torch.linalg.vector_norm(x, float("inf")).float().clamp(min=TINY), E4M3_MAX)
 
 
 def quantize_tokens(x: torch.Tensor, *, int8: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +77,7 @@ def quantize_tokens(x: torch.Tensor, *, int8: bool) -> tuple[torch.Tensor, torch
     if x.is_cuda:
         return kernels().quantize_dynamic(x, int8=int8)
     limit = INT8_MAX if int8 else E4M3_MAX
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=TINY) / limit
+    scale = divided(x.abs().amax(dim=1, keepdim=True).float().clamp(min=TINY), limit)
     if int8:
         return torch.round(x.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
     return quantize(x, scale), scale

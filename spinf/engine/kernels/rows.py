@@ -198,7 +198,9 @@ def _qkv_kernel(
 
 
 def _inverse(scale: float | None) -> float:
-    return 1.0 if scale is None else 1.0 / scale  # scales are powers of two: the inverse is exact
+    # exact for a table's power-of-two scales; a pre-quantized checkpoint's own input scales are any number, whose
+    # inverse is rounded once here: the same for every row, so no row depends on another
+    return 1.0 if scale is None else 1.0 / scale
 
 
 def _out(x: torch.Tensor, cols: int, quantized: bool) -> torch.Tensor:
