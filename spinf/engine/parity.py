@@ -259,7 +259,13 @@ def engine_reference_name(info: Mapping, platform: Mapping) -> str:
     else:
         device = f"{platform['gpu']} (capability {platform['capability']})"
     model = f"{info['model']}@{info['revision']}"
-    return reference_name(model=model, scheme=info["quant"], device=device, torch_version=info["torch"])
+    return reference_name(
+        model=model,
+        scheme=info["quant"],
+        device=device,
+        torch_version=info["torch"],
+        lm_head=info.get("lm_head", "fp32"),  # the head's precision as run (`Engine.info`), part of the bits
+    )
 
 
 def engine_platform(info: Mapping, device_type: str) -> dict[str, str | None]:

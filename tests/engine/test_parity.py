@@ -417,3 +417,12 @@ def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
         assert (parity["lp_exact_share"], parity["lp_max_abs"]) == (1.0, 0.0)
     else:
         assert parity["lp_max_abs"] < 1e-4, reference["reference"]
+
+
+def test_a_recorded_runs_name_says_the_lm_head_it_ran():
+    from spinf.engine.parity import engine_reference_name
+
+    info = {"model": "m", "revision": "r", "quant": "fp8s", "torch": "2.11", "lm_head": "bf16"}
+    platform = {"device": "cuda", "gpu": "NVIDIA H200", "capability": "9.0"}
+    assert "; lm-head bf16; " in engine_reference_name(info, platform)
+    assert "; lm-head f32out; " in engine_reference_name({**info, "lm_head": "f32out"}, platform)
