@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, scaled
+from benchmarks.gemma31b import scaled_31b
 from benchmarks.published import snapshot_folder, write_published
 from spinf.engine.fp8_static import format_problem
 
 
-def test_the_writer_lays_out_a_hub_snapshot_the_engine_reads(tmp_path):
+@pytest.mark.parametrize("repo", ["spinf/gemma-4-12b-fp8", "spinf/gemma-4-31b-fp8"])
+def test_the_writer_lays_out_a_hub_snapshot_the_engine_reads(tmp_path, repo):
+    """Scaled down: the 12B's unified layout, and the 31B's ``gemma4`` one with its vision tower (left in bf16)."""
     from spinf import Engine
 
-    folder = snapshot_folder(tmp_path / "hf", "spinf/gemma-4-12b-fp8", "a" * 40)
-    assert write_published(folder, scaled(GEMMA_12B_TEXT_CONFIG), None, 0.25, device="cpu") > 0
-    assert write_published(folder, scaled(GEMMA_12B_TEXT_CONFIG), None, 0.25, device="cpu") == 0  # complete
-    assert (tmp_path / "hf/hub/models--spinf--gemma-4-12b-fp8/refs/main").read_text() == "a" * 40
+    text, vision = (scaled(GEMMA_12B_TEXT_CONFIG), None) if "12b" in repo else scaled_31b()
+    folder = snapshot_folder(tmp_path / "hf", repo, "a" * 40)
+    assert write_published(folder, text, vision, 0.25, device="cpu") > 0
+    assert write_published(folder, text, vision, 0.25, device="cpu") == 0  # complete
+    assert (tmp_path / f"hf/hub/models--{repo.replace('/', '--')}/refs/main").read_text() == "a" * 40
     assert format_problem(json.loads((folder / "config.json").read_text())) is None
     engine = Engine(str(folder), device="cpu")
     assert (engine.quant, engine.scale_table) == ("fp8s", "checkpoint")
