@@ -2,7 +2,7 @@
 served as ``spinf-serve serve`` serves the catalog model.
 
     python benchmarks/published.py --model spinf/gemma-4-12b-fp8 --hf-home /tmp/hf --serve --cap-gib 24 \\
-        --jobs J1,J2,J3 --results benchmarks/RESULTS.md
+        --jobs J1,J2,J3 --against-bf16 /tmp/bf16 --results benchmarks/RESULTS.md
 
 1. The manifest's checkpoint (repo and pinned revision) is written, unless complete already, to
    ``$HF_HOME/hub/models--<org>--<name>/snapshots/<revision>/`` with ``refs/main``: random weights in the model's
@@ -18,6 +18,9 @@ served as ``spinf-serve serve`` serves the catalog model.
    given (``torch.cuda.set_per_process_memory_fraction``, a smaller card emulated): the load, the scheme and its
    table id, then each job set of benchmarks/gpu_jobsets.py through `Engine.score`: questions/s, peak memory, and
    the margin left under the cap.
+4. ``--against-bf16 DIR``: the same random draws written as the bf16 original (benchmarks/checkpoint.py) in
+   ``DIR``, served by its path in fp8s with a shipped table of the same input scales: J1's option log-probs from
+   both, and how many differ (the property is none).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from benchmarks.checkpoint import (  # noqa: E402
     _shard_plan,
     _tensors,
     checkpoint_config,
+    free_memory,
+    write_checkpoint,
 )
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, decoder_linear_params  # noqa: E402
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG  # noqa: E402
-from benchmarks.gpu_jobsets import Report, engine_call, job_bodies, measure, row  # noqa: E402
+from benchmarks.gpu_jobsets import Report, engine_call, job_bodies, measure, response_logprobs, row  # noqa: E402
 from contrib.fp8_static_checkpoint import write_shards  # noqa: E402
 from contrib.loadtest.harness import ServerProcess  # noqa: E402
 from spinf.catalog import load_catalog  # noqa: E402
@@ -175,6 +180,46 @@ def in_process(args: argparse.Namespace, report: Report) -> None:
     report.line(f"- peak device memory {peak:.2f} GiB (torch's allocator, load included){margin}")
 
 
+def against_original(args: argparse.Namespace, report: Report, device: str = "cuda:0") -> None:
+    """Issue 12's property on the real shape: the published checkpoint scores J1 bit for bit as its bf16 original
+    (the same random draws, written by benchmarks/checkpoint.py) does in fp8s with a table of the same input scales,
+    quantized at load on this device. One engine at a time."""
+    from spinf import Engine
+    from spinf.engine.scales import SHIPPED_TABLE, TABLE_FORMAT, write_table
+
+    os.environ["HF_HOME"], os.environ["HF_HUB_OFFLINE"] = str(args.hf_home), "1"
+    bodies, _ = job_bodies("J1", args.max_inputs)
+
+    def scored(engine) -> list:
+        return [response_logprobs(engine.score(body, trusted=True)["results"]) for body in bodies]
+
+    published = Engine(args.model, device=device)
+    names, want = published.model.linear_names(), scored(published)
+    del published
+    free_memory()
+    text, vision = SHAPES[args.model]
+    original = write_checkpoint(args.against_bf16, text, device=torch.device(device), seed=0, vision_config=vision)
+    table = {"format": TABLE_FORMAT, "scheme": "fp8s", "scales": dict.fromkeys(names, args.input_scale)}
+    write_table(table, original.path / SHIPPED_TABLE)
+    at_load = Engine(str(original.path), device=device, quant="fp8s")
+    got = scored(at_load)
+    del at_load
+    free_memory()
+    flat = list(zip(_flat(want), _flat(got), strict=True))
+    differing = sum(a != b for a, b in flat)
+    report.line(
+        f"- J1 from the published checkpoint against its bf16 original ({original.path.name}, written in "
+        f"{original.write_s:.0f} s) quantized at load in fp8s with the same input scales: {differing} of {len(flat)} "
+        f"option log-probs differ (largest |Δ| {max((abs(a - b) for a, b in flat), default=0.0):.3g})"
+    )
+
+
+def _flat(nested) -> list[float]:
+    if isinstance(nested, list):
+        return [value for item in nested for value in _flat(item)]
+    return [nested]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=SHAPES_DEFAULT, choices=sorted(SHAPES))
@@ -186,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-inputs", type=int, default=None)
     parser.add_argument("--results", type=Path)
     parser.add_argument("--no-engine", action="store_true", help="write (and serve) only")
+    parser.add_argument("--against-bf16", type=Path, help="a folder for the bf16 original: compare J1 bit for bit")
     args = parser.parse_args(argv)
     report = Report(args.results)
     manifest = load_catalog().find(args.model)
@@ -202,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         serve(None if args.model == SHAPES_DEFAULT else args.model, args.hf_home, report)
     if not args.no_engine:
         in_process(args, report)
+    if args.against_bf16:
+        against_original(args, report)
 
 
 if __name__ == "__main__":
