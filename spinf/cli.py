@@ -1,7 +1,7 @@
 """The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
 Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing what the manifest, the settings
-and the device decide, ``spinf.engine.engine.check_before_lookup``, and a model name that resolves to nothing,
+and the device decide, ``spinf.engine.opening.check_before_lookup``, and a model name that resolves to nothing,
 ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
@@ -102,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
     §9.6, which asks the Hub)."""
     settings = _settings(args)
     from spinf.catalog.checkpoint import check_findable
-    from spinf.engine.engine import check_before_lookup  # torch, for the device's facts
+    from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
 
     engine = settings.engine
     resolved, _ = check_before_lookup(

@@ -11,7 +11,7 @@ downloaded. Only manifests shipped in the package may say so, and only for the t
 whose generator is `spinf.engine.tiny`); such a manifest may also use the weight format ``safetensors-f32``, whose
 schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``. ``[source]`` may also give
 ``bytes``, the size of the pinned revision's ``*.safetensors`` files: the start checks whether the weights fit on the
-device with it before anything is downloaded (`spinf.engine.engine.check_before_lookup`). Every built-in manifest
+device with it before anything is downloaded (`spinf.engine.opening.check_before_lookup`). Every built-in manifest
 gives it; without it, the memory check waits for the files.
 """
 

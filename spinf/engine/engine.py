@@ -16,36 +16,23 @@ import time
 import traceback
 from pathlib import Path
 
-import attrs
 import torch
 
 from spinf._version import __version__
-from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.engine import fp8_static, hostgc
 from spinf.engine.compiler import EngineShape
-from spinf.engine.hardware import (
-    DeviceFacts,
-    check_hardware,
-    check_requested,
-    choose_quant,
-    device_facts,
-    settled_quant,
-)
 from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
+from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
 from spinf.engine.results import usage
 from spinf.engine.scales import (
     CALIBRATE_COMMAND,
     ScaleTableMismatch,
-    find_table,
-    missing_table_error,
     read_scale_table,
-    store_path,
 )
-from spinf.engine.schemes import SCHEMES
 from spinf.engine.scorer import Scorer, is_out_of_memory
-from spinf.engine.tiny import TINY_MODEL_ID, find_or_generate
+from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ApiError, ModelError
 from spinf.protocol.ids import new_request_id
@@ -57,123 +44,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 DEFAULT_FLOOR_CACHE = 65_536
-# The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
-# linear with the revision's scale table (spinf.engine.scales); fp8, fp8row, w8a16 and w8a8 load bf16 and quantize
-# each layer as it arrives (spinf.engine.schemes). On the CPU they run emulated (the tiny model and local folders).
-# The int4 modes come with the Qwen stack.
-RUNNABLE_SCHEMES = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp8s": torch.bfloat16,
-    **dict.fromkeys(SCHEMES, torch.bfloat16),
-}
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
 IDLE_SLACK_BYTES = 64 * 2**20
-
-
-def open_checkpoint(
-    model: str | None,
-    *,
-    device: str,
-    quant: str = "",
-    model_dir: str = "",
-    cache_dirs: list[str] | None = None,
-    revision: str = "",
-    model_id: str = "",
-) -> tuple[ResolvedModel, Checkpoint, str]:
-    """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8).
-
-    ``revision`` (the ``revision`` setting) replaces the manifest's pin when given; ``model_id`` (the setting)
-    replaces the checkpoint repo that keys the scale-table store. Every refusal that needs no checkpoint comes
-    before the lookup (`check_before_lookup`), so a refused start downloads nothing; the others come after it, on
-    the files found (their format and exact size, a scale table shipped with them), before a weight is read.
-    """
-    resolved, facts = check_before_lookup(
-        model, device=device, quant=quant, model_dir=model_dir, revision=revision, model_id=model_id
-    )
-    checkpoint = find_or_generate(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
-    model_id = model_id or resolved.model_id
-    table = find_table(model_id, checkpoint.revision, checkpoint.folder)
-    size = checkpoint.num_bytes()
-    _check_family(resolved.served_name, checkpoint.family)
-    scheme = choose_quant(
-        resolved,
-        quant,
-        facts.capability,
-        weight_format=checkpoint.weight_format,
-        has_scale_table=table is not None,
-        checkpoint_bytes=size,
-        free_bytes=facts.free_bytes,
-    )
-    check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
-    _check_runnable(resolved.served_name, checkpoint.weight_format, scheme, model_id, checkpoint.revision)
-    if scheme == "fp8s" and table is None and checkpoint.weight_format != fp8_static.FORMAT:
-        raise missing_table_error(resolved.served_name, model_id, checkpoint.revision, checkpoint.folder)
-    return resolved, checkpoint, scheme
-
-
-def check_before_lookup(
-    model: str | None,
-    *,
-    device: str,
-    quant: str = "",
-    model_dir: str = "",
-    revision: str = "",
-    model_id: str = "",
-) -> tuple[ResolvedModel, DeviceFacts]:
-    """The model resolved as `open_checkpoint` resolves it, and the device's facts, after every refusal that needs
-    no checkpoint and no network: what the manifest (family, format, schemes, size), the settings (quant, device)
-    and the device (there at all, its compute capability, its free memory) decide. `open_checkpoint` calls it before
-    the lookup, ``spinf-serve serve`` before the server starts: a refused start downloads nothing.
-
-    In order: the family; the catalog model's need of a GPU; the scheme (`settled_quant`: the automatic choice
-    when the lookup cannot change it) against the manifest's schemes, the compute capability, and the free memory
-    for the manifest's ``bytes`` (only at its pinned revision); the format and scheme this build loads. For a repo
-    outside the catalog only what holds whatever its format is checked (`check_requested`). A folder given (the
-    model or ``model_dir``) is never fetched: beyond the device, its checks wait for its files.
-    """
-    resolved = resolve_model(model)
-    if revision and revision != resolved.revision:
-        resolved = attrs.evolve(resolved, revision=revision)
-    facts = device_facts(device)
-    if model_dir or resolved.local_folder is not None:
-        return resolved, facts
-    name, manifest = resolved.served_name, resolved.manifest
-    if resolved.family is not None:
-        _check_family(name, resolved.family)
-    size = manifest.source.bytes if manifest is not None and resolved.revision == manifest.source.revision else None
-    model_id = model_id or resolved.model_id
-    stored = resolved.revision is not None and store_path(model_id, resolved.revision).is_file()
-    scheme = settled_quant(
-        resolved, quant, facts.capability, has_scale_table=stored, checkpoint_bytes=size, free_bytes=facts.free_bytes
-    )
-    if scheme is None:
-        check_requested(resolved, quant, device, facts)
-    else:
-        check_hardware(resolved, scheme, device, size, facts=facts)
-    if resolved.weight_format is not None:
-        _check_runnable(name, resolved.weight_format, scheme, model_id, resolved.revision)
-    return resolved, facts
-
-
-def _check_family(name: str, family: str) -> None:
-    if family != "gemma4":
-        raise ModelError(f"{name}: the {family} stack is not available in this build yet")
-
-
-def _check_runnable(name: str, weight_format: str, scheme: str | None, model_id: str, revision: str) -> None:
-    """Refuses what this build cannot load, saying what would run instead; ``scheme`` None: not settled yet.
-
-    Whether fp8s has its scale table is asked after the lookup, since a checkpoint may ship its own.
-    """
-    if scheme is not None and scheme not in RUNNABLE_SCHEMES:
-        raise ModelError(
-            f"{name}: the {scheme} scheme is not available in this build yet; it runs the Gemma schemes "
-            f"{', '.join(s for s in RUNNABLE_SCHEMES if s != 'fp32')} on a GPU (the fp8 ones on compute capability "
-            "8.9 or later, fp8s with a scale table), and fp32 (the CPU and the built-in tiny model)"
-        )
 
 
 def _engine_counters(usage: dict, packed_tokens: int) -> dict:

@@ -4,7 +4,7 @@ decide comes before the checkpoint's lookup, against a fake Hub on loopback that
 Each refused start here has what it needs to reach the Hub: ``HF_ENDPOINT`` (and huggingface_hub's endpoint in this
 process) is the fake, ``HF_HOME`` an empty folder of the test's own, ``HF_HUB_OFFLINE`` unset. The starts that pass
 the checks fetch from the same fake, which shows it is the one a download would reach. A GPU is faked by replacing
-`spinf.engine.engine.device_facts`, as tests/engine/test_scales.py does.
+`spinf.engine.opening.device_facts`, as tests/engine/test_scales.py does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spinf.catalog import load_catalog
-from spinf.engine import engine as engine_module
+from spinf.engine import opening as engine_module
 from spinf.engine.hardware import GIB, DeviceFacts
 from spinf.engine.scales import store_path, write_table
 from spinf.engine.tiny import TINY_REVISION, snapshot_files

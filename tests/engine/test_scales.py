@@ -16,7 +16,7 @@ import pytest
 
 from spinf import Engine, __version__
 from spinf.cli import main
-from spinf.engine import engine as engine_module
+from spinf.engine import opening as engine_module
 from spinf.engine.calibrate import calibrate
 from spinf.engine.hardware import GIB, DeviceFacts
 from spinf.engine.loading import load_gemma4_text
