@@ -5,10 +5,11 @@ and the device decide, ``spinf.engine.opening.check_before_lookup``, and a model
 ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
-and ``--version``. ``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings.flags``);
-``calibrate`` and ``parity`` take the engine from the environment. Every ``SpinfError``, and every usage error, is
-one line on stderr and exit status 2, never a traceback. The catalog, the bulk scorer and the engine are imported
-only by the commands that use them, so ``config`` and ``--help`` stay quick.
+``packs validate FOLDER`` (``spinf.packs.report``) and ``--version``. ``serve``, ``score`` and ``config`` take
+every setting's flag (``spinf.settings.flags``); ``calibrate`` and ``parity`` take the engine from the environment.
+Every ``SpinfError``, and every usage error, is one line on stderr and exit status 2, never a traceback. The
+catalog, the bulk scorer, the engine and the pack tools are imported only by the commands that use them, so
+``config`` and ``--help`` stay quick.
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def _parser() -> argparse.ArgumentParser:
     parity.add_argument("--passes", type=_positive, default=2, metavar="N", help="runs of the whole fixture (2)")
     parity.add_argument("--record", default=None, metavar="OUT", help="write the fixture with this run's values")
     parity.add_argument("--device", default=None, help="the torch device (default: the device setting)")
+    packs = command("packs", "prompt-pack tools for pack authors").add_subparsers(
+        dest="packs_command", required=True, metavar="PACKS_COMMAND"
+    )
+    validate = packs.add_parser(
+        "validate",
+        help="check a folder's manifest and pack files",
+        description="check a folder's manifest and pack files (schema, lock, referenced files); exit 1 on a problem",
+        allow_abbrev=False,
+    )
+    validate.add_argument("folder", metavar="FOLDER")
     return parser
 
 
@@ -204,6 +215,12 @@ def _parity(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
+def _packs(args: argparse.Namespace) -> int:
+    from spinf.packs.report import validate_folder
+
+    return validate_folder(args.folder, sys.stdout, sys.stderr)
+
+
 _COMMANDS = {
     "serve": _serve,
     "score": _score,
@@ -212,6 +229,7 @@ _COMMANDS = {
     "models": _models,
     "calibrate": _calibrate,
     "parity": _parity,
+    "packs": _packs,
 }
 
 

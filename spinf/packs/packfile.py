@@ -156,10 +156,15 @@ def read_pack_file(path: str | os.PathLike, *, draft: bool = False) -> Parsed:
     except UnicodeDecodeError as exc:
         return _refused(f"the file is not JSON: not UTF-8 ({exc.reason} at byte {exc.start})")
     try:
-        raw = json.loads(text, parse_constant=_no_constant)
+        raw = loads_strict(text)
     except ValueError as exc:
         return _refused(f"the file is not JSON: {exc}")
     return parse_pack(raw, draft=draft)
+
+
+def loads_strict(text: str) -> object:
+    """``json.loads``, refusing NaN, Infinity and -Infinity (not JSON); raises ValueError."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def _no_constant(name: str) -> float:

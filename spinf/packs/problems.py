@@ -12,12 +12,18 @@ import attrs
 
 @attrs.frozen
 class Problem:
+    """``path`` is the JSON path inside ``file``; ``file`` is set where a folder is scanned (relative to it)."""
+
     path: str
     message: str
+    file: str = ""
 
-    def render(self, where: str = "") -> str:
-        """One line: ``where: path: message``, the parts that are empty left out."""
-        return ": ".join(part for part in (where, self.path, self.message) if part)
+    def render(self) -> str:
+        """One line: ``file: path: message``, the parts that are empty left out."""
+        return ": ".join(part for part in (self.file, self.path, self.message) if part)
+
+    def in_file(self, file: str) -> Problem:
+        return attrs.evolve(self, file=file)
 
 
 @attrs.define
@@ -26,8 +32,8 @@ class Problems:
 
     items: list[Problem] = attrs.field(factory=list)
 
-    def add(self, path: str, message: str) -> None:
-        self.items.append(Problem(path, message))
+    def add(self, path: str, message: str, file: str = "") -> None:
+        self.items.append(Problem(path, message, file))
 
     def __len__(self) -> int:
         return len(self.items)

@@ -1,0 +1,208 @@
+"""Reading a source folder (packs spec §3): by its repository manifest when it has one, else by discovery.
+
+`scan_folder` never raises on what the folder holds: every problem is collected, naming the file (relative to the
+folder) and, inside it, the JSON path. With a manifest, each listed version is loaded, validated and compared with
+its entry; without one, every ``*.json`` file that looks like a pack file is loaded (hidden files and folders
+excluded, sorted path order). No model filter and no namespace reservation apply here: those are the catalog's (§4).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from spinf.packs.manifest import MANIFEST_NAME, ListedPack, ListedVersion, Manifest, parse_manifest
+from spinf.packs.packfile import MAX_FILE_BYTES, PackFile, loads_strict, parse_pack, read_pack_file
+from spinf.packs.problems import Problem
+
+SNIFF_CHARS = 4096
+
+
+@attrs.frozen
+class LoadedPack:
+    """A pack version the folder provides, with what its manifest entry says about it (defaults without one)."""
+
+    pack: PackFile
+    file: str
+    status: str = "available"
+    name: str = ""
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    readme: str | None = None
+    samples: str | None = None
+    fixture: str | None = None
+    note: str | None = None
+
+
+@attrs.frozen
+class Scan:
+    """What a folder holds: the manifest (None: read by discovery), the loaded packs in order, the coming-soon
+    versions the manifest lists as ``(id, version)``, every listed ``(id, version)``, and the problems."""
+
+    manifest: Manifest | None
+    packs: tuple[LoadedPack, ...]
+    coming_soon: tuple[tuple[str, str], ...]
+    listed: frozenset[tuple[str, str]]
+    problems: tuple[Problem, ...]
+
+
+def scan_folder(folder: str | os.PathLike) -> Scan:
+    """Read ``folder`` as §3 says. A folder that does not exist holds nothing (no problem)."""
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return _discover(folder)
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return Scan(None, (), (), frozenset(), (Problem("", f"the manifest cannot be read: {exc}", MANIFEST_NAME),))
+    manifest = parse_manifest(text)
+    if isinstance(manifest, Problem):
+        return Scan(None, (), (), frozenset(), (manifest,))
+    return _ByManifest(folder, manifest).run()
+
+
+def _inside(folder: Path, relative: str) -> Path | None:
+    """The existing file at ``relative`` under ``folder``; None when it is missing or would lie outside."""
+    path = (folder / relative).resolve()
+    if not path.is_file() or not path.is_relative_to(folder.resolve()):
+        return None
+    return path
+
+
+@attrs.define
+class _ByManifest:
+    folder: Path
+    manifest: Manifest
+    packs: list[LoadedPack] = attrs.field(factory=list)
+    coming_soon: list[tuple[str, str]] = attrs.field(factory=list)
+    listed: set[tuple[str, str]] = attrs.field(factory=set)
+    problems: list[Problem] = attrs.field(factory=list)
+
+    def problem(self, message: str, path: str = "") -> None:
+        self.problems.append(Problem(path, message, MANIFEST_NAME))
+
+    def run(self) -> Scan:
+        ids: set[str] = set()
+        for i, entry in enumerate(self.manifest.packs):
+            where = f"packs.{i}"
+            if not entry.id.startswith(self.manifest.namespace + "/"):
+                self.problem(f"{entry.id!r} is not in the manifest's namespace {self.manifest.namespace!r}", where)
+            elif entry.id in ids:
+                self.problem(f"{entry.id!r} is listed twice; the second entry is skipped", where)
+            else:
+                ids.add(entry.id)
+                self.entry(entry, where)
+        return Scan(
+            self.manifest, tuple(self.packs), tuple(self.coming_soon), frozenset(self.listed), tuple(self.problems)
+        )
+
+    def entry(self, entry: ListedPack, where: str) -> None:
+        for key in ("readme", "samples"):
+            relative = getattr(entry, key)
+            if relative is not None and _inside(self.folder, relative) is None:
+                self.problem(f"{entry.id}: the {key} {relative!r} does not exist in the folder", f"{where}.{key}")
+        for j, version in enumerate(entry.versions):
+            self.version(entry, version, f"{where}.versions.{j}")
+
+    def version(self, entry: ListedPack, listed: ListedVersion, where: str) -> None:
+        key = (entry.id, listed.version)
+        named = f"{entry.id} {listed.version}"
+        if key in self.listed:
+            self.problem(f"{named} is listed twice", where)
+            return
+        self.listed.add(key)
+        if listed.status == "coming_soon":
+            self.coming_soon.append(key)
+        if listed.fixture is not None and _inside(self.folder, listed.fixture) is None:
+            self.problem(f"{named}: the fixture {listed.fixture!r} does not exist in the folder", f"{where}.fixture")
+        path = _inside(self.folder, listed.file)
+        if path is None:
+            if listed.status != "coming_soon":
+                self.problem(f"{named}: the file {listed.file!r} does not exist in the folder", f"{where}.file")
+            return
+        parsed = read_pack_file(path)
+        if parsed.problems:
+            self.problems.extend(p.in_file(listed.file) for p in parsed.problems)
+            return
+        if self.matches(entry, listed, parsed.pack, where):
+            self.packs.append(_loaded(parsed.pack, entry, listed))
+
+    def matches(self, entry: ListedPack, listed: ListedVersion, pack: PackFile, where: str) -> bool:
+        """Whether the file is the version the entry lists; a media or parameter difference is reported only."""
+        named = f"{entry.id} {listed.version}"
+        said, found = (entry.id, listed.version, listed.model), (pack.id, pack.version, pack.model)
+        if said != found:
+            self.problem(
+                f"{named}: the manifest says (id, version, model) {said} but {listed.file} holds {found}", where
+            )
+            return False
+        if set(entry.media) != set(pack.media):
+            self.problem(
+                f"{named}: the manifest says media {sorted(entry.media)}, the file {sorted(pack.media)}", f"{where}"
+            )
+        names = sorted(p.name for p in pack.parameters)
+        if sorted(entry.parameters) != names:
+            self.problem(f"{named}: the manifest says parameters {sorted(entry.parameters)}, the file {names}", where)
+        return True
+
+
+def _loaded(pack: PackFile, entry: ListedPack, listed: ListedVersion) -> LoadedPack:
+    return LoadedPack(
+        pack=pack,
+        file=listed.file,
+        status=listed.status,
+        name=entry.name,
+        description=entry.description,
+        tags=entry.tags,
+        readme=entry.readme,
+        samples=entry.samples,
+        fixture=listed.fixture,
+        note=listed.note,
+    )
+
+
+def _discover(folder: Path) -> Scan:
+    """Every pack-looking ``*.json`` file under ``folder`` (§3, without a manifest)."""
+    packs, problems = [], []
+    for path in _json_files(folder):
+        relative = path.relative_to(folder).as_posix()
+        raw = _sniff(path)
+        if raw is None:
+            continue
+        parsed = read_pack_file(path) if raw is _TOO_LARGE else parse_pack(raw)
+        if parsed.problems:
+            problems.extend(p.in_file(relative) for p in parsed.problems)
+        else:
+            packs.append(LoadedPack(parsed.pack, relative))
+    return Scan(None, tuple(packs), (), frozenset(), tuple(problems))
+
+
+def _json_files(folder: Path) -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(Path(root, name) for name in files if name.endswith(".json") and not name.startswith("."))
+    return sorted(found, key=lambda path: path.relative_to(folder).parts)
+
+
+_TOO_LARGE = object()
+
+
+def _sniff(path: Path) -> object:
+    """The file's JSON object when it looks like a pack file (``pack`` and ``scoring`` keys); `_TOO_LARGE` for one
+    that mentions ``"pack"`` but is over the size limit (read_pack_file then refuses it); None to skip it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if '"pack"' not in f.read(SNIFF_CHARS):
+                return None
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return _TOO_LARGE
+        raw = loads_strict(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(raw, dict) and "pack" in raw and "scoring" in raw):
+        return None
+    return raw
