@@ -1,9 +1,9 @@
 """Pack sources (packs spec §4.1, §4.3): parsing a source spec into a typed source with its label, opening a local
 folder source, and the reserved-namespace rule.
 
-A spec is ``github:<owner>/<repo>[@<ref>][#<path>]``, the word ``official`` (replaced by ``$SPINF_PACKS_OFFICIAL``
-or `OFFICIAL_SPEC`), or a local folder path. Fetching a GitHub source is `spinf.packs.github`'s job; `open_source`
-takes the fetcher as an argument so this module never reaches the network.
+A spec is ``github:<owner>/<repo>[@<ref>][#<path>]``, the word ``official`` (replaced by the ``packs_official``
+setting, ``$SPINF_PACKS_OFFICIAL``, or `OFFICIAL_SPEC`), or a local folder path. Fetching a GitHub source is
+`spinf.packs.github`'s job; `open_source` takes the fetcher as an argument, so this module never reaches the network.
 """
 
 from __future__ import annotations
@@ -95,28 +95,29 @@ class GitHubFetcher(Protocol):
     def fetch(self, source: GitHubSource, *, refresh: bool) -> OpenedSource: ...
 
 
-def parse_source(spec: str, *, official_slot: bool = False, environ: Mapping[str, str] | None = None) -> Source:
-    """The source a spec names (§4.1). ``official`` (and the official slot's own spec) is replaced by
-    ``$SPINF_PACKS_OFFICIAL`` when set and non-empty, else by `OFFICIAL_SPEC`; such a source is in the official slot.
-    A malformed ``github:`` spec is a `SourceError` naming it."""
-    environ = os.environ if environ is None else environ
+def parse_source(spec: str, *, official: str | None = None, environ: Mapping[str, str] | None = None) -> Source:
+    """The source a spec names (§4.1); a malformed ``github:`` spec is a `SourceError` naming it. The word
+    ``official`` names the official slot's source: ``official`` (the ``packs_official`` setting) when given, else
+    ``$SPINF_PACKS_OFFICIAL``, either only when non-empty, else `OFFICIAL_SPEC`."""
     spec = spec.strip()
     if spec == "official":
-        official_slot = True
-        spec = environ.get(OFFICIAL_ENV, "").strip() or OFFICIAL_SPEC
-        where = f" (from {OFFICIAL_ENV})" if environ.get(OFFICIAL_ENV, "").strip() else ""
-    else:
-        where = ""
+        return official_source(official, environ=environ)
+    return _parse(spec, "", official_slot=False)
+
+
+def official_source(official: str | None = None, *, environ: Mapping[str, str] | None = None) -> Source:
+    """The official slot's source (§4.1, §4.3), which may carry the reserved namespace whatever it is."""
+    if official is None:
+        official = (os.environ if environ is None else environ).get(OFFICIAL_ENV, "")
+    return _parse(official.strip() or OFFICIAL_SPEC, " (the official source)", official_slot=True)
+
+
+def _parse(spec: str, where: str, *, official_slot: bool) -> Source:
     if not spec:
         raise SourceError("a pack source spec is empty")
     if spec.startswith("github:"):
         return _parse_github(spec, where, official_slot=official_slot)
     return LocalSource(os.path.expanduser(spec), official_slot=official_slot)
-
-
-def official_source(environ: Mapping[str, str] | None = None) -> Source:
-    """The official slot's source: ``$SPINF_PACKS_OFFICIAL`` or `OFFICIAL_SPEC` (§4.1, §4.3)."""
-    return parse_source("official", environ=environ)
 
 
 def _parse_github(spec: str, where: str, *, official_slot: bool) -> GitHubSource:

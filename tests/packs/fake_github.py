@@ -84,7 +84,7 @@ class _GitHubHandler(JsonHandler):
         if rest.startswith("commits/"):
             self._commit(repo, rest.removeprefix("commits/"))
         elif rest.startswith("tarball/") and rest.removeprefix("tarball/") in repo.tarballs:
-            location = f"{fake.url}/codeload/{name}/tar.gz/{rest.removeprefix('tarball/')}"
+            location = f"{fake.codeload or fake.url}/codeload/{name}/tar.gz/{rest.removeprefix('tarball/')}"
             self.answer(302, b"", {"Location": location})
         else:
             self.answer(404, NOT_FOUND, {})
@@ -124,6 +124,7 @@ class FakeGitHub(LoopbackServer):
         self.server_error = False
         self.cut_transfer = False
         self.no_length = False
+        self.codeload: str | None = None  # another fake's URL: the redirect then leaves this origin, as GitHub's does
         self.sha_reply: bytes | None = None
         self.reset = 1_900_000_000
 

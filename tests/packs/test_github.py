@@ -130,6 +130,18 @@ def _refused(github: GitHub, spec: str, error: type[Exception], match: str) -> N
         github.fetch(_source(spec))
 
 
+def test_redirect_to_another_origin_drops_the_token(tmp_path):
+    repos = _repos()
+    with FakeGitHub(repos) as api, FakeGitHub(repos) as codeload:
+        api.codeload = codeload.url
+        with _client(api, tmp_path, GITHUB_TOKEN="s3cret") as github:
+            assert github.fetch(_source("github:acme/packs@v1")).commit == SHA_A
+    assert api.paths()[-1] == f"/repos/acme/packs/tarball/{SHA_A}"
+    assert api.requests[-1][2]["authorization"] == "Bearer s3cret"
+    [(_, path, headers)] = codeload.requests
+    assert path == f"/codeload/acme/packs/tar.gz/{SHA_A}" and "authorization" not in headers
+
+
 def test_not_found(fake, tmp_path):
     hint = r" \(a private repository needs GITHUB_TOKEN\)$"
     with _client(fake, tmp_path) as github:

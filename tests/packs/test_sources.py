@@ -82,13 +82,20 @@ def test_official():
     assert source == GitHubSource("spinfinc", "spinf-prompts", "0.1.0", "", official_slot=True)
     assert source.spec == OFFICIAL_SPEC
     assert source.label(COMMIT) == "spinfinc/spinf-prompts@0.1.0"
-    assert parse_source("official", environ={"SPINF_PACKS_OFFICIAL": "  "}) == source
+    assert parse_source(" official ", environ={"SPINF_PACKS_OFFICIAL": "  "}) == source
+    assert parse_source("official", official="", environ={"SPINF_PACKS_OFFICIAL": "/elsewhere"}) == source
     moved = parse_source("official", environ={"SPINF_PACKS_OFFICIAL": "github:acme/packs@2"})
     assert moved == GitHubSource("acme", "packs", "2", "", official_slot=True)
+    assert parse_source("official", official="github:acme/packs@2", environ={}) == moved
     local = official_source(environ={"SPINF_PACKS_OFFICIAL": "/srv/checkout"})
     assert local == LocalSource("/srv/checkout", official_slot=True)
-    with pytest.raises(SourceError, match=r"^pack source 'github:acme' \(from SPINF_PACKS_OFFICIAL\) is not github:"):
+    assert official_source("~/checkout", environ={}) == LocalSource(
+        os.path.expanduser("~/checkout"), official_slot=True
+    )
+    with pytest.raises(SourceError, match=r"^pack source 'github:acme' \(the official source\) is not github:"):
         official_source(environ={"SPINF_PACKS_OFFICIAL": "github:acme"})
+    with pytest.raises(SourceError, match=r"^pack source 'github:a/\.\.' \(the official source\): '\.\.' is not a"):
+        official_source("github:a/..")
 
 
 def test_reserved_namespace():
