@@ -133,7 +133,7 @@ def _decide_max(pack: Mapping, scores: Mapping[str, float], deciding: Sequence[s
 def _apply_critical(decision: dict, pack: Mapping, flags: Mapping[str, bool | None], critical) -> None:
     """The critical rule (§6.6.5): flagged critical categories, in list order, force ``unsafe``; ``decides`` is not
     consulted and an id that is not a category is ignored."""
-    listed = pack["decision"].get("critical", []) if critical is None else critical
+    listed = (pack["decision"].get("critical") or []) if critical is None else critical
     hit = [category_id for category_id in listed if flags.get(category_id) is True]
     if hit:
         decision["critical"] = hit
@@ -142,8 +142,20 @@ def _apply_critical(decision: dict, pack: Mapping, flags: Mapping[str, bool | No
             decision["by"] = "critical"
 
 
-def decide(pack, inputs, scores, flags, deciding, *, lock_ok, mode, threshold, critical) -> dict:
-    """The decision of §6.6 from the pipeline's values; keys in the order of §5.3."""
+def decide(
+    pack: Mapping,
+    inputs: Mapping[str, Mapping[str, float]],
+    scores: Mapping[str, float],
+    flags: Mapping[str, bool | None],
+    deciding: Sequence[str],
+    *,
+    lock_ok: bool,
+    mode: str | None,
+    threshold: float | None,
+    critical: Sequence[str] | None,
+) -> dict:
+    """The decision of §6.6 from the pipeline's values, keys in the order of §5.3. ``inputs`` holds the micro-layer's
+    sources: ``{"c": macros by category, "r": z by read}``; ``deciding`` is the deciding set D in pack order."""
     asked = pack["decision"]["mode"] if mode is None else mode
     used = _used_mode(pack, asked, lock_ok)
     # A per-call threshold is returned as a float (§5.4); it applies only to the mode the call asked for.
