@@ -115,7 +115,10 @@ class GitHub:
         commit, warnings = self.resolve(source, refresh=refresh)
         tree = self.repo_dir(source) / commit
         if not tree.is_dir():
-            self._download(source, commit, tree)
+            try:
+                self._download(source, commit, tree)
+            except OSError as error:
+                raise SourceError(f"pack source {source.spec}: cannot write the packs cache: {error}") from None
         folder = tree.joinpath(*source.path.split("/")) if source.path else tree
         if not folder.is_dir():
             raise SourceError(
@@ -137,7 +140,10 @@ class GitHub:
         kind = "branch" if ref is None else self._ref_kind(source, ref)
         commit = self._commit(source, "HEAD" if ref is None else ref)
         if kind == "tag":
-            self._write_refs(source, {**refs, ref: commit})
+            try:
+                self._write_refs(source, {**refs, ref: commit})
+            except OSError as error:  # only a cache: the next start resolves the tag again
+                log.warning("pack source %s: cannot remember the tag's commit: %s", source.spec, error)
             return commit, ()
         branch = "the default branch" if ref is None else f"the branch {ref!r}"
         warning = (
@@ -192,9 +198,9 @@ class GitHub:
                 raise BadTarball(f"pack source {source.spec}: GET {url}: {error}") from None
             try:
                 os.rename(top, tree)
-            except OSError as error:
+            except OSError:
                 if not tree.is_dir():  # another process may have put the same tree in place first
-                    raise SourceError(f"pack source {source.spec}: cannot write {tree}: {error.strerror}") from None
+                    raise
 
     def _save(self, source: GitHubSource, url: str, archive: Path) -> None:
         cap = self.limits.max_download_bytes

@@ -3,10 +3,11 @@
 `FakeGitHub` answers what `spinf.packs.github` asks, as GitHub does: ``git/ref/tags/<ref>``, ``git/ref/heads/<ref>``,
 ``commits/<ref>`` (the bare SHA, for ``Accept: application/vnd.github.sha``) and ``tarball/<commit>``, which
 redirects (302) to ``/codeload/...`` where the bytes are served. Anything unknown is GitHub's 404 JSON. Switches
-make it misbehave: ``rate_limited`` (403 with the rate-limit headers), ``private`` (404 without the right token),
-``cut_transfer`` (a Content-Length larger than the bytes sent), ``no_length`` (a tarball without a
-Content-Length). ``requests`` records every request as
-``(method, path, headers)``.
+make it misbehave: ``rate_limited`` (403 with the rate-limit headers), ``retry_after`` (429 with Retry-After),
+``forbidden`` (a plain 403), ``server_error`` (502), ``sha_reply`` (a commit reply that is no SHA), ``private``
+(404 without the right token), ``cut_transfer`` (a Content-Length larger than the bytes sent), ``no_length`` (a
+tarball without a Content-Length); ``codeload`` sends the redirect to another fake. ``requests`` records every
+request as ``(method, path, headers)``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class _GitHubHandler(JsonHandler):
         if fake.rate_limited:
             headers = {"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(fake.reset)}
             self.answer(403, {"message": "API rate limit exceeded for 127.0.0.1."}, headers)
+            return
+        if fake.retry_after is not None:  # a secondary rate limit
+            self.answer(
+                429, {"message": "You have exceeded a secondary rate limit."}, {"Retry-After": fake.retry_after}
+            )
             return
         if fake.forbidden:
             self.answer(403, {"message": "Resource not accessible"}, {})
@@ -121,6 +127,7 @@ class FakeGitHub(LoopbackServer):
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.rate_limited = False
         self.forbidden = False
+        self.retry_after: str | None = None
         self.server_error = False
         self.cut_transfer = False
         self.no_length = False

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +181,18 @@ def test_rate_limit_says_when_it_resets(fake, tmp_path):
     assert str(caught.value).endswith(" s) (GITHUB_TOKEN raises it)") and "\n" not in str(caught.value)
 
 
+def test_secondary_rate_limit(fake, tmp_path):
+    fake.retry_after = "120"
+    with _client(fake, tmp_path) as github, pytest.raises(RateLimited) as caught:
+        github.fetch(_source("github:acme/packs"))
+    assert caught.value.resets_at == pytest.approx(time.time() + 120, abs=5)
+    assert re.search(
+        r": 429 Too Many Requests; the GitHub API rate limit is reached, it resets at .* UTC "
+        r"\(in (1 min 5\d|2 min 0) s\)",
+        str(caught.value),
+    )
+
+
 def test_forbidden_and_other_statuses(fake, tmp_path):
     where = r"^pack source github:acme/packs: GET .*/commits/HEAD"
     fake.forbidden = True
@@ -322,3 +336,12 @@ def test_damaged_refs_json_is_ignored(fake, tmp_path):
     with _client(fake, tmp_path) as github:
         assert github.fetch(_source("github:acme/packs@v1")).commit == SHA_A
     assert json.loads((folder / "refs.json").read_text()) == {"v1": SHA_A}
+
+
+def test_unwritable_cache(fake, tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    environ = {"SPINF_GITHUB_API": fake.url, "SPINF_PACKS_CACHE": str(tmp_path / "file" / "cache")}
+    with GitHub.from_environ(environ) as github, pytest.raises(SourceError) as caught:
+        github.fetch(_source("github:acme/packs@v1"))
+    assert str(caught.value).startswith("pack source github:acme/packs@v1: cannot write the packs cache: [Errno 20]")
+    assert "cannot remember the tag's commit" in caplog.text
