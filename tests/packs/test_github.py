@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -345,3 +348,34 @@ def test_unwritable_cache(fake, tmp_path, caplog):
         github.fetch(_source("github:acme/packs@v1"))
     assert str(caught.value).startswith("pack source github:acme/packs@v1: cannot write the packs cache: [Errno 20]")
     assert "cannot remember the tag's commit" in caplog.text
+
+
+def _git_archive(folder: Path) -> bytes:
+    """The tarball of a real git commit, as ``git archive`` makes it (GitHub's tarballs are made the same way)."""
+
+    def git(*args: str) -> bytes:
+        env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+        return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, env=env).stdout
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "packs")
+    return git("archive", "--format=tar.gz", "--prefix=acme-packs-1234567/", "HEAD")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_git_archive_extracts(fake, tmp_path):
+    repo = tmp_path / "repo"
+    for name, data in FILES.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(data)
+    _bad(fake, _git_archive(repo))
+    with _client(fake, tmp_path) as github:
+        folder = github.fetch(_source("github:acme/packs@v1#packs")).folder
+    assert (folder / "tone" / "1.0.0.json").read_bytes() == FILES["packs/tone/1.0.0.json"]
+    (repo / "link").symlink_to("prompt-packs.json")
+    _bad(fake, _git_archive(repo))
+    fake.repos["acme/packs"].tags["v2"] = SHA_C
+    fake.repos["acme/packs"].tarballs[SHA_C] = fake.repos["acme/packs"].tarballs[SHA_A]
+    with _client(fake, tmp_path) as github, pytest.raises(BadTarball, match=r"'acme-packs-1234567/link' is a link$"):
+        github.fetch(_source("github:acme/packs@v2"))
