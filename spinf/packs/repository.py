@@ -66,10 +66,12 @@ def scan_folder(folder: str | os.PathLike) -> Scan:
 
 def _inside(folder: Path, relative: str) -> Path | None:
     """The existing file at ``relative`` under ``folder``; None when it is missing or would lie outside."""
-    path = (folder / relative).resolve()
-    if not path.is_file() or not path.is_relative_to(folder.resolve()):
+    try:
+        path = (folder / relative).resolve()
+        inside = path.is_file() and path.is_relative_to(folder.resolve())
+    except (OSError, ValueError):  # a NUL byte in the name, a symlink loop
         return None
-    return path
+    return path if inside else None
 
 
 @attrs.define

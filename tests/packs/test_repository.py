@@ -3,9 +3,12 @@ paths, file against entry, coming soon) and discovery without one (what is skipp
 
 from __future__ import annotations
 
+import random
+
 from spinf.packs.manifest import MANIFEST_NAME
 from spinf.packs.repository import scan_folder
 from tests.packs.folders import MINIMAL, entry, manifest, tone, version, write
+from tests.packs.mutate import mutate
 
 
 def rendered(scan) -> list[str]:
@@ -152,3 +155,18 @@ def test_discovery_loads_pack_files_in_sorted_path_order_and_skips_the_rest_sile
 def test_discovery_of_a_missing_folder_finds_nothing(tmp_path):
     scan = scan_folder(tmp_path / "none")
     assert scan.packs == () and scan.problems == ()
+
+
+def test_no_manifest_makes_the_scan_crash(tmp_path):
+    write(tmp_path, "packs/tone/1.0.0.json", tone())
+    write(tmp_path, "docs/tone.md", "# Tone")
+    good = manifest(entry("acme/tone", version(fixture="docs/tone.md"), readme="docs/tone.md", media=["text"]))
+    rng = random.Random(3)
+    for _ in range(1500):
+        damaged = good
+        for _ in range(rng.randint(1, 3)):
+            damaged = mutate(damaged, rng)
+        write(tmp_path, MANIFEST_NAME, damaged)
+        scan = scan_folder(tmp_path)
+        assert all(p.render() for p in scan.problems)
+        assert len(scan.packs) <= 1

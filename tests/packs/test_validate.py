@@ -12,6 +12,7 @@ import pytest
 
 from spinf.packs.packfile import parse_pack
 from spinf.packs.validate import check_pack
+from tests.packs.mutate import mutate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TONE = json.loads((FIXTURES / "tone.json").read_text())
@@ -225,28 +226,12 @@ def test_a_draft_still_checks_the_constants_it_has_and_everything_else():
     assert paths == ["reads.0", "reads.1.kind", "categories.rudeness.platt"]
 
 
-JSON_VALUES = [None, True, False, 0, -1, 2, 1.5, -0.0, "", "x", "c:rudeness", [], [1], {}, {"a": 1}, ["a", None]]
-
-
-def _mutate(value: object, rng: random.Random) -> object:
-    """``value`` with one node somewhere replaced by a random JSON value, or a key dropped."""
-    if isinstance(value, dict) and value and rng.random() < 0.8:
-        key = rng.choice(list(value))
-        if rng.random() < 0.15:
-            return {k: v for k, v in value.items() if k != key}
-        return {**value, key: _mutate(value[key], rng)}
-    if isinstance(value, list) and value and rng.random() < 0.8:
-        i = rng.randrange(len(value))
-        return value[:i] + [_mutate(value[i], rng)] + value[i + 1 :]
-    return rng.choice(JSON_VALUES)
-
-
 def test_no_json_value_makes_validation_crash():
     rng = random.Random(13)
     for _ in range(3000):
         pack = TONE
         for _ in range(rng.randint(1, 4)):
-            pack = _mutate(pack, rng)
+            pack = mutate(pack, rng)
         parsed = parse_pack(pack)
         assert (parsed.pack is None) == bool(parsed.problems)
         assert all(isinstance(p.path, str) and p.message for p in parsed.problems)
