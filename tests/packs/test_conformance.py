@@ -3,12 +3,14 @@
 For seeded random packs, results and call settings (``tests.packs.random_packs``), our unrounded output must equal
 the client's: every number within 1e-6; every boolean, null, id, key, key order and list order exactly; ``warning``
 present in both or in neither. Our server entry must equal the client's output rounded with ``round(x, 6)``, with
-id, version and context added. Where the client raises, ours must raise ``PackEvaluationError``. The default run
-checks a fixed sample; ``-m slow`` runs a longer one.
+id, version and context added. Where the client raises, ours must raise ``PackEvaluationError``. Each pack is also
+tried at its boundaries (thresholds and quantile values exactly at its scores). The default run checks a fixed
+sample of 2,000 packs; ``-m slow`` runs 40,000 more.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -85,11 +87,33 @@ def check(pack: dict, result: dict, call: dict) -> list[str]:
     return found
 
 
+def at_the_boundaries(pack: dict, result: dict) -> tuple[dict, list[dict]]:
+    """The pack with each score placed exactly on a (tied) ``normal_quantiles`` value, and calls whose thresholds
+    are exactly the scores and the decision's value: random draws almost never hit ``≥`` at equality."""
+    try:
+        default = reference.evaluate(pack, reference.answers_from_result(result, pack))
+    except (KeyError, ValueError):
+        return pack, []
+    scores = {name: values["score"] for name, values in default["categories"].items()}
+    placed = copy.deepcopy(pack)
+    for name, spec in placed["categories"].items():
+        score = scores[name]
+        spec["normal_quantiles"] = {"levels": [0.1, 0.5, 0.6, 0.9], "values": [score / 2, score, score, score + 0.1]}
+    calls = [{"thresholds": scores}, {"mode": "per_category", "thresholds": scores, "critical": list(scores)}]
+    if "max" in placed["decision"]:
+        calls.append({"mode": "max", "threshold": max(scores.values())})
+    if "score" in default["decision"]:
+        calls.append({"threshold": default["decision"]["score"]})
+    return placed, calls
+
+
 def check_seed(seed: int) -> list[str]:
     rng = random.Random(seed)
     pack = random_pack(rng)
     result = random_result(rng, pack)
-    return [f"seed {seed}, call {call}: {d}" for call in random_calls(rng, pack) for d in check(pack, result, call)]
+    found = [f"seed {seed}, call {call}: {d}" for call in random_calls(rng, pack) for d in check(pack, result, call)]
+    placed, calls = at_the_boundaries(pack, result)
+    return found + [f"seed {seed}, boundary call {call}: {d}" for call in calls for d in check(placed, result, call)]
 
 
 VECTOR_CALLS = [
