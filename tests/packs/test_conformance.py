@@ -5,22 +5,29 @@ the client's: every number within 1e-6; every boolean, null, id, key, key order 
 present in both or in neither. Our server entry must equal the client's output rounded with ``round(x, 6)``, with
 id, version and context added. Where the client raises, ours must raise ``PackEvaluationError``. Each pack is also
 tried at its boundaries (thresholds and quantile values exactly at its scores). The default run checks a fixed
-sample of 2,000 packs; ``-m slow`` runs 40,000 more.
+sample of 2,000 packs, which our validator must pass; ``-m slow`` runs 40,000 more. The repository's fixture pack
+(``tiny/moderation``) is checked on random results too. Whether the lock matches is decided by our
+``spinf.packs.lock`` while the generator locks packs with the client's ``lock_of``, so the two must agree as well.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import spinf_client.packs as reference
 
 from spinf.packs.evaluate import PackEvaluationError, answers_from_queries, evaluate, pack_entry
+from spinf.packs.lock import lock_of
+from spinf.packs.validate import check_pack
 from tests.packs.random_packs import random_calls, random_pack, random_result
 from tests.packs.tone_vectors import MINIMAL, RESULT, TONE, tone_broken_lock, tone_hidden, tone_logprob
 
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "packs" / "moderation" / "0.1.0.json"
 DEFAULT_SEEDS = range(2000)
 SLOW_SEEDS = range(2000, 42000)
 
@@ -70,7 +77,7 @@ def _round(value):
 def check(pack: dict, result: dict, call: dict) -> list[str]:
     """Our evaluation against the reference's on one pack, result and call; the differences found."""
     lock = (pack["decision"].get("micro_layer") or {}).get("lock")
-    lock_ok = lock is not None and lock == reference.lock_of(pack)
+    lock_ok = lock is not None and lock == lock_of(pack)
     try:
         theirs = reference.evaluate(pack, reference.answers_from_result(result, pack), **call)
     except (KeyError, ValueError):  # the reference's failures: ours must fail too
@@ -143,6 +150,23 @@ def test_the_minimal_pack_conforms():
         ]
     }
     assert check(MINIMAL, result, {}) == []
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["lock-ok", "lock-broken"])
+def test_the_fixture_moderation_pack_conforms(edited):
+    pack = json.loads(FIXTURE.read_text())
+    if edited:
+        pack["reads"][0]["mean"] += 0.5
+    rng = random.Random(13)
+    found = []
+    for _ in range(200):
+        result = random_result(rng, pack)
+        found += [f"{call}: {d}" for call in random_calls(rng, pack) for d in check(pack, result, call)]
+    assert found == []
+
+
+def test_the_random_packs_are_valid():
+    assert [seed for seed in DEFAULT_SEEDS if len(check_pack(random_pack(random.Random(seed))))] == []
 
 
 @pytest.mark.parametrize("chunk", range(8))
