@@ -80,9 +80,10 @@ def check_decision(raw: dict, problems: Problems, draft: bool) -> None:
         problems.add("decision.fallback", "fallback must be 'max' or 'per_category'")
     if "max" in decision or "max" in (mode, fallback):
         limit = decision.get("max")
-        if not (isinstance(limit, dict) and (is_number(limit.get("threshold")) or draft and "threshold" not in limit)):
-            if not (draft and limit is None):
-                problems.add("decision.max", "decision.max must be {threshold} with a number")
+        fitted = isinstance(limit, dict) and is_number(limit.get("threshold"))
+        unfitted = limit is None or isinstance(limit, dict) and "threshold" not in limit
+        if not (fitted or draft and unfitted):
+            problems.add("decision.max", "decision.max must be {threshold} with a number")
     categories = raw["categories"] if isinstance(raw["categories"], dict) else {}
     critical = decision.get("critical", [])
     if not (isinstance(critical, list) and all(isinstance(c, str) and c in categories for c in critical)):
