@@ -5,8 +5,9 @@ and the device decide, ``spinf.engine.opening.check_before_lookup``, and a model
 ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
-``packs validate FOLDER`` (``spinf.packs.report``) and ``--version``. ``serve``, ``score`` and ``config`` take
-every setting's flag (``spinf.settings.flags``); ``calibrate`` and ``parity`` take the engine from the environment.
+``packs validate FOLDER`` (``spinf.packs.report``), ``packs list`` (``spinf.packs.listing``) and ``--version``.
+``serve``, ``score`` and ``config`` take every setting's flag (``spinf.settings.flags``); ``calibrate`` and
+``parity`` take the engine from the environment.
 Every ``SpinfError``, and every usage error, is one line on stderr and exit status 2, never a traceback. The
 catalog, the bulk scorer, the engine and the pack tools are imported only by the commands that use them, so
 ``config`` and ``--help`` stay quick.
@@ -94,6 +95,20 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     validate.add_argument("folder", metavar="FOLDER")
+    listing = packs.add_parser(
+        "list",
+        help="list the pack versions a server with these options would enable",
+        description="build the pack catalog a server with these options would build (no model is loaded); exit 1 on"
+        " a catalog error",
+        allow_abbrev=False,
+    )
+    listing.add_argument("--packs", action="append", default=[], metavar="SOURCE", help="a pack source (repeatable)")
+    listing.add_argument("--model", default=None, metavar="ID", help="keep only the versions for this model")
+    listing.add_argument("--no-official", action="store_true", help="leave out the official pack repository")
+    listing.add_argument(
+        "--allow-namespace", action="append", default=[], metavar="NS", help="allow a reserved namespace (repeatable)"
+    )
+    listing.add_argument("--refresh", action="store_true", help="resolve cached tags again")
     return parser
 
 
@@ -216,6 +231,18 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def _packs(args: argparse.Namespace) -> int:
+    if args.packs_command == "list":
+        from spinf.packs.listing import list_packs
+
+        return list_packs(
+            args.packs,
+            model=args.model,
+            official_on=not args.no_official,
+            allowed=args.allow_namespace,
+            refresh=args.refresh,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
     from spinf.packs.report import validate_folder
 
     return validate_folder(args.folder, sys.stdout, sys.stderr)
