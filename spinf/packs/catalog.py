@@ -171,13 +171,15 @@ class _Builder:
     warnings: list[str] = attrs.field(factory=list)
     listed: set[tuple[str, str]] = attrs.field(factory=set)
 
-    def source(self, source: Source, github: GitHubFetcher | None, refresh: bool) -> None:
+    def source(self, source: Source, github: GitHubFetcher | None, refresh: bool, *, official: bool) -> None:
+        """One source; ``official``: it is the official slot (first, official on), whose failure to open is the
+        official error. A ``--packs official`` is a ``--packs`` source here, though it may carry ``spinf/``."""
         try:
             if isinstance(source, GitHubSource) and github is None:
                 raise SourceError(f"pack source {source.spec}: no GitHub client to fetch it")
             opened = open_source(source, github=github, refresh=refresh)  # type: ignore[arg-type]
         except SourceError as error:
-            if source.official_slot:
+            if official:
                 self.official_error = str(error)
             else:
                 self.errors.append(str(error))
@@ -278,22 +280,22 @@ def build_catalog(
     (``packs list`` has its own). A spec that does not parse is a catalog error (the official one included)."""
     builder = _Builder(model, models, frozenset(allowed), allow_flag)
     seen: set[str] = set()
-    parsed: list[Source] = []
+    parsed: list[tuple[Source, bool]] = []
     if official_on:
         try:
-            parsed.append(official_source(official, environ=environ))
+            parsed.append((official_source(official, environ=environ), True))
         except SourceError as error:
             builder.errors.append(str(error))
     for spec in specs:
         try:
-            parsed.append(parse_source(spec, official=official, environ=environ))
+            parsed.append((parse_source(spec, official=official, environ=environ), False))
         except SourceError as error:
             builder.errors.append(str(error))
-    for source in parsed:
+    for source, is_official in parsed:
         if source.spec in seen:
             continue
         seen.add(source.spec)
-        builder.source(source, github, refresh)
+        builder.source(source, github, refresh, official=is_official)
     return builder.catalog()
 
 

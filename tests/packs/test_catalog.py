@@ -92,6 +92,14 @@ def test_official_source_that_cannot_be_opened_is_the_official_error(tmp_path):
     assert catalog.sources == (f"local:{a}",)
 
 
+def test_packs_official_that_cannot_be_opened_is_a_catalog_error(tmp_path):
+    missing = str(tmp_path / "missing")
+    catalog = build_catalog(["official"], official_on=False, official=missing)
+    assert catalog.official_error is None
+    assert catalog.errors == (f"pack source local:{missing}: no such folder",)
+    assert catalog.sources == (f"local:{missing}",)
+
+
 def test_malformed_specs_are_catalog_errors(tmp_path):
     catalog = build_catalog(["github:-bad/x"], official="github:nope")
     assert len(catalog.errors) == 2
