@@ -208,31 +208,47 @@ def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, 
         yield from random_vision_tensors(vision_config, text_config["hidden_size"], dtype=dtype, **draw)
 
 
-def _write(folder: Path, config: dict, text_config: dict, dtype: torch.dtype, **draw: Any) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    vision_config = draw.pop("vision_config")
-    plan = _shard_plan(text_config, dtype, draw.pop("shard_bytes"), vision_config)
+def drawn_shards(
+    text_config: dict, dtype: torch.dtype, vision_config: dict | None, shard_bytes: int, **draw: Any
+) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """The checkpoint's shards as (file name, tensors by name), drawn one tensor at a time on ``draw["device"]``
+    (`_tensors` order), as `_shard_plan` splits them."""
+    plan = _shard_plan(text_config, dtype, shard_bytes, vision_config)
     names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
-    weight_map, tensors = {}, _tensors(text_config, dtype, vision_config, **draw)
+    tensors = _tensors(text_config, dtype, vision_config, **draw)
     for name, keys in zip(names, plan, strict=True):
         shard = {}
         for key in keys:
             drawn, tensor = next(tensors)
             if drawn != key:
                 raise RuntimeError(f"drew {drawn} where the shard plan has {key}")
-            shard[key] = tensor.cpu()
+            shard[key] = tensor
+        yield name, shard
+
+
+def write_tokenizer(folder: Path) -> None:
+    """The tiny model's tokenizer files (8,192 ids, all valid in the real vocabularies) into ``folder``."""
+    tokenizer = resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json"
+    (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+    special = {k: v for k, v in TOKENIZER_CONFIG.items() if k.endswith("_token")}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def _write(folder: Path, config: dict, text_config: dict, dtype: torch.dtype, **draw: Any) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    vision_config, shard_bytes = draw.pop("vision_config"), draw.pop("shard_bytes")
+    weight_map = {}
+    for name, shard in drawn_shards(text_config, dtype, vision_config, shard_bytes, **draw):
+        shard = {key: tensor.cpu() for key, tensor in shard.items()}
         save_file(shard, folder / name, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, name))
         del shard
     index = {"metadata": {"total_size": sum(p.stat().st_size for p in folder.glob("*.safetensors"))}}
     (folder / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": weight_map}, indent=1))
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer = resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json"
-    (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
-    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
-    special = {k: v for k, v in TOKENIZER_CONFIG.items() if k.endswith("_token")}
-    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    write_tokenizer(folder)
     (folder / COMPLETE).write_text("")
 
 

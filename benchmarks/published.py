@@ -26,11 +26,9 @@ served as ``spinf-serve serve`` serves the catalog model.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,12 +39,11 @@ import torch  # noqa: E402
 from benchmarks.checkpoint import (  # noqa: E402
     COMPLETE,
     SHARD_BYTES,
-    TOKENIZER_CONFIG,
-    _shard_plan,
-    _tensors,
     checkpoint_config,
+    drawn_shards,
     free_memory,
     write_checkpoint,
+    write_tokenizer,
 )
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, decoder_linear_params  # noqa: E402
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG  # noqa: E402
@@ -83,24 +80,10 @@ def write_published(
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16
-    plan = _shard_plan(text_config, dtype, SHARD_BYTES, vision_config)
-    names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
-    drawn = _tensors(text_config, dtype, vision_config, device=torch.device(device), seed=0)
-
-    def shards():
-        for name, keys in zip(names, plan, strict=True):
-            shard = {}
-            for key in keys:
-                got, tensor = next(drawn)
-                assert got == key, (got, key)
-                shard[key] = tensor
-            yield name, shard
-
+    shards = drawn_shards(text_config, dtype, vision_config, SHARD_BYTES, device=torch.device(device), seed=0)
     config = checkpoint_config(text_config, dtype, vision_config)
-    write_shards(folder, config, shards(), lambda names: dict.fromkeys(names, input_scale), index=True)
-    tokenizer = resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json"
-    (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
-    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+    write_shards(folder, config, shards, lambda names: dict.fromkeys(names, input_scale), index=True)
+    write_tokenizer(folder)
     (folder / COMPLETE).write_text("")
     return time.perf_counter() - started
 

@@ -32,7 +32,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-E4M3_MAX = 448.0
+from spinf.engine.quant import E4M3_MAX, divided
+
 INDEX = "model.safetensors.index.json"
 # checkpoint name of a decoder linear -> (layer, projection); the engine's fused name for each projection
 LINEAR = re.compile(r"^(?P<prefix>.*)layers\.(?P<layer>\d+)\.(self_attn|mlp)\.(?P<proj>[a-z]+)_proj\.weight$")
@@ -85,7 +86,8 @@ def compress_linears(
     apply_quantization_config(skeleton, _scheme_config(ignore))
     for name, module in skeleton.named_modules():
         if isinstance(module, nn.Linear):
-            module.weight_scale.data.copy_(module.weight.detach().abs().amax() / E4M3_MAX)
+            # correctly rounded on any device (on a GPU, '/ 448' would multiply by a rounded inverse)
+            module.weight_scale.data.copy_(divided(module.weight.detach().abs().amax(), E4M3_MAX))
             module.input_scale.data.fill_(input_scale[name + ".weight"])
     compressor = ModelCompressor.from_pretrained_model(skeleton, quantization_format="float-quantized")
     compressor.compress_model(skeleton)

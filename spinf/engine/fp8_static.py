@@ -148,13 +148,3 @@ def take_layer(
         weight = Fp8Weight(weight.data.to(device), weight.scale.to(device))
         fused[name] = (weight, max(scale for _, scale in taken))
     return fused
-
-
-def input_scales(raw: Mapping[str, torch.Tensor], num_layers: int, specs: list[LayerSpec]) -> dict[str, float]:
-    """The checkpoint's input scales as an fp8s scale table's ``scales`` (keyed by the engine's fused linears)."""
-    table = {}
-    for index in range(num_layers):
-        for name, parts in projections(specs[index]).items():
-            scales = [float(raw[f"layers.{index}.{part}.input_scale"].float().reshape(())) for part in parts]
-            table[f"layers.{index}.{name}"] = max(scales)
-    return table

@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from contrib.fp8_static_checkpoint import E4M3_MAX, write_fp8_static
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.fp8_static import format_problem, input_scales
+from spinf.engine.fp8_static import format_problem
 from spinf.engine.loading import load_gemma4_text
 from spinf.errors import ModelError
 
@@ -142,12 +142,10 @@ def test_any_other_quantization_config_is_refused_with_its_reason(fp8_folder, pa
 
 
 def _table(folder):
-    """The checkpoint's input scales as an fp8s scale table (the engine's fused linear names)."""
-    from spinf.engine.config import read_text_config
-    from spinf.engine.loading import _read_tensors
-
-    cfg, prefix = read_text_config(folder)
-    return input_scales(_read_tensors(folder, prefix), len(cfg.layers), list(cfg.layers))
+    """The checkpoint's input scales as an fp8s scale table (the engine's fused linear names), as the reader takes
+    them."""
+    model = load_gemma4_text(folder, scheme="fp8s")
+    return {layer.prefix + name: scale for layer in model.layers for name, (_, scale) in layer.fp8.items()}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
