@@ -36,8 +36,9 @@ def activation_scale(amax: float, headroom: float = DEFAULT_HEADROOM) -> float:
 def divided(x: torch.Tensor, by: float) -> torch.Tensor:
     """``x / by``, correctly rounded on every device. CUDA turns a division by a Python number into a product with
     its rounded inverse, which moves last bits (a scale made on the GPU would not be the CPU's, nor the one a
-    checkpoint written elsewhere holds), so the divisor goes as a tensor on ``x``'s device."""
-    return x / torch.tensor(by, dtype=x.dtype, device=x.device)
+    checkpoint written elsewhere holds), so the divisor goes as a tensor filled on ``x``'s device (no copy from the
+    host, so it may run inside a CUDA graph's capture: fp8's dynamic scale does)."""
+    return x / torch.full_like(x, by)
 
 
 def quantize(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ has run, so the failed call really holds tensors; the gpu-marked test provokes a
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import pytest
@@ -150,6 +151,7 @@ def test_a_real_gpu_out_of_memory_frees_its_memory_and_the_next_call_scores_the_
     torch.cuda.reset_peak_memory_stats(device)
     expected = comparable(engine.score(large))
     torch.cuda.synchronize(device)
+    gc.collect()  # the out-of-memory path collects too: engines left by earlier tests must not go during the call
     torch.cuda.empty_cache()
     idle = torch.cuda.memory_allocated(device)
     needed = torch.cuda.max_memory_allocated(device) - idle

@@ -337,7 +337,7 @@ def test_the_tiny_model_serves_fp8s_on_a_gpu_after_calibrating(tiny_cache, monke
     assert (engine.quant, engine.scale_table, engine.info()["scale_table"]) == ("fp8s", written, written)
     assert engine.batch_invariant  # a catalog model under fp8s on a GPU
     monkeypatch.delenv("GIT_SHA", raising=False)
-    parts = ["spinf/tiny-gemma4", engine.revision, "fp8s", "unknown", __version__, engine.capability(), "fp32"]
+    parts = ["spinf/tiny-gemma4", engine.revision, "fp8s", "unknown", __version__, engine.capability(), "f32out"]
     assert engine._fingerprint() == fingerprint(*parts, written)
     targets = body(TARGETS, [("a", CONTENT)])
     exact_ps, fp8s_ps = option_ps(exact.score(targets)), option_ps(engine.score(targets))

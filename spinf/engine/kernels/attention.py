@@ -294,7 +294,9 @@ def tree_attention_kernel(
     m, _, bn, bp, warps, stages = config
     hg = heads_per_program(heads // kv_heads, config)
     dtype = torch.float8_e4m3fn if out_scale is not None else q.dtype
-    out = torch.empty((n, heads, dim), dtype=dtype, device=q.device)
+    # zeros, not empty: a CUDA graph's pad rows belong to no tile and are never written, and fp8's dynamic scale
+    # (the amax of the whole input of the o projection and after) must not read what the memory held before
+    out = torch.zeros((n, heads, dim), dtype=dtype, device=q.device)
     bm = tile_rows(dim, heads // kv_heads, config)
     tiles = plan.tiles[bm]
     if n == 0 or tiles.shape[0] == 0:
