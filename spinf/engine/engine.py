@@ -263,8 +263,8 @@ class Engine:
             parts.append(f"layers {self.layers}")
         return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
 
-    def parse(self, body: object, *, chat: bool = False, trusted: bool = False) -> ScoreRequest:
-        """The checked request of a body (api spec §4), or `ApiError`."""
+    def parse(self, body: object, *, chat: bool = False, trusted: bool = False, packs: object = None) -> ScoreRequest:
+        """The checked request of a body (api spec §4), or `ApiError`; ``packs`` the pack catalog (None: off)."""
         return parse_score_request(
             body,
             chat=chat,
@@ -273,10 +273,11 @@ class Engine:
             limits=self.limits,
             features=self.features,
             trusted=trusted,
+            packs=packs,
         )
 
     def _parse_call(self, call: Call) -> ScoreRequest:
-        return self.parse(call.body, chat=call.chat, trusted=call.trusted)
+        return self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs)
 
     def _respond(self, scored: Scored) -> dict:
         """The response body of api spec §5.1 for a call the loop finished."""
@@ -356,14 +357,14 @@ class Engine:
 
         return warm.steps(self, mode)
 
-    def score(self, body: object, *, debug: bool = False, trusted: bool = False) -> dict:
+    def score(self, body: object, *, debug: bool = False, trusted: bool = False, packs: object = None) -> dict:
         """The response of spec §5 for a ``/v1/score`` body, or `ApiError`, through the engine loop.
 
         ``trusted`` honours the body's per-call ``limits`` and ``features`` (capped by the engine's own);
         ``debug`` adds the engine internals to the answer. The cyclic collector is paused for the whole call, and
         everything but the response is freed before it resumes (`spinf.engine.hostgc`).
         """
-        call = Call(body, new_request_id(), trusted=trusted, internals=debug)
+        call = Call(body, new_request_id(), trusted=trusted, internals=debug, packs=packs)
         with hostgc.paused():
             self.loop.run([call])
             return call.unwrap()

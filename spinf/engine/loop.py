@@ -105,9 +105,11 @@ class EngineLoop:
         trusted: bool = False,
         internals: bool = False,
         queued_s: float = 0.0,
+        packs: object = None,
     ) -> Call:
-        """A call for `add` (the server's packer makes its calls here, without importing the engine)."""
-        return Call(body, request_id, chat=chat, trusted=trusted, internals=internals, queued_s=queued_s)
+        """A call for `add` (the server's packer makes its calls here, without importing the engine). ``packs``: the
+        pack catalog snapshot the call is parsed with (None: packs off), fixed when the call is taken."""
+        return Call(body, request_id, chat=chat, trusted=trusted, internals=internals, queued_s=queued_s, packs=packs)
 
     def add(self, work: Work) -> None:
         work.added_at = time.perf_counter()

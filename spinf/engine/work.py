@@ -55,6 +55,7 @@ class Call(Work):
     trusted: bool = False
     internals: bool = False  # the trusted/--debug counters and engine block (api spec §5.7)
     queued_s: float = 0.0  # waited before the loop got it (the server's admission queue)
+    packs: object = None  # the pack catalog (`spinf.packs.catalog.Catalog`) the call is parsed with; None: packs off
     response: dict | None = None
     # the loop's own state for the call
     stream: CompileStream | None = None

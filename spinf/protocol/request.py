@@ -73,6 +73,7 @@ def parse_score_request(
     limits: Limits = _DEFAULT_LIMITS,
     features: Features = _DEFAULT_FEATURES,
     trusted: bool = False,
+    packs: object = None,
 ) -> ScoreRequest:
     """Validate a decoded ``/v1/score`` (``chat=True``: chat route) body and return the typed request.
 
@@ -102,7 +103,7 @@ def parse_score_request(
         raw_inputs = [{"id": "0", "messages": messages}]  # the messages form (§4.1): params then read inputs.0...
     elif not isinstance(raw_inputs, list) or not raw_inputs:
         raise _invalid("inputs", "inputs must be a non-empty list of inputs")
-    _check_packs(scoring)
+    _check_packs(scoring, packs)
     check_scoring(scoring)
     for i, raw in enumerate(raw_inputs):
         check_input(raw, f"inputs.{i}")
@@ -189,7 +190,7 @@ def _features(body: dict, server: Features) -> Features:
     )
 
 
-def _check_packs(scoring: dict) -> None:
+def _check_packs(scoring: dict, catalog: object) -> None:
     """Step 10 as far as it goes without a pack catalog: the references' shape, then ``unknown_pack``."""
     packs = scoring.get("packs", [])
     if not isinstance(packs, list):
