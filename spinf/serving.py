@@ -86,6 +86,47 @@ class ScoreWork:
         self.slot.release()
 
 
+@attrs.frozen(eq=False)
+class PackReload:
+    """A request to re-read the pack sources (``POST /v0/packs/reload`` or SIGHUP): ``by`` names who asked;
+    ``reply`` (buffer 1, None for a signal) gets the `Reloaded` of the reload that served it."""
+
+    by: str
+    reply: trio.MemorySendChannel[Reloaded] | None = None
+
+    def answer(self, reloaded: Reloaded) -> None:
+        if self.reply is None:
+            return
+        with self.reply:
+            try:
+                self.reply.send_nowait(reloaded)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the caller went away
+
+
+@attrs.frozen
+class Reloaded:
+    """What one reload did (the body of ``POST /v0/packs/reload``): whether the new catalog was swapped in, why
+    not (``reason``: ``no_source``, ``catalog_errors`` or ``official_lost``; None when applied), the problems
+    found (the catalog errors, or the official source's failure that would have dropped it), the official error
+    of what was read, and the source labels and counts of the catalog in use after it (the old one when not
+    applied). ``requests``: how many waiting requests this one reload answered."""
+
+    applied: bool
+    reason: str | None
+    errors: tuple[str, ...]
+    official_error: str | None
+    sources: tuple[str, ...]
+    packs: int
+    versions: int
+    skipped: int
+    requests: int = 1
+
+    def as_dict(self) -> dict:
+        body = attrs.asdict(self, recurse=False)
+        return {**body, "errors": list(self.errors), "sources": list(self.sources)}
+
+
 @attrs.frozen
 class EngineFacts:
     """What the web layer knows of the loaded engine: ``/v0/info``'s engine object (api spec §3.6), whether it is

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import attrs
 import hypercorn.trio
@@ -27,10 +27,13 @@ from spinf import http11
 from spinf.actors.drain import DrainController
 from spinf.actors.executor import Executor
 from spinf.actors.loader import Loader
+from spinf.actors.pack_syncer import PackSyncer, can_listen_for_hangups
 from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
 from spinf.admission import Admission
 from spinf.metrics import Metrics
+from spinf.packs.catalog import Catalog, log_lines
+from spinf.packs.listing import read_catalog
 from spinf.serving import EngineStatus, InFlight, Lifecycle, ServedEngine
 from spinf.web import WebServices, create_app
 
@@ -64,6 +67,51 @@ class ServerOptions:
         given = {name: server[name] for name in attrs.fields_dict(cls) if name in server}
         leak = os.environ.get("SPINF_EXIT_ON_LEAK", "1").strip().lower() not in {"0", "false", "no", "off"}
         return cls(**given, warmup=settings.engine.warmup, exit_on_leak=leak)
+
+
+@attrs.frozen
+class PackCatalogs:
+    """The pack catalog built at start (packs spec §4.5) and how the pack syncer reads the sources again: both
+    None when packs are off. ``hangups``: SIGHUP reloads too (only where a signal can be received)."""
+
+    catalog: Catalog | None = None
+    reread: Callable[[], Catalog] | None = None
+    hangups: bool = False
+
+
+def pack_sources(features) -> str:
+    """The start-up line's pack sources: ``off`` when there is none, ``official`` when it is on, then the specs."""
+    return ", ".join((["official"] if features.official_packs else []) + list(features.packs)) or "off"
+
+
+def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalogs | None:
+    """The catalog at start, before the model loads, with §4.5's log lines; None when a catalog error refuses the
+    start. A reload reads the same sources again and re-resolves their tags (refresh), whatever ``packs_refresh``
+    said for the start."""
+    if not features.packs and not features.official_packs:
+        return PackCatalogs()
+    read = functools.partial(
+        read_catalog,
+        features.packs,
+        model=model,
+        official_on=features.official_packs,
+        official=features.packs_official,
+        allowed=features.packs_allow_namespace,
+        environ=environ,
+    )
+    catalog = read(refresh=features.packs_refresh)
+    for level, message in log_lines(catalog):
+        log.log(level, message)
+    if catalog.errors:
+        count = len(catalog.errors)
+        log.error(
+            "not starting: the pack catalog has %d error%s: %s",
+            count,
+            "" if count == 1 else "s",
+            "; ".join(catalog.errors),
+        )
+        return None
+    return PackCatalogs(catalog, functools.partial(read, refresh=True), hangups=can_listen_for_hangups())
 
 
 def hypercorn_config(options: ServerOptions) -> Config:
@@ -105,15 +153,20 @@ async def running_actors(
     openapi: Callable[[], dict] = dict,
     executor_class: type = Executor,
     packer_class: type = Packer,
+    packs: PackCatalogs | None = None,
 ) -> AsyncIterator[Running]:
     """Start the executor, then the drain controller, loader, warm-up and packer; the body of the ``async with``
     (the HTTP server) runs under the one shutdown deadline with them. Leaving it shuts the actors down in reverse.
 
     ``executor_class`` and ``packer_class`` are the seams for tests: a fake executor that "runs" a job in a known
     time under a mock clock, and a packer that, say, starts late. The packer is built as ``packer_class(inbox,
-    executor, warmed, status, on_run=...)``: its own executor clone, the warm engine once on
-    ``warmed``, and an `EngineStatus` whose one method is ``degrade``.
+    executor, warmed, status, on_run=..., packs=...)``: its own executor clone, the warm engine once on
+    ``warmed``, an `EngineStatus` whose one method is ``degrade``, and the pack syncer's snapshot reader.
+
+    ``packs``: the catalog built at start and how to build it again (None: packs off). The pack syncer runs beside
+    the packer and is cancelled once the HTTP server has closed.
     """
+    packs = packs or PackCatalogs()
     lifecycle = Lifecycle(import_s=round(time.process_time(), 3))
     in_flight = InFlight()
     metrics = Metrics()
@@ -133,10 +186,22 @@ async def running_actors(
         exit_on_leak=options.exit_on_leak,
         on_stop=admission.release_all,
     )
+    reload_send, reload_recv = trio.open_memory_channel(0)  # a second reload waits for the one at work
+    with reload_send:
+        hangups = reload_send.clone() if packs.hangups else None
+        syncer = PackSyncer(reload_recv, packs.reread, packs.catalog, hangups)
+        web_reloads = reload_send.clone()
     with exec_send:  # every sender holds its own clone and closes it: the executor ends when the last one has
         loader = Loader(exec_send.clone(), loaded_send, lifecycle, load)
         warmup = Warmup(exec_send.clone(), loaded_recv, warmed_send, lifecycle, options.warmup)
-        packer = packer_class(packer_recv, exec_send.clone(), warmed_recv, EngineStatus(lifecycle), on_run=metrics.run)
+        packer = packer_class(
+            packer_recv,
+            exec_send.clone(),
+            warmed_recv,
+            EngineStatus(lifecycle),
+            on_run=metrics.run,
+            packs=syncer.snapshot,
+        )
     metrics.queued = functools.partial(_queued, packer)
     metrics.warmup = functools.partial(_warmed_up, warmup)
     services = WebServices(
@@ -153,6 +218,8 @@ async def running_actors(
         log_probes=options.log_probes,
         metrics=metrics,
         openapi=openapi,
+        packs=syncer.snapshot,
+        pack_reloads=web_reloads,
     )
     async with trio.open_nursery() as outer:
         await outer.start(executor_class(exec_recv).run)
@@ -163,8 +230,11 @@ async def running_actors(
                     await boot.start(loader.run)
                     await boot.start(warmup.run)
                     await actors.start(packer.run)
-                    with packer_send:  # the web layer's; no handler runs once the body has ended
-                        yield Running(services, drain, shutdown)
+                    async with trio.open_nursery() as syncing:
+                        await syncing.start(syncer.run)
+                        with packer_send, web_reloads:  # the web layer's; no handler runs once the body has ended
+                            yield Running(services, drain, shutdown)
+                        syncing.cancel_scope.cancel()  # no request reaches the syncer any more
                     drain.stop()  # ending the body is a shutdown (begun already when the HTTP server closed)
                     boot.cancel_scope.cancel()  # a load or warm-up still at work is not wanted any more
         if deadline.cancelled_caught:
@@ -179,6 +249,7 @@ async def serve(
     models_entry: Callable[[Lifecycle], dict],
     *,
     openapi: Callable[[], dict] = dict,
+    packs: PackCatalogs | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds.
@@ -187,7 +258,7 @@ async def serve(
     degraded (api spec §3.2).
     """
     http11.install()
-    async with running_actors(options, load, models_entry, openapi=openapi) as running:
+    async with running_actors(options, load, models_entry, openapi=openapi, packs=packs) as running:
         app = create_app(running.services)
         config = hypercorn_config(options)
         await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
@@ -237,21 +308,17 @@ def run(settings) -> int:
     configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
     options = ServerOptions.from_settings(settings)
-    features = settings.features
     log.info(
         "spinf-serve %s: %s on %s:%d; pack sources: %s",
         __version__,
         settings.engine.model,
         options.host,
         options.port,
-        "official" if features.official_packs else "off",
+        pack_sources(settings.features),
     )
-    if features.official_packs:  # as when the official source is unreachable, the server runs without it
-        log.warning(
-            "the official pack source %s is not loaded: this build loads no packs yet, so every pack reference is "
-            "answered unknown_pack (--no-official-packs: no source)",
-            features.packs_official,
-        )
+    packs = start_packs(settings.features, resolved.served_name, os.environ)
+    if packs is None:
+        return 1
 
     def load():
         from spinf.engine.engine import Engine  # torch is imported here, in the executor thread
@@ -260,5 +327,7 @@ def run(settings) -> int:
 
     document = openapi_document(__version__)
     return trio.run(
-        functools.partial(serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document)
+        functools.partial(
+            serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document, packs=packs
+        )
     )

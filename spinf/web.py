@@ -26,11 +26,13 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from spinf.admission import Admission, Slot
 from spinf.errors import ApiError
-from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close
+from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close, shutting_down
 from spinf.http11 import PROTOCOL_CODE, HTTPConnection
 from spinf.metrics import Metrics
+from spinf.packs.catalog import Catalog, Refused
+from spinf.packs.entries import listing, pack_file
 from spinf.protocol.ids import new_request_id
-from spinf.serving import InFlight, Lifecycle, ScoreWork, is_draining, set_draining
+from spinf.serving import InFlight, Lifecycle, PackReload, ScoreWork, is_draining, set_draining
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class WebServices:
     log_probes: bool = False
     metrics: Metrics | None = None
     openapi: Callable[[], dict] = dict
+    packs: Callable[[], Catalog | None] = lambda: None  # the pack syncer's snapshot now (None: packs off)
+    pack_reloads: trio.MemorySendChannel[PackReload] | None = None  # to the pack syncer
 
 
 class SpinfApp(QuartTrio):
@@ -242,13 +246,36 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
     @app.get("/v1/packs", provide_automatic_options=False)
     async def packs() -> Response:
         _authorise(services)
-        return json_response({"packs": [], "sources": []})
+        return json_response(listing(services.packs()))
 
     @app.get("/v1/packs/<path:id>", provide_automatic_options=False)
     @app.get("/v1/packs/", provide_automatic_options=False)
     async def pack(id: str = "") -> Response:  # noqa: A002 - the route's parameter is named as in the spec
         _authorise(services)
-        raise ApiError(404, "unknown_pack", "id", f"no pack {id!r} is enabled; GET /v1/packs lists the packs")
+        found = pack_file(services.packs(), id, request.args.get("version"))
+        if isinstance(found, Refused):
+            raise ApiError(404, found.code, found.at, found.message)
+        return json_response(found)
+
+    @app.post("/v0/packs/reload", provide_automatic_options=False)
+    async def reload_packs() -> Response:
+        """Re-read the pack sources now (trusted; SIGHUP does the same). It waits for a reload at work, and the
+        requests waiting together share the next one. 200 with `spinf.serving.Reloaded`: ``applied``, ``reason``
+        (``no_source``, ``catalog_errors``, ``official_lost``, or null), ``errors``, ``official_error``, then the
+        ``sources``, ``packs`` (ids), ``versions`` and ``skipped`` of the catalog in use afterwards, and
+        ``requests`` (how many requests that reload answered). Once the server is stopping: 503 as a scoring
+        call gets it (``model_unavailable``, ``Retry-After``)."""
+        _authorise(services, trusted_only=True)
+        if services.pack_reloads is None:
+            raise shutting_down()
+        reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
+        try:
+            with reply_recv:
+                await services.pack_reloads.send(PackReload("POST /v0/packs/reload", reply_send))
+                reloaded = await reply_recv.receive()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+            raise shutting_down() from None  # the syncer has gone: the server is shutting down
+        return json_response(reloaded.as_dict())
 
 
 def _register_scoring(app: QuartTrio, services: WebServices) -> None:

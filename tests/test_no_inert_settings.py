@@ -1,8 +1,9 @@
 """No setting is accepted and then ignored (issue 12 item 6): each one changes what ``spinf-serve serve`` builds.
 
-`spinf.supervisor.run` is run for real up to the point where it would serve, with the server, the log set-up and
-the engine class replaced by recorders: what it hands the server (`ServerOptions`, the ``/v1/models`` entry), the
-keyword arguments the engine is built with (`Engine.from_settings`), the log format and the start-up log lines. A
+`spinf.supervisor.run` is run for real up to the point where it would serve, with the server, the log set-up, the
+engine class and the pack catalog's reader replaced by recorders: what it hands the server (`ServerOptions`, the
+``/v1/models`` entry), the keyword arguments the engine is built with (`Engine.from_settings`), the log format, the
+start-up log lines and the arguments the pack catalog is read with (at start, and on a reload). A
 setting whose first sample (tests/settings_samples.py) changes none of these is inert. A setting whose feature is
 not built yet takes only its default (tests/test_settings.py), so no value of it can be ignored.
 """
@@ -17,6 +18,7 @@ import pytest
 import spinf.engine.engine
 import spinf.logs
 import spinf.supervisor
+from spinf.packs.catalog import Catalog
 from spinf.settings import SETTINGS, Settings
 from tests.settings_samples import SAMPLES
 
@@ -35,20 +37,30 @@ class EngineRecorder:
 
 def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
     handed = {}
+    catalog_reads = []
+
+    def fake_read_catalog(*args, **kwargs):
+        catalog_reads.append((args, kwargs))
+        return Catalog()
 
     def fake_run(function):
         options, load, models_entry = function.args
+        packs = function.keywords["packs"]
+        if packs.reread is not None:
+            packs.reread()  # a reload reads with the same sources
         handed.update(options=options, engine=load().kwargs, models_entry=models_entry)
         return 0
 
     monkeypatch.setattr(spinf.logs, "configure", lambda log_format: handed.update(log_format=log_format))
     monkeypatch.setattr(spinf.engine.engine, "Engine", EngineRecorder)
     monkeypatch.setattr(spinf.supervisor.trio, "run", fake_run)
+    monkeypatch.setattr(spinf.supervisor, "read_catalog", fake_read_catalog)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="spinf.supervisor"):
         assert spinf.supervisor.run(settings) == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "spinf.supervisor"]
-    return handed["options"], handed["engine"], handed["models_entry"], handed["log_format"], lines
+    reads = [(args, {k: v for k, v in kwargs.items() if k != "environ"}) for args, kwargs in catalog_reads]
+    return handed["options"], handed["engine"], handed["models_entry"], handed["log_format"], lines, reads
 
 
 def with_value(settings: Settings, name: str, value: object) -> Settings:
@@ -64,12 +76,14 @@ def test_every_setting_changes_what_serve_builds(name, monkeypatch, caplog):
     ), f"{name} changes nothing that serve builds"
 
 
-def test_the_start_up_line_names_the_pack_sources_and_warns_that_the_official_one_is_not_loaded(monkeypatch, caplog):
-    *_, lines = what_serve_builds(Settings(), monkeypatch, caplog)
+def test_the_start_up_line_names_the_pack_sources(monkeypatch, caplog):
+    *_, lines, reads = what_serve_builds(Settings(), monkeypatch, caplog)
     assert lines[0].endswith("; pack sources: official")
-    assert lines[1] == (
-        "the official pack source github:spinfinc/spinf-prompts@0.1.0 is not loaded: this build loads no packs yet, "
-        "so every pack reference is answered unknown_pack (--no-official-packs: no source)"
-    )
-    *_, lines = what_serve_builds(with_value(Settings(), "official_packs", False), monkeypatch, caplog)
+    assert lines[1] == "packs: 0 versions of 0 ids enabled; sources: no pack source"
+    assert [kwargs["refresh"] for _, kwargs in reads] == [False, True]  # the start, then a reload
+    given = with_value(Settings(), "packs", ("github:acme/packs@1", "/local/packs"))
+    *_, lines, _ = what_serve_builds(given, monkeypatch, caplog)
+    assert lines[0].endswith("; pack sources: official, github:acme/packs@1, /local/packs")
+    *_, lines, reads = what_serve_builds(with_value(Settings(), "official_packs", False), monkeypatch, caplog)
     assert len(lines) == 1 and lines[0].endswith("; pack sources: off")
+    assert reads == []  # packs off: no catalog is read

@@ -111,12 +111,8 @@ def test_a_setting_whose_feature_is_not_built_takes_only_its_default(name, top, 
         assert (settings.value(name), settings.origin(name)) == (setting.default, origin)
 
 
-def test_the_settings_not_built_yet_are_the_pack_sources_and_the_media_and_extraction_limits():
+def test_the_settings_not_built_yet_are_the_media_and_extraction_limits():
     assert [s.name for s in SETTINGS if s.not_built] == [
-        "packs",
-        "packs_allow_namespace",
-        "packs_refresh",
-        "packs_official",
         "max_extractions_per_input",
         "max_frames",
         "max_audio_seconds",
@@ -178,14 +174,17 @@ def test_documented_environment_names():
             "SPINF_MAX_OPTIONS": "12",
             "SPINF_MAX_TOKENS": "1000",
             "SPINF_CACHE_DIRS": "/a/b:/c::",
-            "SPINF_PACKS_OFFICIAL": "github:spinfinc/spinf-prompts@0.1.0",  # only the default until packs are built
+            "SPINF_PACKS_OFFICIAL": "/checkout/spinf-prompts",
             "SPINF_MEDIA": "image,video",
         },
     )
     assert settings.limits.max_options == 12
     assert settings.engine.max_tokens == 1024  # an engine setting, rounded up to a multiple of 128
     assert settings.engine.cache_dirs == ("/a/b", "/c")
-    assert settings.origin("packs_official") == "env SPINF_PACKS_OFFICIAL"
+    assert (settings.features.packs_official, settings.origin("packs_official")) == (
+        "/checkout/spinf-prompts",
+        "env SPINF_PACKS_OFFICIAL",
+    )
     assert settings.features.media == frozenset({"image", "video"})  # the kinds, not a boolean (D3)
 
 

@@ -5,8 +5,9 @@ a `Call` of the engine loop (`spinf.engine.loop`), which parses, compiles, packs
 in one scheduling loop: calls that arrive while a pass runs join the next one (when the engine is batch-invariant),
 floors are read once per key, and a call is answered as soon as its own last pass is read back. Between two steps
 the packer takes what has arrived, marks the calls whose caller went away (the loop drops them at its next step) and
-answers what the last step finished. The loop is touched by one thread at a time: the executor's during a step, the
-event loop's between steps.
+answers what the last step finished. Each call is parsed with the pack catalog snapshot of the moment it is taken
+(``packs``, the pack syncer's), so a reload never changes a call in flight. The loop is touched by one thread at a
+time: the executor's during a step, the event loop's between steps.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class PassRun:
 
 @attrs.define
 class Packer:
-    """**Inbox**: the warm engine, once, on ``warmed``; then `ScoreWork` (admitted by the web layer) on ``inbox``.
+    """**Inbox**: the warm engine, once, on ``warmed``; then `ScoreWork` (admitted by the web layer) on ``inbox``;
+    the pack catalog snapshot, read through ``packs`` as each call is taken (the pack syncer swaps it).
     **Outbox**: each work's ``reply`` (the response dict or the error); `ExecJob`s (one loop step each) to the
     executor; ``status.degrade`` when the engine reports device memory not freed after an out-of-memory error.
     **Ends**: when ``warmed`` closes without an engine, or when the inbox closes and every call taken has been
@@ -61,6 +63,7 @@ class Packer:
     warmed: trio.MemoryReceiveChannel[Any]
     status: Status
     on_run: Callable[[PassRun], None] = lambda run: None  # metrics hook
+    packs: Callable[[], object] = lambda: None  # the pack catalog snapshot now (the syncer's); None: packs off
     _taken: dict = attrs.field(factory=dict)  # engine-loop call -> its ScoreWork, until answered or dropped
     _steps: int = 0
 
@@ -105,6 +108,7 @@ class Packer:
             trusted=work.trusted,
             internals=work.internals,
             queued_s=from_admission,
+            packs=self.packs(),  # read once, when the call is taken: a reload later does not change this call
         )
         self._taken[call] = work
         loop.add(call)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -35,6 +36,9 @@ from spinf.packs.sources import (
 )
 from spinf.packs.targeting import same_model
 from spinf.packs.versions import UnorderableVersions, default_version, newest_first
+
+if TYPE_CHECKING:
+    from spinf.packs.manifest import ListedPack
 
 UNKNOWN_PACK = "unknown_pack"
 UNKNOWN_PACK_VERSION = "unknown_pack_version"
@@ -105,7 +109,8 @@ class Refused:
 class Catalog:
     """The catalog snapshot: the source labels in order, the enabled ids (catalog order), the skipped versions, the
     catalog errors (any refuses the start), the official error (the server runs without the official source), the
-    branch warnings of the fetches, and the catalog-wide listed set of every manifest's ``(id, version)``."""
+    branch warnings of the fetches, the catalog-wide listed set of every manifest's ``(id, version)``, and every
+    manifest entry by id (the first source's, for the coming-soon rows of ``GET /v1/packs``)."""
 
     sources: tuple[str, ...] = ()
     packs: Mapping[str, PackEntry] = attrs.field(factory=dict)
@@ -114,6 +119,7 @@ class Catalog:
     official_error: str | None = None
     warnings: tuple[str, ...] = ()
     listed: frozenset[tuple[str, str]] = frozenset()
+    manifest_entries: Mapping[str, ListedPack] = attrs.field(factory=dict)  # by id, the first source's entry
 
     @property
     def listed_ids(self) -> frozenset[str]:
@@ -170,6 +176,7 @@ class _Builder:
     official_error: str | None = None
     warnings: list[str] = attrs.field(factory=list)
     listed: set[tuple[str, str]] = attrs.field(factory=set)
+    manifest_entries: dict[str, ListedPack] = attrs.field(factory=dict)
 
     def source(self, source: Source, github: GitHubFetcher | None, refresh: bool, *, official: bool) -> None:
         """One source; ``official``: it is the official slot (first, official on), whose failure to open is the
@@ -191,6 +198,9 @@ class _Builder:
         scan = scan_folder(opened.folder)
         self.errors.extend(f"{label}: {problem.render()}" for problem in scan.problems)
         self.listed |= scan.listed
+        if scan.manifest is not None:
+            for entry in scan.manifest.packs:
+                self.manifest_entries.setdefault(entry.id, entry)
         manifest_ids = {entry.id for entry in scan.manifest.packs} if scan.manifest is not None else set()
         touched: set[str] = set()
         for loaded in scan.packs:
@@ -257,6 +267,7 @@ class _Builder:
             official_error=self.official_error,
             warnings=tuple(self.warnings),
             listed=frozenset(self.listed),
+            manifest_entries=dict(self.manifest_entries),
         )
 
 

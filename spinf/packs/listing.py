@@ -15,9 +15,38 @@ from typing import TextIO
 from spinf.packs.catalog import Catalog, build_catalog
 from spinf.packs.github import GitHub
 from spinf.packs.report import table
+from spinf.packs.sources import ALLOW_FLAG as SERVE_ALLOW_FLAG
 
 COLUMNS = ("pack", "version", "model", "status", "source")
 ALLOW_FLAG = "--allow-namespace"
+
+
+def read_catalog(
+    specs: Sequence[str],
+    *,
+    model: str | None,
+    official_on: bool,
+    allowed: Sequence[str],
+    refresh: bool,
+    official: str | None = None,
+    allow_flag: str = SERVE_ALLOW_FLAG,
+    environ: Mapping[str, str] | None = None,
+) -> Catalog:
+    """The catalog of these sources, GitHub ones fetched with a client from ``environ`` (``GITHUB_TOKEN``,
+    ``SPINF_GITHUB_API``): what ``packs list`` shows and what the server builds at start and on a reload.
+    ``official``: the ``packs_official`` setting (None: ``$SPINF_PACKS_OFFICIAL``, else the pinned tag)."""
+    with GitHub.from_environ(environ) as github:
+        return build_catalog(
+            specs,
+            model=model,
+            official_on=official_on,
+            official=official,
+            allowed=allowed,
+            refresh=refresh,
+            github=github,
+            allow_flag=allow_flag,
+            environ=environ,
+        )
 
 
 def list_packs(
@@ -31,17 +60,15 @@ def list_packs(
     err: TextIO,
     environ: Mapping[str, str] | None = None,
 ) -> int:
-    with GitHub.from_environ(environ) as github:
-        catalog = build_catalog(
-            specs,
-            model=model,
-            official_on=official_on,
-            allowed=allowed,
-            refresh=refresh,
-            github=github,
-            allow_flag=ALLOW_FLAG,
-            environ=environ,
-        )
+    catalog = read_catalog(
+        specs,
+        model=model,
+        official_on=official_on,
+        allowed=allowed,
+        refresh=refresh,
+        allow_flag=ALLOW_FLAG,
+        environ=environ,
+    )
     return report(catalog, model, out, err)
 
 

@@ -18,8 +18,8 @@ exist only as documented environment names and their TOML keys: ``cache_dirs`` (
 colon-separated) and ``packs_official`` (``SPINF_PACKS_OFFICIAL``); ``SPINF_ENGINE_TOKEN`` is an extra name for
 ``trusted_token``, and loses to ``SPINF_TRUSTED_TOKEN`` when both are set.
 
-No setting is accepted and then ignored. A setting whose feature this build does not have yet (the pack sources,
-the media limits, the extraction limit) takes only its default: any other value, in any layer, is refused with
+No setting is accepted and then ignored. A setting whose feature this build does not have yet (the media limits,
+the extraction limit) takes only its default: any other value, in any layer, is refused with
 ``Setting.not_built`` as the reason. The reference's engine settings that this design has no use for are
 ``REMOVED``: each still has its name, so setting it (its flag, ``SPINF_<NAME>`` or its TOML key) refuses the start
 with the reason, where any other unknown ``SPINF_*`` variable is not read (docs/configuration.md, "Not settings
@@ -161,17 +161,12 @@ _LIMIT_HELP = {
 }
 
 _NO_MEDIA = "this build reads no media yet (every media part is refused), so no request reaches this limit"
-_NO_PACKS = "this build loads no packs yet (every pack reference is answered unknown_pack)"
 _NOT_BUILT = {
     "max_extractions_per_input": "this build has no extraction yet (every extraction slot is refused with "
     "extraction_disabled), so no request reaches this limit; --no-extraction switches extraction off",
     "max_frames": _NO_MEDIA,
     "max_audio_seconds": _NO_MEDIA,
     "max_image_pixels": _NO_MEDIA,
-    "packs": f"{_NO_PACKS}, so a pack source would not be read",
-    "packs_allow_namespace": f"{_NO_PACKS}, so there is no namespace to allow",
-    "packs_refresh": f"{_NO_PACKS}, so there are no pack refs to re-resolve",
-    "packs_official": f"{_NO_PACKS}, so the official source is never read",
 }
 
 SETTINGS: tuple[Setting, ...] = (

@@ -1,0 +1,137 @@
+"""The pack syncer: owns the pack catalog the server answers with, and re-reads the sources without a restart.
+
+The catalog is a frozen snapshot (`spinf.packs.catalog.Catalog`, None when packs are off). `current` is the one
+reference to it: the packer reads it when it takes a call and parses the call with that snapshot to the end, and
+``GET /v1/packs`` reads it per request. A reload (SIGHUP, or ``POST /v0/packs/reload`` from a trusted caller) builds
+a new catalog off the event loop, in a worker thread, since it reads files and maybe the network, and swaps it in
+with one assignment; calls in flight keep the snapshot they started with. A reload that finds any catalog error keeps
+the old catalog and says why, as does one whose official source failed when the catalog in use has it (a reload
+never drops packs because the network is down); an official source that was already missing stays missing.
+
+Reloads run one at a time. A request that arrives while one runs waits, and every request waiting when it ends is
+answered by one next reload (it reads the sources after all of them asked, so each sees its edit): they are
+coalesced, and each reply counts the requests it answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from spinf.packs.catalog import Catalog, log_lines
+from spinf.serving import PackReload, Reloaded
+
+log = logging.getLogger(__name__)
+
+NO_SOURCE = "no_source"
+CATALOG_ERRORS = "catalog_errors"
+OFFICIAL_LOST = "official_lost"
+
+
+@attrs.frozen
+class SyncerStats:
+    reloads: int  # reloads run (each may answer several requests)
+    applied: int
+    refused: int
+
+
+def can_listen_for_hangups() -> bool:
+    """SIGHUP exists here and this is the main thread (Trio takes signals only there)."""
+    return hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread()
+
+
+@attrs.define
+class PackSyncer:
+    """**Inbox**: `PackReload` requests on ``inbox`` (the web layer's, each with a one-shot reply channel) and, when
+    ``hangups`` is set, SIGHUP (turned into a request without a reply by a task holding the ``hangups`` clone of the
+    inbox's sender). **Outbox**: each request's `Reloaded`; the snapshot in `current`; the reload's log lines
+    (§4.5's, then one line saying whether it was applied). **Ends**: only when cancelled (the supervisor does, once
+    the HTTP server has closed): the SIGHUP task holds a sender, so the inbox never ends by itself.
+    **Cancellation**: a reload at work is abandoned in its thread (it only reads the sources and writes the pack
+    cache atomically); the old catalog stays, and waiting requests get no reply (their callers are going too).
+    """
+
+    inbox: trio.MemoryReceiveChannel[PackReload]
+    reread: Callable[[], Catalog] | None  # builds a new catalog from the sources; None: packs are off
+    current: Catalog | None = None
+    hangups: trio.MemorySendChannel[PackReload] | None = None
+    _reloads: int = 0
+    _applied: int = 0
+
+    def snapshot(self) -> Catalog | None:
+        """The catalog in use now (what a call taken now is parsed with)."""
+        return self.current
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            if self.hangups is not None:
+                await nursery.start(self._listen, self.hangups)
+            task_status.started()
+            with self.inbox:
+                async for first in self.inbox:
+                    await self._serve([first, *self._waiting()])
+
+    async def _listen(self, hangups: trio.MemorySendChannel[PackReload], *, task_status) -> None:
+        with hangups, trio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
+            async for _ in signals:  # Trio delivers a signal that arrives again before it is read once
+                log.info("received SIGHUP: reloading the pack sources")
+                await hangups.send(PackReload("SIGHUP"))
+
+    def _waiting(self) -> list[PackReload]:
+        """The requests already waiting (blocked senders included): one reload answers them all."""
+        waiting = []
+        while True:
+            try:
+                waiting.append(self.inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return waiting
+
+    async def _serve(self, requests: list[PackReload]) -> None:
+        by = ", ".join(sorted({r.by for r in requests}))
+        reloaded = await self._reload(len(requests))
+        line = "applied" if reloaded.applied else f"not applied ({reloaded.reason}), the catalog in use stays"
+        log.log(logging.INFO if reloaded.applied else logging.ERROR, "pack reload (%s): %s", by, line)
+        for request in requests:
+            request.answer(reloaded)
+
+    async def _reload(self, requests: int) -> Reloaded:
+        old = self.current
+        if self.reread is None:
+            problem = "packs are off: no pack source is configured (--packs, or the official source)"
+            return _outcome(False, NO_SOURCE, (problem,), None, old, requests)
+        self._reloads += 1
+        # abandoned on cancel: a shutdown does not wait for a slow GitHub; the thread only reads and caches
+        new = await trio.to_thread.run_sync(self.reread, abandon_on_cancel=True)
+        for level, message in log_lines(new):
+            log.log(level, message)
+        if new.errors:
+            return _outcome(False, CATALOG_ERRORS, new.errors, new.official_error, old, requests)
+        if new.official_error is not None and old is not None and old.official_error is None:
+            problems = (f"the official source would be dropped: {new.official_error}",)
+            return _outcome(False, OFFICIAL_LOST, problems, new.official_error, old, requests)
+        self.current = new  # the swap: one assignment; calls taken before keep the snapshot they hold
+        self._applied += 1
+        return _outcome(True, None, (), new.official_error, new, requests)
+
+    def statistics(self) -> SyncerStats:
+        return SyncerStats(self._reloads, self._applied, self._reloads - self._applied)
+
+
+def _outcome(
+    applied: bool,
+    reason: str | None,
+    errors: tuple[str, ...],
+    official_error: str | None,
+    in_use: Catalog | None,
+    requests: int,
+) -> Reloaded:
+    if in_use is None:
+        return Reloaded(applied, reason, errors, official_error, (), 0, 0, 0, requests)
+    counts = (len(in_use.packs), in_use.enabled_count, len(in_use.skipped))
+    return Reloaded(applied, reason, errors, official_error, in_use.sources, *counts, requests)
