@@ -35,6 +35,7 @@ from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ApiError, ModelError
+from spinf.packs.responses import add_pack_results
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.protocol.types import ScoreRequest
@@ -290,6 +291,8 @@ class Engine:
         response["system_fingerprint"] = self.system_fingerprint
         response["results"] = scored.results
         response["warnings"] = compiled.warnings + scored.warnings
+        if req.packs:
+            response["warnings"] = add_pack_results(req.packs, scored.results, response["warnings"])
         response["usage"] = usage(compiled)
         if call.internals:
             response["usage"].update(_engine_counters(response["usage"], scored.ran_tokens))

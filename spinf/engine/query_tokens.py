@@ -103,7 +103,7 @@ def compile_query(q: QuerySpec, tk: TextTokenizer, limits: Limits, *, case_insen
     filled = tuple(q.template.fill(c) for c in combos)
     filled_tokens = tuple(tk.tok(text) for text in filled)
     for j, tokens in enumerate(filled_tokens):
-        if len(tokens) > limits.max_query_tokens:
+        if len(tokens) > limits.max_query_tokens and q.pack is None:  # pack templates are exempt (api spec §4.8)
             raise bad_request(
                 "template_too_long",
                 f"{q.path}.combinations.{j}",

@@ -116,15 +116,11 @@ def usage(compiled: CompiledRequest) -> dict:
     least `MIN_BILLED_TOKENS`. It is informational here, present because real clients read it (D10).
     """
     content = sum(len(ci.content_tokens) for ci in compiled.inputs)
-    query_tokens = sum(
-        sum(map(len, cq.filled_tokens)) + len(cq.combos) * cq.extra_option_tokens
-        for ci in compiled.inputs
-        for cq in ci.queries
-    )
+    query_tokens = sum(_query_tokens(cq) for ci in compiled.inputs for cq in ci.queries)
     floor_tokens = sum(len(p.branch) + p.query.extra_option_tokens for p in compiled.floors.values())
     distinct = {cq.spec.path: cq for ci in compiled.inputs for cq in ci.queries}
     prompt_tokens = content + query_tokens + floor_tokens
-    return {
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 0,
         "total_tokens": prompt_tokens,
@@ -154,6 +150,16 @@ def usage(compiled: CompiledRequest) -> dict:
             "query_tokens": query_tokens,
             "floor_tokens": floor_tokens,
         },
-        "processed_tokens": compiled.processed_tokens,
-        "billed_tokens": max(prompt_tokens, MIN_BILLED_TOKENS),
     }
+    if compiled.request.packs:
+        pack_tokens = sum(_query_tokens(cq) for ci in compiled.inputs for cq in ci.queries if cq.spec.pack)
+        out["packs"] = {"count": len(compiled.request.packs), "query_tokens": pack_tokens}
+    out["processed_tokens"] = compiled.processed_tokens
+    out["billed_tokens"] = max(prompt_tokens, MIN_BILLED_TOKENS)
+    return out
+
+
+def _query_tokens(cq) -> int:
+    """A chosen query's share of ``query_tokens`` for one input: its filled templates, plus each option's tokens
+    beyond its first for every combination."""
+    return sum(map(len, cq.filled_tokens)) + len(cq.combos) * cq.extra_option_tokens

@@ -12,20 +12,24 @@ import json
 import math
 import re
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import attrs
 
 from spinf.errors import bad_request
-from spinf.protocol.schema import ENDPOINT, MODEL, PACK_KEYS, PART_TYPES, check_input, check_scoring
+from spinf.protocol.schema import ENDPOINT, MODEL, PART_TYPES, check_input, check_scoring
 from spinf.protocol.shapes import invalid_field as _invalid
 from spinf.protocol.templates import parse_template
 from spinf.protocol.types import Generate, InputSpec, MediaPart, QuerySpec, ScoreRequest, Slot
 from spinf.settings import Features, Limits
 
+if TYPE_CHECKING:
+    from spinf.packs.calls import PackCall
+
 MAX_SEARCHED_TOKENS = 64
 
-# The media kind of each non-text part type (§4.10's media check).
-_MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
+# The media kind of each non-text part type (the media gates and §4.10's pack media check).
+MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
 _EXTRACTION_FIELDS = ("max_tokens", "top_k", "calibration", "generate")
 # A JSON escape of a UTF-16 surrogate; only when one occurs is the decoded value searched for a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -103,13 +107,20 @@ def parse_score_request(
         raw_inputs = [{"id": "0", "messages": messages}]  # the messages form (§4.1): params then read inputs.0...
     elif not isinstance(raw_inputs, list) or not raw_inputs:
         raise _invalid("inputs", "inputs must be a non-empty list of inputs")
-    _check_packs(scoring, packs)
+    pack_call = _check_packs(scoring, raw_inputs, packs, messages is not None)
+    if pack_call is not None:
+        scoring, raw_inputs = pack_call.scoring, pack_call.inputs
     check_scoring(scoring)
     for i, raw in enumerate(raw_inputs):
         check_input(raw, f"inputs.{i}")
     for i, raw in enumerate(raw_inputs):
         _check_media_gates(raw["messages"], f"inputs.{i}", model_media, features)
-    queries = tuple(_query(q, f"scoring.queries.{k}", features) for k, q in enumerate(shared))
+    shared = scoring.get("queries", [])  # the packs' queries follow the caller's own
+    own_count = len(shared) if pack_call is None else pack_call.own_queries
+    queries = tuple(
+        _query(q, f"scoring.queries.{k}", features, pack=q["group"] if k >= own_count else None)
+        for k, q in enumerate(shared)
+    )
     own = [
         tuple(_query(q, f"inputs.{i}.queries.{k}", features) for k, q in enumerate(raw.get("queries", [])))
         for i, raw in enumerate(raw_inputs)
@@ -126,6 +137,7 @@ def parse_score_request(
         messages_form=messages is not None,
         limits=limits,
         features=features,
+        packs=() if pack_call is None else pack_call.uses,
     )
 
 
@@ -190,27 +202,14 @@ def _features(body: dict, server: Features) -> Features:
     )
 
 
-def _check_packs(scoring: dict, catalog: object) -> None:
-    """Step 10 as far as it goes without a pack catalog: the references' shape, then ``unknown_pack``."""
-    packs = scoring.get("packs", [])
-    if not isinstance(packs, list):
-        raise _invalid("scoring.packs", "scoring.packs must be a list of pack references")
-    seen = set()
-    for i, ref in enumerate(packs):
-        p = f"scoring.packs.{i}"
-        if not isinstance(ref, dict):
-            raise _invalid(p, f"{p} must be an object")
-        for key in ref:
-            if key not in PACK_KEYS:
-                raise _invalid(f"{p}.{key}", f"{key!r} is not a pack reference key; they are {', '.join(PACK_KEYS)}")
-        if not isinstance(ref.get("id"), str) or not ref["id"]:
-            raise _invalid(f"{p}.id", f"{p}.id must be a non-empty string")
-        if ref["id"] in seen:
-            raise bad_request("duplicate_id", f"{p}.id", f"pack {ref['id']!r} is referenced twice")
-        seen.add(ref["id"])
-    if packs:
-        # No pack catalog is loaded yet (packs off), so every id is unknown (§4.10).
-        raise bad_request("unknown_pack", "scoring.packs.0.id", f"unknown pack {packs[0]['id']!r}; see GET /v1/packs")
+def _check_packs(scoring: dict, raw_inputs: list, catalog: object, messages_form: bool) -> PackCall | None:
+    """Step 10: the call's pack references checked against ``catalog`` (None: packs off, every id
+    ``unknown_pack``), the call-level rules, the reserved group, the context wrapping and the pack media check
+    (`spinf.packs.calls.resolve_packs`, ``api.md`` §4.10). None when the call names no pack; else the merged
+    ``scoring`` and wrapped inputs that the later steps validate in place of the body's."""
+    from spinf.packs.calls import resolve_packs  # here: spinf.packs imports the protocol's template parser
+
+    return resolve_packs(scoring, raw_inputs, catalog, messages_form=messages_form)
 
 
 # Steps 12-13 and what follows them: feature gates, typed queries, unique ids, content.
@@ -218,11 +217,11 @@ def _check_packs(scoring: dict, catalog: object) -> None:
 
 def _check_media_gates(messages: list, path: str, model_media: frozenset[str], features: Features) -> None:
     kinds = {
-        _MEDIA_KINDS[part["type"]]
+        MEDIA_KINDS[part["type"]]
         for message in messages
         if isinstance(message["content"], list)
         for part in message["content"]
-        if part["type"] in _MEDIA_KINDS
+        if part["type"] in MEDIA_KINDS
     }
     for kind in sorted(kinds):
         if kind not in model_media:
@@ -231,8 +230,9 @@ def _check_media_gates(messages: list, path: str, model_media: frozenset[str], f
             raise bad_request("media_disabled", f"{path}.messages", f"{kind} input is switched off on this server")
 
 
-def _query(raw: dict, path: str, features: Features) -> QuerySpec:
-    """Step 13 for one schema-checked query: its template, the slot rules of §4.5, the feature gates."""
+def _query(raw: dict, path: str, features: Features, *, pack: str | None = None) -> QuerySpec:
+    """Step 13 for one schema-checked query: its template, the slot rules of §4.5, the feature gates. ``pack``: the
+    group of the pack a merged pack query came from."""
     template = parse_template(raw["template"], path)
     generate = _generate_spec(raw.get("generate"))
     _check_slot_fields(raw, template.slot, generate is not None, path)
@@ -255,6 +255,7 @@ def _query(raw: dict, path: str, features: Features) -> QuerySpec:
         top_k=raw.get("top_k"),
         calibration=None if calibration is None else (float(calibration.get("a", 1)), float(calibration.get("b", 0))),
         generate=generate,
+        pack=pack,
     )
 
 
@@ -348,4 +349,4 @@ def _part_segment(part: dict, path: str) -> str | MediaPart:
     # The media issue decodes and checks the payload; a non-object one is already bad media data.
     if not isinstance(payload, dict):
         raise bad_request("invalid_media", path, f"the {kind!r} payload must be an object")
-    return MediaPart(kind=_MEDIA_KINDS[kind], path=path, payload=payload)
+    return MediaPart(kind=MEDIA_KINDS[kind], path=path, payload=payload)

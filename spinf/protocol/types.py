@@ -71,7 +71,9 @@ class QuerySpec:
     ``path`` is the query's param path (``scoring.queries.<k>`` or ``inputs.<i>.queries.<k>``).
     ``combinations`` is None, the string ``"all"``, or a tuple of ``{name: value}`` maps exactly as sent
     (values are strings; keys not yet compared with the template). ``values`` is the ``"all"`` grid as sent.
-    ``options`` is None when the key is absent. Extraction fields are None when absent.
+    ``options`` is None when the key is absent. Extraction fields are None when absent. ``pack`` is the group
+    (``<id>@<version>``) of the pack a merged pack query came from (None for the caller's own): pack templates are
+    exempt from ``max_query_tokens`` (api spec §4.8).
     """
 
     path: str
@@ -86,6 +88,7 @@ class QuerySpec:
     top_k: int | None = None
     calibration: tuple[float, float] | None = None
     generate: Generate | None = None
+    pack: str | None = None
 
     @property
     def is_scored(self) -> bool:
@@ -124,7 +127,10 @@ class InputSpec:
 
 @attrs.frozen
 class ScoreRequest:
-    """A parsed ``/v1/score`` (or chat) body with the call's effective limits and features."""
+    """A parsed ``/v1/score`` (or chat) body with the call's effective limits and features.
+
+    ``packs`` holds the call's checked pack references in reference order (`spinf.packs.calls.PackUse`); their
+    queries are already merged into ``queries`` and every input is already wrapped in their context."""
 
     inputs: tuple[InputSpec, ...]
     queries: tuple[QuerySpec, ...]
@@ -135,3 +141,4 @@ class ScoreRequest:
     messages_form: bool = False
     limits: Limits = Limits()
     features: Features = Features()
+    packs: tuple = ()
