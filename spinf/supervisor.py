@@ -88,8 +88,8 @@ def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalog
     """The catalog at start, before the model loads, with §4.5's log lines; None when a catalog error refuses the
     start. A reload reads the same sources again and re-resolves their tags (refresh), whatever ``packs_refresh``
     said for the start."""
-    if not features.packs and not features.official_packs:
-        return PackCatalogs()
+    if not features.packs and not features.official_packs:  # SIGHUP still answers, that there is no source
+        return PackCatalogs(hangups=can_listen_for_hangups())
     read = functools.partial(
         read_catalog,
         features.packs,
