@@ -322,7 +322,8 @@ def _check_media(raw: object, i: int, uses: Sequence[PackUse], messages_form: bo
 
 
 def _wrapped(raw: object, pair: tuple[str, str], uses: Sequence[PackUse]) -> object:
-    """The input with its messages wrapped in the context and the packs' ids added to an explicit ``query_ids``."""
+    """The input with its messages wrapped in the context, the packs' ids added to an explicit ``query_ids``, and
+    its parameters without explicit nulls (the schema, which refuses them, checks the merged input)."""
     if not isinstance(raw, dict):
         return raw
     out = dict(raw)
@@ -333,6 +334,8 @@ def _wrapped(raw: object, pair: tuple[str, str], uses: Sequence[PackUse]) -> obj
         and all(isinstance(m, dict) and isinstance(m.get("content"), str | list) for m in messages)
     ):
         out["messages"] = wrap_messages(messages, *pair)
+    if isinstance(raw.get("parameters"), dict):  # checked at step 10, where an explicit null means no value (§1.5)
+        out["parameters"] = {name: value for name, value in raw["parameters"].items() if value is not None}
     query_ids = raw.get("query_ids")
     if isinstance(query_ids, list):
         added = [query_id for use in uses for query_id in use.query_ids if query_id not in query_ids]
