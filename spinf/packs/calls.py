@@ -27,6 +27,12 @@ from spinf.protocol.request import MEDIA_KINDS  # any other part type, and strin
 
 REFERENCE_KEYS = ("id", "version", "context", "decision", "include_queries")
 DECISION_KEYS = ("mode", "threshold", "thresholds", "critical")
+_TYPED_KEYS = (
+    ("version", str, "a string"),
+    ("context", str, "a string"),
+    ("include_queries", bool, "true or false"),
+    ("decision", dict, "an object"),
+)
 
 
 @attrs.frozen
@@ -113,15 +119,11 @@ def _check_shape(ref: object, p: str, seen: set[str]) -> None:
     if pack_id in seen:
         raise bad_request("duplicate_id", f"{p}.id", f"the pack {pack_id!r} is referenced twice")
     seen.add(pack_id)
-    for key, kind, what in (("version", str, "a string"), ("context", str, "a string")):
-        if ref.get(key) is not None and not isinstance(ref[key], kind):
+    # Present means given: only the decision values below count null as absent (packs spec §5.1).
+    for key, kind, what in _TYPED_KEYS:
+        if key in ref and not isinstance(ref[key], kind):
             raise _invalid(f"{p}.{key}", f"{p}.{key} must be {what}")
-    if ref.get("include_queries") is not None and not isinstance(ref["include_queries"], bool):
-        raise _invalid(f"{p}.include_queries", f"{p}.include_queries must be true or false")
-    decision = ref.get("decision")
-    if decision is not None and not isinstance(decision, dict):
-        raise _invalid(f"{p}.decision", f"{p}.decision must be an object")
-    for key in decision or ():
+    for key in ref.get("decision", ()):
         if key not in DECISION_KEYS:
             raise _invalid(
                 f"{p}.decision.{key}", f"{key!r} is not a decision key; they are {', '.join(DECISION_KEYS)}"
@@ -135,7 +137,7 @@ def _reference(ref: dict, p: str, catalog: object) -> PackUse:
         raise bad_request(found.code, f"{p}.{found.at}" if found.at else p, found.message)
     pack = found.loaded.pack
     names = [name for name, _ in pack.contexts]
-    context = ref.get("context") or pack.default_context
+    context = ref.get("context", pack.default_context)
     if context not in names:
         raise _invalid(f"{p}.context", f"{pack.id} {pack.version} has no context {context!r}; its contexts: {names}")
     decision = _decision(ref.get("decision"), pack, f"{p}.decision")

@@ -1,6 +1,7 @@
 """The request side of the HTTP API: decoding and validating score bodies into typed requests (api spec §4).
 
-A leaf layer: it imports only `spinf.errors` and `spinf.settings`, never torch, trio or the engine. The web layer
+A leaf layer: it imports only `spinf.errors` and `spinf.settings` (and, at step 10 of a call that names packs,
+`spinf.packs.calls`, which resolves them), never torch, trio or the engine. The web layer
 calls `decode_json_body` and `parse_score_request`; the engine compiler takes the resulting `ScoreRequest` and runs
 the token-free per-input and per-query checks of `spinf.protocol.queries` (`choose_queries`,
 `expand_combinations`, `check_options`) in the spec's order, between its own token checks. Every refusal is a 400

@@ -157,7 +157,8 @@ QUERY = Named(
     ),
 )
 
-# §4.10: a pack reference; the parser checks its keys and id at step 10, the rest once the pack is known.
+# §4.10: a pack reference; `spinf.packs.calls` checks it at step 10, its keys and types first, the rest once the pack
+# is known (the mode's and categories' rules need it).
 _PACK = Object(
     (
         Field("id", String(min_chars=1), True),
@@ -169,7 +170,7 @@ _PACK = Object(
                 (
                     Field("mode", Enum(MODES)),
                     Field("threshold", Nullable(Number())),
-                    Field("thresholds", MapOf(Nullable(Number(0, 1)))),
+                    Field("thresholds", Nullable(MapOf(Nullable(Number(0, 1))))),
                     Field("critical", Nullable(ListOf(String()))),
                 ),
                 closed=True,

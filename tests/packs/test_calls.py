@@ -41,6 +41,10 @@ def refusals():
     yield "unknown", body({"id": "tiny/none"}), {}, "unknown_pack", f"{P}.id"
     yield "other-model", body({"id": "tiny/far"}), {}, "pack_not_available", f"{P}.id"
     yield "version-type", body({"id": MOD, "version": 1}), {}, "invalid_field", f"{P}.version"
+    yield "version-null", body({"id": MOD, "version": None}), {}, "invalid_field", f"{P}.version"
+    yield "context-null", body({"id": MOD, "context": None}), {}, "invalid_field", f"{P}.context"
+    yield "include-null", body({"id": MOD, "include_queries": None}), {}, "invalid_field", f"{P}.include_queries"
+    yield "decision-null", body({"id": MOD, "decision": None}), {}, "invalid_field", f"{P}.decision"
     yield "version-unknown", body({"id": MOD, "version": "9.9"}), {}, "unknown_pack_version", f"{P}.version"
     yield "coming-soon", body({"id": MOD, "version": "0.2.0"}), {}, "pack_not_available", P
     yield "context", body({"id": MOD, "context": "chat"}), {}, "invalid_field", f"{P}.context"
