@@ -287,6 +287,17 @@ def _other_schemas() -> dict:
         "PackEntry": pack,
         "ComingSoonPack": obj({**common, **coming_soon, "model": {"anyOf": [STR, array(STR)]}}),
         "Packs": obj({"packs": array({"oneOf": [ref("PackEntry"), ref("ComingSoonPack")]}), "sources": array(STR)}),
+        "PackReload": obj(
+            {
+                "applied": BOOL,
+                "reason": nullable(enum("no_source", "catalog_errors", "official_lost")),
+                "errors": array(STR),
+                "official_error": nullable(STR),
+                "sources": array(STR),
+                **same(INT, "packs versions skipped"),
+                "requests": described(integer(1), "the waiting reload requests this one reload answered"),
+            }
+        ),
         "PackFile": loose(
             same(ANY, "pack version model contexts scoring reads categories decision"),
             description="the pack file's JSON unchanged (packs.md §1)",
@@ -358,6 +369,7 @@ ROUTES = (
     ("/v0/drain", "post", "drainStart", "trusted", "Start draining (§3.4)", "Drain", (401, 500)),
     ("/v0/drain", "delete", "drainStop", "trusted", "Stop draining (§3.4)", "Drain", (401, 500)),
     ("/v0/info", "get", "info", "trusted", "Engine and boot (§3.6)", "Info", (401, 500, 503)),
+    ("/v0/packs/reload", "post", "packsReload", "trusted", "Re-read the pack sources", "PackReload", (401, 500, 503)),
     ("/v1/models", "get", "models", "access", "The served model (§7)", "Models", (401, 500)),
     ("/v1/packs", "get", "packs", "access", "The enabled packs (§8.1)", "Packs", (401, 500)),
     ("/v1/packs/{id}", "get", "pack", "access", "One pack file (§8.2)", "PackFile", (401, 404, 500)),
