@@ -45,8 +45,8 @@ class PackUse:
 
     loaded: LoadedPack
     context: str
+    mode: str
     include_queries: bool = False
-    mode: str = "per_category"
     threshold: float | None = None
     thresholds: Mapping[str, float | None] | None = None
     critical: tuple[str, ...] | None = None
@@ -141,7 +141,7 @@ def _reference(ref: dict, p: str, catalog: object) -> PackUse:
     if context not in names:
         raise _invalid(f"{p}.context", f"{pack.id} {pack.version} has no context {context!r}; its contexts: {names}")
     decision = _decision(ref.get("decision"), pack, f"{p}.decision")
-    return PackUse(found.loaded, context, bool(ref.get("include_queries")), **decision)
+    return PackUse(found.loaded, context, include_queries=ref.get("include_queries", False), **decision)
 
 
 def _find(catalog: object, pack_id: str, version: str | None):
@@ -214,16 +214,13 @@ def _critical(value: object, pack: PackFile, param: str) -> tuple[str, ...] | No
 
 
 def _check_query_ids(shared: object, inputs: list, uses: Sequence[PackUse]) -> None:
-    owners = {query_id: use.pack for use in uses for query_id in use.query_ids}
-    by_pack: dict[str, str] = {}
+    """No two packs with one query id (``pack_conflict``), no own query with a pack's query id (``duplicate_id``)."""
+    owners: dict[str, PackFile] = {}
     for use in uses:
         for query_id in use.query_ids:
-            if by_pack.setdefault(query_id, use.pack.id) != use.pack.id:
-                raise bad_request(
-                    "pack_conflict",
-                    "scoring.packs",
-                    f"the packs {by_pack[query_id]} and {use.pack.id} both have a query {query_id!r}",
-                )
+            if owners.setdefault(query_id, use.pack) is not use.pack:
+                message = f"the packs {owners[query_id].id} and {use.pack.id} both have a query {query_id!r}"
+                raise bad_request("pack_conflict", "scoring.packs", message)
     own = list(shared) if isinstance(shared, list) else []
     for raw in inputs:
         if isinstance(raw, dict) and isinstance(raw.get("queries"), list):

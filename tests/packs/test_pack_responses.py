@@ -226,16 +226,18 @@ def test_d6_a_packs_numbers_do_not_depend_on_the_rest_of_the_call(tiny_engine, c
     assert pick == alone["queries"]
 
 
-def test_the_spinf_client_pack_file_path_gives_the_same_numbers(tiny_engine, catalog):
-    pack = raw_pack(catalog, MOD)
-    ref = {"id": MOD, "context": "forum", "include_queries": True}
+@pytest.mark.parametrize(("pack_id", "context"), [(MOD, "forum"), ("tiny/tone", "review")])
+def test_the_spinf_client_pack_file_path_gives_the_same_numbers(tiny_engine, catalog, pack_id, context):
+    """Both answer forms (log-probs, ps), and a context with text after the content."""
+    pack = raw_pack(catalog, pack_id)
+    ref = {"id": pack_id, "context": context, "include_queries": True}
     served = tiny_engine.score(body(ref, inputs=[text_input("a", OTHER)]), packs=catalog)["results"][0]
     scoring = pack_file_scoring(pack)
     scoring["queries"] = scoring["queries"] + [own()]  # the caller's own may share the call (they come after)
-    local = {"inputs": [{"id": "a", "messages": [{"content": client.wrap(pack, OTHER, "forum")}]}], "scoring": scoring}
+    local = {"inputs": [{"id": "a", "messages": [{"content": client.wrap(pack, OTHER, context)}]}], "scoring": scoring}
     result = tiny_engine.score(local)["results"][0]
     assert numbers({"queries": result["queries"][:-1]}) == numbers(served)
-    assert served["packs"][0] == client_entry(pack, result, "forum", {})
+    assert served["packs"][0] == client_entry(pack, result, context, {})
 
 
 def test_parameters_fill_the_context(tiny_engine, catalog):
