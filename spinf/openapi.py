@@ -369,7 +369,15 @@ ROUTES = (
     ("/v0/drain", "post", "drainStart", "trusted", "Start draining (§3.4)", "Drain", (401, 500)),
     ("/v0/drain", "delete", "drainStop", "trusted", "Stop draining (§3.4)", "Drain", (401, 500)),
     ("/v0/info", "get", "info", "trusted", "Engine and boot (§3.6)", "Info", (401, 500, 503)),
-    ("/v0/packs/reload", "post", "packsReload", "trusted", "Re-read the pack sources", "PackReload", (401, 500, 503)),
+    (
+        "/v0/packs/reload",
+        "post",
+        "packsReload",
+        "trusted",
+        "Re-read the pack sources",
+        "PackReload",
+        (400, 401, 500, 503),
+    ),
     ("/v1/models", "get", "models", "access", "The served model (§7)", "Models", (401, 500)),
     ("/v1/packs", "get", "packs", "access", "The enabled packs (§8.1)", "Packs", (401, 500)),
     ("/v1/packs/{id}", "get", "pack", "access", "One pack file (§8.2)", "PackFile", (401, 404, 500)),
@@ -389,6 +397,12 @@ _PACK_PARAMETERS = [
 ]
 
 
+_RELOAD_PARAMETERS = [
+    {"name": "refresh", "in": "query", "required": False, "schema": enum("true", "false"),
+     "description": "true: resolve the GitHub tags again (default false, or true with --packs-refresh)"},
+]  # fmt: skip
+
+
 def _paths() -> dict:
     paths: dict[str, dict] = {}
     for path, method, op_id, auth, summary, schema, errors in ROUTES:
@@ -399,6 +413,8 @@ def _paths() -> dict:
             op["description"] = "Trusted callers only (§2.4)."
         if op_id == "pack":
             op["parameters"] = _PACK_PARAMETERS
+        if op_id == "packsReload":
+            op["parameters"] = _RELOAD_PARAMETERS
         if method == "post" and path.startswith("/v1/"):
             body = "ChatRequest" if op_id == "chat" else "ScoreRequest"
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(body)}}}

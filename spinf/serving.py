@@ -89,10 +89,12 @@ class ScoreWork:
 @attrs.frozen(eq=False)
 class PackReload:
     """A request to re-read the pack sources (``POST /v0/packs/reload`` or SIGHUP): ``by`` names who asked;
-    ``reply`` (buffer 1, None for a signal) gets the `Reloaded` of the reload that served it."""
+    ``reply`` (buffer 1, None for a signal) gets the `Reloaded` of the reload that served it; ``refresh``: resolve
+    the GitHub tags again rather than use the cached commits (``?refresh=true``)."""
 
     by: str
     reply: trio.MemorySendChannel[Reloaded] | None = None
+    refresh: bool = False
 
     def answer(self, reloaded: Reloaded) -> None:
         if self.reply is None:

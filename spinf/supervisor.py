@@ -75,8 +75,9 @@ class PackCatalogs:
     None when packs are off. ``hangups``: SIGHUP reloads too (only where a signal can be received)."""
 
     catalog: Catalog | None = None
-    reread: Callable[[], Catalog] | None = None
+    reread: Callable[[bool], Catalog] | None = None  # the argument: refresh (resolve the tags again)
     hangups: bool = False
+    refresh: bool = False
 
 
 def pack_sources(features) -> str:
@@ -86,8 +87,8 @@ def pack_sources(features) -> str:
 
 def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalogs | None:
     """The catalog at start, before the model loads, with §4.5's log lines; None when a catalog error refuses the
-    start. A reload reads the same sources again and re-resolves their tags (refresh), whatever ``packs_refresh``
-    said for the start."""
+    start. A reload reads the same sources again; ``packs_refresh`` resolves the tags again at start and at every
+    reload (a reload may also ask for it)."""
     if not features.packs and not features.official_packs:  # SIGHUP still answers, that there is no source
         return PackCatalogs(hangups=can_listen_for_hangups())
     read = functools.partial(
@@ -111,7 +112,12 @@ def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalog
             "; ".join(catalog.errors),
         )
         return None
-    return PackCatalogs(catalog, functools.partial(read, refresh=True), hangups=can_listen_for_hangups())
+    reread = functools.partial(_reread, read)
+    return PackCatalogs(catalog, reread, hangups=can_listen_for_hangups(), refresh=features.packs_refresh)
+
+
+def _reread(read: Callable[..., Catalog], refresh: bool) -> Catalog:
+    return read(refresh=refresh)
 
 
 def hypercorn_config(options: ServerOptions) -> Config:
@@ -189,7 +195,7 @@ async def running_actors(
     reload_send, reload_recv = trio.open_memory_channel(0)  # a second reload waits for the one at work
     with reload_send:
         hangups = reload_send.clone() if packs.hangups else None
-        syncer = PackSyncer(reload_recv, packs.reread, packs.catalog, hangups)
+        syncer = PackSyncer(reload_recv, packs.reread, packs.catalog, hangups, packs.refresh)
         web_reloads = reload_send.clone()
     with exec_send:  # every sender holds its own clone and closes it: the executor ends when the last one has
         loader = Loader(exec_send.clone(), loaded_send, lifecycle, load)

@@ -263,15 +263,19 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
         requests waiting together share the next one. 200 with `spinf.serving.Reloaded`: ``applied``, ``reason``
         (``no_source``, ``catalog_errors``, ``official_lost``, or null), ``errors``, ``official_error``, then the
         ``sources``, ``packs`` (ids), ``versions`` and ``skipped`` of the catalog in use afterwards, and
-        ``requests`` (how many requests that reload answered). Once the server is stopping: 503 as a scoring
-        call gets it (``model_unavailable``, ``Retry-After``)."""
+        ``requests`` (how many requests that reload answered). ``?refresh=true`` resolves the GitHub tags again
+        (``--packs-refresh`` does at every reload); ``false`` or absent uses the cached commits. Once the server is
+        stopping: 503 as a scoring call gets it (``model_unavailable``, ``Retry-After``)."""
         _authorise(services, trusted_only=True)
+        refresh = {None: False, "false": False, "true": True}.get(request.args.get("refresh"))
+        if refresh is None:
+            raise ApiError(400, "invalid_field", "refresh", "refresh must be true or false")
         if services.pack_reloads is None:
             raise shutting_down()
         reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
         try:
             with reply_recv:
-                await services.pack_reloads.send(PackReload("POST /v0/packs/reload", reply_send))
+                await services.pack_reloads.send(PackReload("POST /v0/packs/reload", reply_send, refresh))
                 reloaded = await reply_recv.receive()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
             raise shutting_down() from None  # the syncer has gone: the server is shutting down

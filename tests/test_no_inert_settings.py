@@ -47,7 +47,7 @@ def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
         options, load, models_entry = function.args
         packs = function.keywords["packs"]
         if packs.reread is not None:
-            packs.reread()  # a reload reads with the same sources
+            packs.reread(packs.refresh)  # a reload reads the same sources, as the pack syncer calls it
         handed.update(options=options, engine=load().kwargs, models_entry=models_entry)
         return 0
 
@@ -80,7 +80,9 @@ def test_the_start_up_line_names_the_pack_sources(monkeypatch, caplog):
     *_, lines, reads = what_serve_builds(Settings(), monkeypatch, caplog)
     assert lines[0].endswith("; pack sources: official")
     assert lines[1] == "packs: 0 versions of 0 ids enabled; sources: no pack source"
-    assert [kwargs["refresh"] for _, kwargs in reads] == [False, True]  # the start, then a reload
+    assert [kwargs["refresh"] for _, kwargs in reads] == [False, False]  # the start, then a reload
+    *_, reads = what_serve_builds(with_value(Settings(), "packs_refresh", True), monkeypatch, caplog)
+    assert [kwargs["refresh"] for _, kwargs in reads] == [True, True]  # --packs-refresh: at every reload too
     given = with_value(Settings(), "packs", ("github:acme/packs@1", "/local/packs"))
     *_, lines, _ = what_serve_builds(given, monkeypatch, caplog)
     assert lines[0].endswith("; pack sources: official, github:acme/packs@1, /local/packs")

@@ -57,9 +57,10 @@ class PackSyncer:
     """
 
     inbox: trio.MemoryReceiveChannel[PackReload]
-    reread: Callable[[], Catalog] | None  # builds a new catalog from the sources; None: packs are off
+    reread: Callable[[bool], Catalog] | None  # a new catalog from the sources (arg: refresh); None: packs are off
     current: Catalog | None = None
     hangups: trio.MemorySendChannel[PackReload] | None = None
+    refresh: bool = False  # --packs-refresh: every reload resolves the tags again
     _reloads: int = 0
     _applied: int = 0
 
@@ -94,20 +95,21 @@ class PackSyncer:
 
     async def _serve(self, requests: list[PackReload]) -> None:
         by = ", ".join(sorted({r.by for r in requests}))
-        reloaded = await self._reload(len(requests))
+        refresh = self.refresh or any(r.refresh for r in requests)
+        reloaded = await self._reload(len(requests), refresh)
         line = "applied" if reloaded.applied else f"not applied ({reloaded.reason}), the catalog in use stays"
         log.log(logging.INFO if reloaded.applied else logging.ERROR, "pack reload (%s): %s", by, line)
         for request in requests:
             request.answer(reloaded)
 
-    async def _reload(self, requests: int) -> Reloaded:
+    async def _reload(self, requests: int, refresh: bool) -> Reloaded:
         old = self.current
         if self.reread is None:
             problem = "packs are off: no pack source is configured (--packs, or the official source)"
             return _outcome(False, NO_SOURCE, (problem,), None, old, requests)
         self._reloads += 1
         # abandoned on cancel: a shutdown does not wait for a slow GitHub; the thread only reads and caches
-        new = await trio.to_thread.run_sync(self.reread, abandon_on_cancel=True)
+        new = await trio.to_thread.run_sync(self.reread, refresh, abandon_on_cancel=True)
         for level, message in log_lines(new):
             log.log(level, message)
         if new.errors:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -19,10 +20,10 @@ def catalog(*sources: str, errors: tuple[str, ...] = (), official_error: str | N
     return Catalog(sources=sources, errors=errors, official_error=official_error)
 
 
-async def reload(inbox: trio.MemorySendChannel[PackReload], by: str = "test") -> Reloaded:
+async def reload(inbox: trio.MemorySendChannel[PackReload], by: str = "test", refresh: bool = False) -> Reloaded:
     reply_send, reply_recv = trio.open_memory_channel(1)
     with reply_recv:
-        await inbox.send(PackReload(by, reply_send))
+        await inbox.send(PackReload(by, reply_send, refresh))
         return await reply_recv.receive()
 
 
@@ -31,16 +32,16 @@ class Rereads:
     """The catalogs a reload reads, in turn; ``record`` counts the reads."""
 
     catalogs: list[Catalog]
-    record: list[str] = attrs.field(factory=list)
+    record: list[bool] = attrs.field(factory=list)  # each read's refresh
 
-    def __call__(self) -> Catalog:
-        self.record.append("read")
+    def __call__(self, refresh: bool) -> Catalog:
+        self.record.append(refresh)
         return self.catalogs.pop(0)
 
 
-async def start(nursery, reread, current) -> tuple[PackSyncer, trio.MemorySendChannel[PackReload]]:
+async def start(nursery, reread, current, refresh=False) -> tuple[PackSyncer, trio.MemorySendChannel[PackReload]]:
     send, recv = trio.open_memory_channel(0)
-    syncer = PackSyncer(recv, reread, current)
+    syncer = PackSyncer(recv, reread, current, refresh=refresh)
     await nursery.start(syncer.run)
     return syncer, send
 
@@ -100,7 +101,7 @@ async def test_with_packs_off_a_reload_answers_that_there_is_no_source():
 async def test_reloads_run_one_at_a_time_and_those_waiting_share_the_next_one():
     release, record, catalogs = threading.Event(), [], iter([catalog("first"), catalog("second")])
 
-    def reread() -> Catalog:
+    def reread(refresh: bool) -> Catalog:
         record.append("start")
         release.wait(10)
         record.append("end")
@@ -129,6 +130,18 @@ async def test_reloads_run_one_at_a_time_and_those_waiting_share_the_next_one():
     assert record == ["start", "end", "start", "end"]  # two reads: never two at once, the waiting three share one
     assert [(r.sources, r.requests) for r in replies] == [(("first",), 1)] + [(("second",), 3)] * 3
     assert syncer.snapshot().sources == ("second",)
+
+
+@pytest.mark.parametrize(
+    ("setting", "asked", "read"), [(False, False, False), (False, True, True), (True, False, True)]
+)
+async def test_a_reload_resolves_the_tags_again_when_packs_refresh_is_on_or_the_request_asks(setting, asked, read):
+    rereads = Rereads([catalog("local:a")])
+    async with trio.open_nursery() as nursery:
+        _, inbox = await start(nursery, rereads, catalog("local:a"), refresh=setting)
+        await reload(inbox, refresh=asked)
+        nursery.cancel_scope.cancel()
+    assert rereads.record == [read]
 
 
 @attrs.define

@@ -136,7 +136,13 @@ def test_reload_is_for_trusted_callers_only(tmp_path, cache):
         route = f"{server.url}/v0/packs/reload"
         assert httpx.post(route, timeout=10).status_code == 401
         assert httpx.post(route, headers={"Authorization": "Bearer plain"}, timeout=10).status_code == 401
-        off = httpx.post(route, headers=AUTH, timeout=10)
+        bad = httpx.post(route, params={"refresh": "yes"}, headers=AUTH, timeout=10)
+        assert (bad.status_code, bad.json()["error"]["code"], bad.json()["error"]["param"]) == (
+            400,
+            "invalid_field",
+            "refresh",
+        )
+        off = httpx.post(route, params={"refresh": "true"}, headers=AUTH, timeout=10)
         assert off.status_code == 200
         assert (off.json()["applied"], off.json()["reason"]) == (False, "no_source")  # packs off: nothing to read
         assert httpx.get(f"{server.url}/v1/packs", headers=AUTH, timeout=10).json() == {"packs": [], "sources": []}
