@@ -6,6 +6,10 @@ controller's ``deadline``, which holds the actors and the HTTP server): the drai
 flight finish, the HTTP server closes, the web layer's channel to the packer closes, the boot actors are cancelled
 if still at work, and every actor ends by closing its own clone of the executor's inbox, which ends the executor's
 thread after its current job. When the deadline passes first, the scope cancels all that is left at once.
+
+The pack catalog is built before any of this (`start_packs`, packs spec §4.5): a catalog error ends the start with
+exit status 1 before the model loads. The pack syncer holds it from then on, beside the packer, which reads its
+snapshot per call; it is cancelled once the HTTP server has closed, since no reload can be asked for any more.
 """
 
 from __future__ import annotations

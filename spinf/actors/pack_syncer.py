@@ -6,11 +6,13 @@ reference to it: the packer reads it when it takes a call and parses the call wi
 a new catalog off the event loop, in a worker thread, since it reads files and maybe the network, and swaps it in
 with one assignment; calls in flight keep the snapshot they started with. A reload that finds any catalog error keeps
 the old catalog and says why, as does one whose official source failed when the catalog in use has it (a reload
-never drops packs because the network is down); an official source that was already missing stays missing.
+never drops packs because the network is down). An official source missing since the start may come back on a
+reload, and one missing then and still missing is no reason to refuse it.
 
 Reloads run one at a time. A request that arrives while one runs waits, and every request waiting when it ends is
 answered by one next reload (it reads the sources after all of them asked, so each sees its edit): they are
-coalesced, and each reply counts the requests it answered.
+coalesced, and each reply counts the requests it answered. A reload uses the cached commits of GitHub tags unless
+``--packs-refresh`` is on or a request of the group asks for ``refresh``; branches are resolved again every time.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ class PackSyncer:
     """**Inbox**: `PackReload` requests on ``inbox`` (the web layer's, each with a one-shot reply channel) and, when
     ``hangups`` is set, SIGHUP (turned into a request without a reply by a task holding the ``hangups`` clone of the
     inbox's sender). **Outbox**: each request's `Reloaded`; the snapshot in `current`; the reload's log lines
-    (§4.5's, then one line saying whether it was applied). **Ends**: only when cancelled (the supervisor does, once
-    the HTTP server has closed): the SIGHUP task holds a sender, so the inbox never ends by itself.
+    (§4.5's, then one line saying whether it was applied). **Ends**: when the inbox closes, which with SIGHUP taken
+    (its task holds a sender) happens only when cancelled: the supervisor cancels it once the HTTP server has closed.
     **Cancellation**: a reload at work is abandoned in its thread (it only reads the sources and writes the pack
     cache atomically); the old catalog stays, and waiting requests get no reply (their callers are going too).
     """

@@ -5,6 +5,8 @@ On ``out``: the source labels, then a table of the enabled versions in catalog o
 then the skipped versions with their reasons. On ``err``: the official source's failure (the exit status stays) and
 the catalog errors with their count, which make the exit status 1. The options are ``packs list``'s own names
 (``--no-official``, ``--allow-namespace``), so a reserved-namespace reason names ``--allow-namespace``.
+`read_catalog`, the catalog with a GitHub client from the environment, is also what the server builds at start and
+on a reload.
 """
 
 from __future__ import annotations
