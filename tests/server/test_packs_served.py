@@ -163,23 +163,35 @@ def versions(server: ServerProcess) -> list[str]:
     return get(server, "/v1/packs").json()["packs"][0]["versions"]
 
 
+def pack_call(version: str | None = None) -> dict:
+    reference = {"id": "tiny/moderation"} | ({"version": version} if version else {})
+    content = [{"role": "user", "content": "You are wonderful."}]
+    return {"inputs": [{"id": "a", "messages": content}], "scoring": {"queries": [], "packs": [reference]}}
+
+
 class Traffic:
-    """Threads calling ``GET /v1/packs`` and ``POST /v1/score`` until stopped; every answer that is not 200 kept."""
+    """Threads calling ``GET /v1/packs``, ``POST /v1/score`` and ``POST /v1/score`` with the pack until stopped; every
+    answer that is not 200 kept, and the pack versions the pack calls were answered with."""
 
     def __init__(self, server: ServerProcess, threads: int = 3):
         self.server, self.stopping, self.failures, self.calls = server, threading.Event(), [], 0
+        self.pack_versions: set[str] = set()
         self.threads = [threading.Thread(target=self._run, args=(k,)) for k in range(threads)]
 
     def _run(self, k: int) -> None:
         with httpx.Client(base_url=self.server.url, headers=AUTH, timeout=60) as client:
             while not self.stopping.is_set():
-                if k % 2:
+                if k % 3 == 2:
+                    answer = client.post("/v1/score", json=pack_call())
+                elif k % 3 == 1:
                     answer = client.post("/v1/score", json=score_body(sentences=1, questions=2))
                 else:
                     answer = client.get("/v1/packs")
                 self.calls += 1
                 if answer.status_code != 200:
                     self.failures.append((answer.status_code, answer.text))
+                elif k % 3 == 2:
+                    self.pack_versions.add(answer.json()["results"][0]["packs"][0]["version"])
 
     def __enter__(self) -> Traffic:
         for thread in self.threads:
@@ -194,8 +206,11 @@ class Traffic:
 
 def test_a_pack_repository_changes_and_reloads_on_the_running_server_with_no_failed_call(served):
     server, folder = served
+    score = f"{server.url}/v1/score"
     with Traffic(server) as traffic:
         add_version(folder, "0.2.0")
+        unknown = httpx.post(score, json=pack_call("0.2.0"), headers=AUTH, timeout=60)
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "unknown_pack_version")
         applied = reload(server)
         assert applied == {
             "applied": True,
@@ -210,6 +225,8 @@ def test_a_pack_repository_changes_and_reloads_on_the_running_server_with_no_fai
         }
         assert versions(server) == ["0.2.0", "0.1.0"]
         assert get(server, "/v1/packs/tiny/moderation").json()["version"] == "0.2.0"  # the new default
+        scored = httpx.post(score, json=pack_call(), headers=AUTH, timeout=60)
+        assert scored.json()["results"][0]["packs"][0]["version"] == "0.2.0"  # calls take the new snapshot
 
         (folder / "moderation" / "0.2.0.json").write_text("{not json")  # a broken edit
         refused = reload(server)
@@ -231,8 +248,12 @@ def test_a_pack_repository_changes_and_reloads_on_the_running_server_with_no_fai
             thread.start()
         for thread in many:
             thread.join(60)
-        time.sleep(0.3)  # a few more calls on the last catalog
+        deadline = time.monotonic() + 30
+        while "0.3.0" not in traffic.pack_versions:  # pack calls go on, on the last catalog
+            assert time.monotonic() < deadline and not traffic.failures, traffic.failures
+            time.sleep(0.05)
     assert traffic.failures == [] and traffic.calls > 10
+    assert traffic.pack_versions <= {"0.1.0", "0.2.0", "0.3.0"}
     log = server.output().splitlines()[lines:]
     assert any(line.endswith("received SIGHUP: reloading the pack sources") for line in log)
     assert any(line.endswith("pack reload (SIGHUP): applied") for line in log)
