@@ -205,7 +205,7 @@ SETTINGS: tuple[Setting, ...] = (
     _row("packs", _F, Words(), (), "pack sources (repeatable)", "--packs"),
     _row("official_packs", _F, Switch(), True, "the official pack source", "--no-official-packs"),
     _row("packs_allow_namespace", _F, Words(), (), "namespaces any source may use", "--packs-allow-namespace"),
-    _row("packs_refresh", _F, Switch(), False, "re-resolve pack refs at start-up", "--packs-refresh"),
+    _row("packs_refresh", _F, Switch(), False, "resolve pack tags again at start and reload", "--packs-refresh"),
     _row("packs_official", _F, Text(empty=False), "github:spinfinc/spinf-prompts@0.1.0", "the official source"),
     *(_limit(field.name, field.default) for field in attrs.fields(Limits)),
 )
