@@ -17,6 +17,8 @@ class Metrics:
     def __init__(self) -> None:
         self.queued: Callable[[], int] = lambda: 0  # the packer's compiling + waiting calls, set by the wiring
         self.warmup: Callable[[], tuple[int, int]] = lambda: (0, 0)  # the warm-up's (steps, passes), set likewise
+        # the pack catalog in use and the reloads: (enabled versions, enabled ids, reloads applied, refused)
+        self.packs: Callable[[], tuple[int, int, int, int]] = lambda: (0, 0, 0, 0)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
@@ -36,6 +38,10 @@ class Metrics:
         self.floor_hits = Counter("spinf_floor_cache_hits", "Floor keys not read again", registry=r)
         self.floor_misses = Counter("spinf_floor_cache_misses", "Floor keys read in passes", registry=r)
         self.floor_entries = Gauge("spinf_floor_cache_entries", "Floor keys in the cache", registry=r)
+        # ours, beyond §3.5: the pack catalog in use and its reloads (SIGHUP, POST /v0/packs/reload)
+        self.pack_versions = Gauge("spinf_pack_versions", "Enabled pack versions in the catalog in use", registry=r)
+        self.pack_ids = Gauge("spinf_packs", "Enabled pack ids in the catalog in use", registry=r)
+        self.pack_reloads = Gauge("spinf_pack_reloads", "Pack reloads run, by result", ["result"], registry=r)
         self._floors_seen = (0, 0)
 
     def request(self, route: str, status: int) -> None:
@@ -66,4 +72,9 @@ class Metrics:
         steps, passes = self.warmup()
         self.warmup_steps.set(steps)
         self.warmup_passes.set(passes)
+        versions, ids, applied, refused = self.packs()
+        self.pack_versions.set(versions)
+        self.pack_ids.set(ids)
+        self.pack_reloads.labels(result="applied").set(applied)
+        self.pack_reloads.labels(result="refused").set(refused)
         return generate_latest(self.registry).decode()

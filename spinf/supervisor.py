@@ -145,6 +145,12 @@ def _warmed_up(warmup: Warmup) -> tuple[int, int]:
     return stats.shapes_done, stats.passes
 
 
+def _packs_in_use(syncer: PackSyncer) -> tuple[int, int, int, int]:
+    catalog, stats = syncer.snapshot(), syncer.statistics()
+    enabled = (catalog.enabled_count, len(catalog.packs)) if catalog is not None else (0, 0)
+    return (*enabled, stats.applied, stats.refused)
+
+
 @attrs.frozen
 class Running:
     """What a running set of actors offers the edge: the web services and the shutdown controls."""
@@ -214,6 +220,7 @@ async def running_actors(
         )
     metrics.queued = functools.partial(_queued, packer)
     metrics.warmup = functools.partial(_warmed_up, warmup)
+    metrics.packs = functools.partial(_packs_in_use, syncer)
     services = WebServices(
         lifecycle=lifecycle,
         packer=packer_send,

@@ -253,6 +253,9 @@ def test_a_pack_repository_changes_and_reloads_on_the_running_server_with_no_fai
             assert time.monotonic() < deadline and not traffic.failures, traffic.failures
             time.sleep(0.05)
     assert traffic.failures == [] and traffic.calls > 10
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    for line in ("spinf_pack_versions 3.0", "spinf_packs 1.0", 'spinf_pack_reloads{result="refused"} 1.0'):
+        assert line in metrics.splitlines(), metrics
     assert traffic.pack_versions <= {"0.1.0", "0.2.0", "0.3.0"}
     log = server.output().splitlines()[lines:]
     assert any(line.endswith("received SIGHUP: reloading the pack sources") for line in log)
