@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# No test reaches GitHub: the official pack source (on by default in every server and catalog a test builds) fails
+# at once on a closed loopback port, and the packs cache is the session's own, so no tag cached elsewhere is read.
+# Tests of the GitHub client set their own base URL (a fake GitHub on loopback).
+os.environ.setdefault("SPINF_GITHUB_API", "http://127.0.0.1:9")
+os.environ.setdefault("SPINF_PACKS_CACHE", tempfile.mkdtemp(prefix="spinf-test-packs-"))
 
 # Without a GPU, Triton kernels run through Triton's interpreter (it must be chosen before any kernel is defined).
 import torch  # noqa: E402
