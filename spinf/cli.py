@@ -147,7 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     from spinf.supervisor import run
 
-    return run(settings)
+    # a pack reload reads the layers again: the config file may have changed the pack settings since the start
+    return run(settings, reload_settings=lambda: _settings(args))
 
 
 def _score(args: argparse.Namespace) -> int:

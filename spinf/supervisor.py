@@ -35,6 +35,7 @@ from spinf.actors.pack_syncer import PackSyncer, can_listen_for_hangups
 from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
 from spinf.admission import Admission
+from spinf.errors import SpinfError
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, log_lines
 from spinf.packs.listing import read_catalog
@@ -79,7 +80,7 @@ class PackCatalogs:
     None when packs are off. ``hangups``: SIGHUP reloads too (only where a signal can be received)."""
 
     catalog: Catalog | None = None
-    reread: Callable[[bool], Catalog] | None = None  # the argument: refresh (resolve the tags again)
+    reread: Callable[[bool], Catalog | None] | None = None  # the argument: refresh; None back: packs now off
     hangups: bool = False
     refresh: bool = False
 
@@ -89,22 +90,24 @@ def pack_sources(features) -> str:
     return ", ".join((["official"] if features.official_packs else []) + list(features.packs)) or "off"
 
 
-def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalogs | None:
+def start_packs(
+    features,
+    model: str,
+    environ: Mapping[str, str],
+    reload_features: Callable[[], object] | None = None,
+) -> PackCatalogs | None:
     """The catalog at start, before the model loads, with §4.5's log lines; None when a catalog error refuses the
-    start. A reload reads the same sources again; ``packs_refresh`` resolves the tags again at start and at every
-    reload (a reload may also ask for it)."""
+    start. A reload reads the sources again; ``packs_refresh`` resolves the tags again at start and at every reload
+    (a reload may also ask for it). ``reload_features``, when given, gives the ``[features]`` settings again (the
+    layers re-read: a config file edited since the start changes the pack settings a reload uses, so a source can
+    be added or removed without a restart; flags and the environment are fixed for the life of the process)."""
+    if reload_features is not None:
+        reread = functools.partial(_reread_settings, reload_features, model, environ)
     if not features.packs and not features.official_packs:  # SIGHUP still answers, that there is no source
+        if reload_features is not None:  # a reload reads the settings again, which may name sources by then
+            return PackCatalogs(None, reread, hangups=can_listen_for_hangups())
         return PackCatalogs(hangups=can_listen_for_hangups())
-    read = functools.partial(
-        read_catalog,
-        features.packs,
-        model=model,
-        official_on=features.official_packs,
-        official=features.packs_official,
-        allowed=features.packs_allow_namespace,
-        environ=environ,
-    )
-    catalog = read(refresh=features.packs_refresh)
+    catalog = _reader(features, model, environ)(refresh=features.packs_refresh)
     for level, message in log_lines(catalog):
         log.log(level, message)
     if catalog.errors:
@@ -116,12 +119,41 @@ def start_packs(features, model: str, environ: Mapping[str, str]) -> PackCatalog
             "; ".join(catalog.errors),
         )
         return None
-    reread = functools.partial(_reread, read)
+    if reload_features is None:
+        reread = functools.partial(_reread, _reader(features, model, environ))
     return PackCatalogs(catalog, reread, hangups=can_listen_for_hangups(), refresh=features.packs_refresh)
+
+
+def _reader(features, model: str, environ: Mapping[str, str]) -> Callable[..., Catalog]:
+    """The catalog of the pack settings in ``features`` (call it with ``refresh``)."""
+    return functools.partial(
+        read_catalog,
+        features.packs,
+        model=model,
+        official_on=features.official_packs,
+        official=features.packs_official,
+        allowed=features.packs_allow_namespace,
+        environ=environ,
+    )
 
 
 def _reread(read: Callable[..., Catalog], refresh: bool) -> Catalog:
     return read(refresh=refresh)
+
+
+def _reread_settings(
+    reload_features: Callable[[], object], model: str, environ: Mapping[str, str], refresh: bool
+) -> Catalog | None:
+    """A reload's catalog from the settings as they are now: the pack settings read again (a settings error is a
+    catalog error, so the catalog in use stays); None when they now turn packs off."""
+    try:
+        features = reload_features()
+    except (SpinfError, OSError) as error:  # a ConfigError, or the model no longer resolving
+        return Catalog(errors=(f"the settings could not be read again: {error}",))
+    log.info("pack reload: pack sources %s", pack_sources(features))
+    if not features.packs and not features.official_packs:
+        return None
+    return _reader(features, model, environ)(refresh=refresh or features.packs_refresh)
 
 
 def hypercorn_config(options: ServerOptions) -> Config:
@@ -315,8 +347,9 @@ _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capab
 _MODEL_KEYS += ["features", "image", "batch_invariant"]
 
 
-def run(settings) -> int:
-    """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT."""
+def run(settings, reload_settings: Callable[[], object] | None = None) -> int:
+    """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT. ``reload_settings``
+    gives the layered settings again; a pack reload takes its pack settings from them."""
     from spinf import __version__
     from spinf.catalog import resolve_model
     from spinf.logs import configure
@@ -333,7 +366,8 @@ def run(settings) -> int:
         options.port,
         pack_sources(settings.features),
     )
-    packs = start_packs(settings.features, resolved.served_name, os.environ)
+    reload_features = (lambda: reload_settings().features) if reload_settings is not None else None
+    packs = start_packs(settings.features, resolved.served_name, os.environ, reload_features)
     if packs is None:
         return 1
 

@@ -214,12 +214,15 @@ def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
     import spinf.supervisor
 
     calls = []
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: calls.append(settings) or 0)
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, reload_settings: calls.append(
+        (settings, reload_settings)) or 0)  # fmt: skip
     code, out, err = run(capsys, "serve", "tiny", "--device", "cpu", "--port", "9001", "--debug")
     assert (code, out, err) == (0, "", "")
-    (settings,) = calls
+    ((settings, reload_settings),) = calls
     assert (settings.engine.model, settings.server.port, settings.server.debug) == ("tiny", 9001, True)
     assert settings.origin("port") == "flag --port"
+    monkeypatch.setenv("SPINF_PACKS", "/srv/packs")  # a reload reads the layers again (the pack settings from them)
+    assert reload_settings().features.packs == ("/srv/packs",) and reload_settings().server.port == 9001
 
 
 def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypatch):
@@ -229,7 +232,7 @@ def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypat
     import spinf.supervisor
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: pytest.fail("the server must not start"))
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
     code, out, err = run(capsys, "serve", "tiny", "--port", "9001")
     assert (code, out) == (2, "")
     assert err == (
@@ -241,7 +244,7 @@ def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypat
 def test_serve_refuses_bad_settings_before_starting(capsys, monkeypatch):
     import spinf.supervisor
 
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings: pytest.fail("the server must not start"))
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
     code, out, err = run(capsys, "serve", "--port", "http")
     assert (code, out) == (2, "")
     assert err.startswith("spinf-serve: server.port (flag --port): ") and err.count("\n") == 1
@@ -417,7 +420,7 @@ def test_python_m_spinf_exits_with_status_2_and_one_line_on_a_bad_setting(tmp_pa
 def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(capsys, monkeypatch):
     import spinf.supervisor
 
-    def interrupted(settings):
+    def interrupted(settings, **_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(spinf.supervisor, "run", interrupted)

@@ -11,8 +11,11 @@ reload, and one missing then and still missing is no reason to refuse it.
 
 Reloads run one at a time. A request that arrives while one runs waits, and every request waiting when it ends is
 answered by one next reload (it reads the sources after all of them asked, so each sees its edit): they are
-coalesced, and each reply counts the requests it answered. A reload uses the cached commits of GitHub tags unless
-``--packs-refresh`` is on or a request of the group asks for ``refresh``; branches are resolved again every time.
+coalesced, and each reply counts the requests it answered. In the server a reload reads the pack settings again
+first (`spinf.supervisor.start_packs`): a config file edited since the start may add, remove or change sources, or
+turn packs off or on; flags and the environment are fixed for the life of the process. A reload uses the cached
+commits of GitHub tags unless ``--packs-refresh`` is on or a request of the group asks for ``refresh``; branches are
+resolved again every time.
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ class PackSyncer:
     """
 
     inbox: trio.MemoryReceiveChannel[PackReload]
-    reread: Callable[[bool], Catalog] | None  # a new catalog from the sources (arg: refresh); None: packs are off
+    # a new catalog from the sources (arg: refresh), or None when the settings read again turn packs off; None
+    # itself: packs are off for the life of the process
+    reread: Callable[[bool], Catalog | None] | None
     current: Catalog | None = None
     hangups: trio.MemorySendChannel[PackReload] | None = None
     refresh: bool = False  # --packs-refresh: every reload resolves the tags again
@@ -106,12 +111,19 @@ class PackSyncer:
 
     async def _reload(self, requests: int, refresh: bool) -> Reloaded:
         old = self.current
+        problem = "packs are off: no pack source is configured (--packs, or the official source)"
         if self.reread is None:
-            problem = "packs are off: no pack source is configured (--packs, or the official source)"
             return _outcome(False, NO_SOURCE, (problem,), None, old, requests)
-        self._reloads += 1
         # abandoned on cancel: a shutdown does not wait for a slow GitHub; the thread only reads and caches
         new = await trio.to_thread.run_sync(self.reread, refresh, abandon_on_cancel=True)
+        if new is None and old is None:  # the settings read again still name no source: nothing was read
+            return _outcome(False, NO_SOURCE, (problem,), None, old, requests)
+        self._reloads += 1
+        if new is None:  # the settings read again name no source: packs are off from now on
+            self.current = None
+            self._applied += 1
+            log.info("pack reload: the settings now name no pack source; packs are off")
+            return _outcome(True, None, (), None, None, requests)
         for level, message in log_lines(new):
             log.log(level, message)
         if new.errors:

@@ -302,3 +302,58 @@ def test_an_unreachable_official_source_is_logged_and_the_server_starts_without_
     assert f"; pack sources: official, {FIXTURE}" in output
     unavailable = [line for line in output.splitlines() if "the official pack repository is unavailable" in line]
     assert len(unavailable) == 1 and " ERROR " in unavailable[0] and f"127.0.0.1:{closed}" in unavailable[0]
+
+
+def extra_repository(folder: Path) -> Path:
+    """A second repository without a manifest: one pack file, ``extra/moderation``, found by discovery."""
+    folder.mkdir(parents=True)
+    (folder / "moderation.json").write_text(json.dumps(dict(PACK, pack="extra/moderation")))
+    return folder
+
+
+def write_config(path: Path, sources: list[Path], official: bool = False) -> None:
+    listed = ", ".join(json.dumps(str(source)) for source in sources)
+    path.write_text(f"[features]\nofficial_packs = {str(official).lower()}\npacks = [{listed}]\n")
+
+
+def test_a_repository_added_to_the_config_file_is_served_after_a_reload(tmp_path, cache):
+    """A reload reads the pack settings again: a source added to (or removed from) the config file is served (or
+    gone) without a restart; a config file that no longer parses keeps the catalog in use and says why."""
+    first = tmp_path / "first"
+    shutil.copytree(FIXTURE, first)
+    second = extra_repository(tmp_path / "second")
+    config = tmp_path / "spinf.toml"
+    write_config(config, [first])
+    server = ServerProcess(tmp_path / "server", "--config", str(config), "--trusted-token", TRUSTED, hf_home=cache)
+    try:
+        ids = lambda: [p["id"] for p in get(server, "/v1/packs").json()["packs"]]  # noqa: E731
+        assert ids() == ["tiny/moderation"]
+        write_config(config, [first, second])
+        added = reload(server)
+        assert (added["applied"], added["sources"], added["packs"]) == (
+            True,
+            [f"local:{first}", f"local:{second}"],
+            2,
+        )
+        assert ids() == ["tiny/moderation", "extra/moderation"]
+        body = pack_call() | {"scoring": {"queries": [], "packs": [{"id": "extra/moderation"}]}}
+        answer = httpx.post(f"{server.url}/v1/score", json=body, headers=AUTH, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["results"][0]["packs"][0]["id"] == "extra/moderation"
+        config.write_text("[features\npacks = 3\n")  # no longer TOML
+        broken = reload(server)
+        assert (broken["applied"], broken["reason"], broken["packs"]) == (False, "catalog_errors", 2)
+        assert "the settings could not be read again" in broken["errors"][0]
+        assert ids() == ["tiny/moderation", "extra/moderation"]
+        write_config(config, [second])
+        os.kill(server.process.pid, signal.SIGHUP)  # the same by SIGHUP: the first source is gone
+        deadline = time.monotonic() + 60
+        while ids() != ["extra/moderation"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ids() == ["extra/moderation"]
+        config.write_text("[features]\nofficial_packs = false\npacks = []\n")
+        off = reload(server)  # the file now names no source: packs are off
+        assert (off["applied"], off["sources"], off["packs"]) == (True, [], 0)
+        assert get(server, "/v1/packs").json() == {"packs": [], "sources": []}
+    finally:
+        assert server.stop() == 0
