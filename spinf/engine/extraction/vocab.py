@@ -27,12 +27,11 @@ import attrs
 import torch
 from tokenizers import Tokenizer
 
+from spinf.engine.extraction.answers import stop_characters
 from spinf.engine.extraction.grammar import NUMBER_ALPHABET, SCALE_WORDS, START, State, complete, feed
 
 # Besides the checkpoint's EOS, these end a sequence wherever the tokenizer has them (A.12.2).
 END_TOKENS = ("<end_of_turn>", "<turn|>", "<|im_end|>", "<|endoftext|>")
-# A closing quote of the stop text also matches its typographic twin, and the twin the quote (A.12.2).
-_QUOTE_TWINS = {'"': "”", "”": '"', "'": "’", "’": "'"}
 _ALPHABET = frozenset(NUMBER_ALPHABET)
 
 
@@ -102,12 +101,12 @@ class Vocabulary:
 
     def stop_mask(self, stop_text: str) -> torch.Tensor:
         """The stop set of a `{*}` slot with this stop text ("" for none), [V] bool: the tokens whose text starts
-        with its first character (or that character's quote twin), every token containing a newline, the EOS set.
-        Cached per first character."""
+        with its first character or that character's quote twin (`stop_characters`), every token containing a
+        newline, the EOS set. Cached per first character."""
         first = stop_text[:1]
         if first not in self._stop_masks:
-            chars = {first, _QUOTE_TWINS.get(first, first)} if first else set()
-            starts = [i for i, text in enumerate(self.texts) if text[:1] in chars]
+            chars = set(stop_characters(first))
+            starts = [i for i, text in enumerate(self.texts) if text != "" and text[0] in chars]
             self._stop_masks[first] = _mask_of(starts, self.num_logits) | self.newline | self.eos
         return self._stop_masks[first]
 
