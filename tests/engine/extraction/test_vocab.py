@@ -1,8 +1,6 @@
 """The per-tokenizer tables (A.12.2, A.12.3): on the tiny model's real byte-level tokenizer and on a hand-made
 WordLevel tokenizer whose tokens are chosen to hit each rule."""
 
-from importlib import resources
-
 import pytest
 import torch
 from tokenizers import AddedToken, Tokenizer
@@ -10,13 +8,13 @@ from tokenizers.models import WordLevel
 
 from spinf.engine.extraction.grammar import NUMBER_ALPHABET, START, Phase, State, complete, feed
 from spinf.engine.extraction.vocab import Vocabulary, vocabulary
+from spinf.engine.tiny import ensure_tiny_snapshot
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    """The tiny model's tokenizer: the bytes the snapshot's tokenizer.json is written from (spinf.engine.tiny)."""
-    path = resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json"
-    return Tokenizer.from_str(path.read_text(encoding="utf-8"))
+def tiny(tiny_cache):
+    """The tiny model's real tokenizer, from its snapshot in the session's cache (generated there if missing)."""
+    return Tokenizer.from_file(str(ensure_tiny_snapshot(tiny_cache) / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
