@@ -17,6 +17,12 @@ are indexed by token id (text) or candidate column (number) and a slot's gathere
 proposal's rank within its row). Rows are kept in that order, so row 0 is always the best beam.
 
 Number slots follow a grammar given as plain tables (`NumberGrammar`); the extraction vocabulary builds them.
+
+**Memory.** The deterministic top-k (`top`) builds 8-byte sort keys over the whole ``[S, BEAM, V]`` input, twice the
+fp32 log-probs: at Gemma's 262,144-token vocabulary that is 12 MiB per slot, so a decoder caps the slots of a chunk
+or feeds the selection from a fused top-k of the LM head. A chunk holding both kinds computes both paths for every
+slot. Only CPU runs have checked it so far; GPU reductions may choose other strategies by shape, which the GPU
+invariance test of issue 14 must cover.
 """
 
 from __future__ import annotations
