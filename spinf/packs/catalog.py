@@ -84,6 +84,16 @@ class PackEntry:
     def get(self, version: str) -> PackVersion | None:
         return next((v for v in self.versions if v.version == version), None)
 
+    def version(self, version: str | None) -> PackVersion | Refused:
+        """The enabled ``version`` (the default when None), or ``unknown_pack_version`` listing the versions."""
+        found = self.get(self.default if version is None else version)
+        if found is None:
+            known = ", ".join(v.version for v in self.versions)
+            return Refused(
+                UNKNOWN_PACK_VERSION, "version", f"the pack {self.id} has no version {version!r} (versions: {known})"
+            )
+        return found
+
 
 @attrs.frozen
 class Skipped:
@@ -144,12 +154,9 @@ class Catalog:
             if pack_id in self.listed_ids:
                 return Refused(PACK_NOT_AVAILABLE, "id", f"the pack {pack_id} is not available on this server")
             return Refused(UNKNOWN_PACK, "id", f"unknown pack {pack_id!r}; GET /v1/packs lists the available packs")
-        found = entry.get(entry.default if version is None else version)
-        if found is None:
-            known = ", ".join(v.version for v in entry.versions)
-            return Refused(
-                UNKNOWN_PACK_VERSION, "version", f"the pack {pack_id} has no version {version!r} (versions: {known})"
-            )
+        found = entry.version(version)
+        if isinstance(found, Refused):
+            return found
         if found.status == "coming_soon":
             return Refused(PACK_NOT_AVAILABLE, "", f"{pack_id} {found.version} is coming soon, not yet available")
         return found

@@ -9,7 +9,7 @@ both lists are empty and every id is unknown. Pure Python: the web layer turns a
 
 from __future__ import annotations
 
-from spinf.packs.catalog import UNKNOWN_PACK, UNKNOWN_PACK_VERSION, Catalog, PackEntry, Refused
+from spinf.packs.catalog import UNKNOWN_PACK, Catalog, PackEntry, Refused
 from spinf.packs.manifest import ListedPack
 
 PARAMETER_KEYS = ("label", "description", "required", "default")
@@ -34,13 +34,8 @@ def pack_file(catalog: Catalog | None, pack_id: str, version: str | None) -> dic
     entry = catalog.packs.get(pack_id) if catalog is not None else None
     if entry is None:
         return Refused(UNKNOWN_PACK, "id", f"no pack {pack_id!r} is enabled; GET /v1/packs lists the packs")
-    found = entry.get(entry.default if version is None else version)
-    if found is None:
-        known = ", ".join(v.version for v in entry.versions)
-        return Refused(
-            UNKNOWN_PACK_VERSION, "version", f"the pack {pack_id} has no version {version!r} (versions: {known})"
-        )
-    return found.loaded.pack.raw
+    found = entry.version(version)
+    return found if isinstance(found, Refused) else found.loaded.pack.raw
 
 
 def _entry(entry: PackEntry) -> dict:
