@@ -76,8 +76,9 @@ class ServerOptions:
 
 @attrs.frozen
 class PackCatalogs:
-    """The pack catalog built at start (packs spec §4.5) and how the pack syncer reads the sources again: both
-    None when packs are off. ``hangups``: SIGHUP reloads too (only where a signal can be received)."""
+    """The pack catalog built at start (packs spec §4.5), None when packs are off, and how the pack syncer reads the
+    settings and sources again (None: never; in-process servers of the tests). ``hangups``: SIGHUP reloads too (only
+    where a signal can be received)."""
 
     catalog: Catalog | None = None
     reread: Callable[[bool], Catalog | None] | None = None  # the argument: refresh; None back: packs now off
@@ -101,12 +102,10 @@ def start_packs(
     (a reload may also ask for it). ``reload_features``, when given, gives the ``[features]`` settings again (the
     layers re-read: a config file edited since the start changes the pack settings a reload uses, so a source can
     be added or removed without a restart; flags and the environment are fixed for the life of the process)."""
-    if reload_features is not None:
-        reread = functools.partial(_reread_settings, reload_features, model, environ)
-    if not features.packs and not features.official_packs:  # SIGHUP still answers, that there is no source
-        if reload_features is not None:  # a reload reads the settings again, which may name sources by then
-            return PackCatalogs(None, reread, hangups=can_listen_for_hangups())
-        return PackCatalogs(hangups=can_listen_for_hangups())
+    # without reload_features a reload reads the same settings: the sources again, or no source (still answered)
+    reread = functools.partial(_reread_settings, reload_features or (lambda: features), model, environ)
+    if not _packs_on(features):
+        return PackCatalogs(None, reread, hangups=can_listen_for_hangups())
     catalog = _reader(features, model, environ)(refresh=features.packs_refresh)
     for level, message in log_lines(catalog):
         log.log(level, message)
@@ -119,8 +118,6 @@ def start_packs(
             "; ".join(catalog.errors),
         )
         return None
-    if reload_features is None:
-        reread = functools.partial(_reread, _reader(features, model, environ))
     return PackCatalogs(catalog, reread, hangups=can_listen_for_hangups(), refresh=features.packs_refresh)
 
 
@@ -137,8 +134,9 @@ def _reader(features, model: str, environ: Mapping[str, str]) -> Callable[..., C
     )
 
 
-def _reread(read: Callable[..., Catalog], refresh: bool) -> Catalog:
-    return read(refresh=refresh)
+def _packs_on(features) -> bool:
+    """Packs are on when a ``--packs`` source is given or the official source is on (packs spec §4.5)."""
+    return bool(features.packs) or features.official_packs
 
 
 def _reread_settings(
@@ -150,9 +148,9 @@ def _reread_settings(
         features = reload_features()
     except (SpinfError, OSError) as error:  # a ConfigError, or the model no longer resolving
         return Catalog(errors=(f"the settings could not be read again: {error}",))
-    log.info("pack reload: pack sources %s", pack_sources(features))
-    if not features.packs and not features.official_packs:
+    if not _packs_on(features):
         return None
+    log.info("pack reload: pack sources %s", pack_sources(features))
     return _reader(features, model, environ)(refresh=refresh or features.packs_refresh)
 
 
