@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from spinf.engine.extraction.grammar import CURRENCY_SYMBOLS, SCALE_WORDS
+from spinf.packs.pipeline import sigmoid
 
 KINDS = ("text", "number", "currency")  # the `kind` of `{*}`, `{n}`, `{$}` slots
 _ARTICLES = frozenset({"a", "an", "the"})
@@ -178,11 +179,4 @@ def _p_negative(groups: list[tuple[str, float]]) -> float | None:
 
 def _calibrated(p_top: float, a: float, b: float) -> float:
     p = min(max(p_top, _P_CLAMP), 1 - _P_CLAMP)
-    return _sigmoid(a * math.log(p / (1 - p)) + b)
-
-
-def _sigmoid(z: float) -> float:
-    if z >= 0:
-        return 1 / (1 + math.exp(-z))
-    e = math.exp(z)  # never overflows for z < 0
-    return e / (1 + e)
+    return sigmoid(a * math.log(p / (1 - p)) + b)

@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 import torch
 
-from spinf.engine.extraction.search import BEAM, top
+from spinf.engine.extraction.search import BEAM, end_logprob, top
 
 STOP = 1  # finish codes in GenerateBuffers.finish; 0 while running
 LENGTH = 2
@@ -149,7 +149,7 @@ def generate_step(slots: GenerateSlots, buf: GenerateBuffers, logprobs: torch.Te
     ``logprobs`` [S, BEAM, V] float32 at each row's current position (rows that are not alive are ignored).
     """
     steps = slots.steps
-    end_lp = torch.logsumexp(logprobs.masked_fill(~slots.stop[:, None, :], _NEG_INF), dim=-1)  # [S, BEAM]
+    end_lp = end_logprob(logprobs, slots.stop)  # [S, BEAM]
     cand_lp, cand_tok = top(logprobs.masked_fill(slots.forbidden[:, None, :], _NEG_INF), slots.max_k)
     ranked = torch.arange(slots.max_k, device=logprobs.device) < slots.top_k[:, None, None]
     events = torch.cat([end_lp[..., None], cand_lp.masked_fill(~ranked, _NEG_INF)], dim=-1)  # [S, BEAM, K + 1]

@@ -182,9 +182,15 @@ def top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.gather(-1, pos), pos.clamp(max=n - 1)
 
 
+def end_logprob(logprobs: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+    """log P(end) of every row (A.12.2): the log-sum-exp of its stop tokens' log-probs. logprobs [S, BEAM, V], stop
+    [S, V] -> [S, BEAM]."""
+    return torch.logsumexp(logprobs.masked_fill(~stop[:, None, :], _NEG_INF), dim=-1)
+
+
 def _text_rows(slots: SearchSlots, logprobs: torch.Tensor):
     """Per row, text rules: log P(end) and the top proposals after masking. logprobs [S, BEAM, V]."""
-    end_lp = torch.logsumexp(logprobs.masked_fill(~slots.stop[:, None, :], _NEG_INF), dim=-1)  # [S, BEAM]
+    end_lp = end_logprob(logprobs, slots.stop)  # [S, BEAM]
     lp, tok = top(logprobs.masked_fill(slots.forbidden[:, None, :], _NEG_INF), TOPK)  # [S, BEAM, TOPK]
     return end_lp, lp, tok, torch.zeros_like(tok)
 
