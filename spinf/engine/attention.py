@@ -46,6 +46,8 @@ class AttentionPlan:
     path_index: torch.Tensor  # [num_branch, max_depth] int64
     path_mask: torch.Tensor  # [num_branch, max_depth] bool
     kernel: object | None = None  # on a GPU, the `spinf.engine.kernels.KernelPlan` of the same pass
+    capture: Capture | None = None  # keys and values every layer keeps for the decoder (a pass with slots)
+    decode: DecodeKV | None = None  # a decode step: the rows are new tokens that attend to a decoder's buffers
 
     @classmethod
     def for_sequence(cls, num_tokens: int) -> AttentionPlan:
@@ -58,6 +60,47 @@ class AttentionPlan:
             path_index=empty,
             path_mask=empty.bool(),
         )
+
+
+@attrs.define(eq=False)
+class Capture:
+    """The keys and values of some stream rows of a pass, kept by every layer (engine spec B.13: the prefixes and
+    template paths that extraction slots decode from). ``keys[i]`` / ``values[i]``: layer ``i``'s [R, Hkv, d]."""
+
+    rows: torch.Tensor  # [R] int64 stream rows
+    keys: list[torch.Tensor] = attrs.field(factory=list)
+    values: list[torch.Tensor] = attrs.field(factory=list)
+
+    def keep(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.keys.append(k.index_select(0, self.rows))
+        self.values.append(v.index_select(0, self.rows))
+
+
+@attrs.define(eq=False)
+class DecodeKV:
+    """A decode step's view of its decoder's buffers (`spinf.engine.extraction.decoder`).
+
+    The step's rows are new tokens, grouped by the prefix they decode from. Every layer writes its rows' keys and
+    values at ``write`` in its buffers, then attends: the **content part** over the group's prefix (buffer rows
+    ``[start, start + prefix_len)``, positions ``0 … prefix_len - 1``) and the **path part** over ``path_index[r,
+    : path_len[r]]`` (the template's rows, the tokens generated so far, the row itself), path step ``s`` at position
+    ``prefix_len + s``: exactly what a branch row of a scoring pass attends to, so a decoded token gets the bits it
+    would get as a branch of its input's trie.
+    """
+
+    keys: list[torch.Tensor]  # per layer [B, Hkv, d]
+    values: list[torch.Tensor]
+    write: torch.Tensor  # [n] int64 buffer rows of this step's keys and values
+    path_index: torch.Tensor  # [n, W] int64 buffer rows of each row's path, root first
+    path_len: torch.Tensor  # [n] int64
+    groups: tuple[tuple[int, int, int, int], ...]  # (first row, row count, prefix start, prefix length)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys and values into layer ``layer``'s buffers; the buffers."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(0, self.write, k.to(keys.dtype))
+        values.index_copy_(0, self.write, v.to(values.dtype))
+        return keys, values
 
 
 ROW_CHUNK = 64  # branch rows are processed in chunks of exactly this many rows (padded), see `tree_attention`
@@ -171,3 +214,41 @@ def tree_attention(
             out[rows] = _merge(content, path)[:count]
         first_branch += job.num_branch
     return out.view(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: AttentionPlan, window: int | None
+) -> torch.Tensor:
+    """Attention of a decode step's rows over their decoder's buffers (`DecodeKV`). q [n, H, d] -> [n, H, d].
+
+    The same two parts as `tree_attention`, in the same chunks of ``ROW_CHUNK`` rows and the same shapes (the
+    content part over the whole prefix, the path part over the row's own path), so a decoded token's attention is
+    bit for bit what it would be in a scoring pass.
+    """
+    kv = plan.decode
+    n, num_heads, head_dim = q.shape
+    num_kv = keys.shape[1]
+    qf = q.float().view(n, num_kv, num_heads // num_kv, head_dim)
+    out = torch.zeros_like(qf)
+    pos = plan.positions
+    steps = torch.arange(kv.path_index.shape[1], device=q.device)
+    for first, count, start, prefix_len in kv.groups:
+        k_prefix = keys[start : start + prefix_len].float()
+        v_prefix = values[start : start + prefix_len].float()
+        k_pos = torch.arange(prefix_len, device=q.device)
+        for offset, size in _chunks(count):
+            at = slice(first + offset, first + offset + size)
+            idx = kv.path_index[at]
+            visible = steps[None, :] < kv.path_len[at, None]
+            if window is not None:
+                visible = visible & ((pos[at][:, None] - (prefix_len + steps[None, :])) < window)
+            q_rows = _pad_rows(qf[at], ROW_CHUNK)
+            content = _content_part(q_rows, k_prefix, v_prefix, _pad_rows(pos[at], ROW_CHUNK), k_pos, window)
+            path = _path_part(
+                q_rows,
+                _pad_rows(keys[idx].float(), ROW_CHUNK),
+                _pad_rows(values[idx].float(), ROW_CHUNK),
+                _pad_rows(visible, ROW_CHUNK),
+            )
+            out[at] = _merge(content, path)[:size]
+    return out.view(n, num_heads, head_dim).to(q.dtype)

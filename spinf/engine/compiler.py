@@ -13,12 +13,14 @@ import attrs
 from spinf.engine.lru import LRU
 from spinf.engine.query_tokens import ENDING_CHARS, CompiledQuery, compile_query, spell_options
 from spinf.engine.tokenizer import TextTokenizer
-from spinf.engine.trie import Job, add_prompt
+from spinf.engine.trie import Job, add_prompt, end_node
 from spinf.errors import ApiError, bad_request
 from spinf.protocol.queries import choose_queries
-from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest, Slot
+from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
 
 TAIL_CHARS = 256  # the join check reads the content's last 256 characters
+DEFAULT_SLOT_TOKENS = 16  # an extraction slot's max_tokens when the query sends none (api spec §4.5)
+SLOT_ROWS = 6  # rows an extraction slot holds in the decoder, counted in processed tokens (§4.9)
 MIN_CUT_TAIL = 32
 CUT_CANDIDATES = 64
 
@@ -33,10 +35,20 @@ class Prompt:
     group: str = ""
     key: tuple = ()  # a floor's key (filled template text, options, case rule); () for a content prompt
     reads: list[list[tuple[int, int, int]]] = attrs.field(factory=list)  # per spelling: (job, node, token)
+    end: tuple[int, int] | None = None  # an extraction prompt's (job, end node), filled once laid out
 
     @property
     def flat_spellings(self) -> list[tuple[int, ...]]:
         return [s for per_option in self.spellings for s in per_option]
+
+    @property
+    def extracts(self) -> bool:
+        return self.query.extracts
+
+
+def slot_tokens(cq: CompiledQuery) -> int:
+    """An extraction slot's ``max_tokens``: the query's, or the default 16."""
+    return cq.spec.max_tokens or DEFAULT_SLOT_TOKENS
 
 
 @attrs.define
@@ -59,7 +71,13 @@ class CompiledRequest:
 
     @property
     def processed_tokens(self) -> int:
-        return sum(job.num_tokens for job in self.jobs)
+        """The cost measure of api spec §4.9: the jobs' tokens plus 6 × ``max_tokens`` per extraction slot."""
+        return sum(job.num_tokens for job in self.jobs) + sum(map(decode_tokens, self.inputs))
+
+
+def decode_tokens(ci: CompiledInput) -> int:
+    """An input's share of processed tokens for its extraction slots: 6 rows × ``max_tokens`` each (§4.9)."""
+    return sum(SLOT_ROWS * slot_tokens(cq) * len(cq.combos) for cq in ci.queries if cq.extracts)
 
 
 @attrs.frozen
@@ -68,6 +86,7 @@ class EngineShape:
 
     token_budget: int
     max_tokens: int
+    capture_tokens: int = 0  # the most tokens one input's extraction slots may keep for decoding (0: no bound)
 
     @property
     def engine_max(self) -> int:
@@ -135,7 +154,7 @@ class CompileStream:
             self.inputs.append(ci)
             start = len(jobs)
             _lay_out_input(ci, shape, jobs, self.cache)
-            tokens += sum(job.num_tokens for job in jobs[start:])
+            tokens += sum(job.num_tokens for job in jobs[start:]) + decode_tokens(ci)
             if tokens <= req.limits.max_processed_tokens:
                 yield i, range(start, len(jobs))
         start = len(jobs)
@@ -162,17 +181,10 @@ class CompileStream:
 
 def check_built(req: ScoreRequest) -> None:
     """Refuses what the request's features let through but this build cannot run yet: media (no media embedders
-    are loaded, api spec §4.3), then extraction slots (§2.5: as on a score-only model), shared queries first."""
+    are loaded, api spec §4.3)."""
     for i, inp in enumerate(req.inputs):
         if any(isinstance(s, MediaPart) for s in inp.segments):
             raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
-    for q in (*req.queries, *(q for inp in req.inputs for q in inp.queries)):
-        if q.template.slot is not Slot.SCORE:
-            raise bad_request(
-                "extraction_disabled",
-                f"{q.path}.template",
-                "this engine scores {?} slots only: extraction is not built yet",
-            )
 
 
 def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
@@ -199,6 +211,7 @@ def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
             }
         )
     prefix = tuple(tk.bos) + (content if cut is None else content[:cut])
+    _check_capture(req, i, shape, prefix, cut, tail, queries, tk)
     prompts, input_floors = [], []
     for cq in queries:
         branches = cq.filled_tokens if cut is None else tuple(tk.tok_many([tail + f for f in cq.filled]))
@@ -210,13 +223,21 @@ def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
 
 def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
     """The input's queries, each compiled once per request (or taken from the compile cache), with the running
-    prompt count (api spec §4.9)."""
+    extraction-slot and prompt counts (api spec §4.9)."""
     req, tk = stream.req, stream.tk
-    queries, prompts_seen, compiled = [], 0, stream.queries
+    queries, prompts_seen, slots_seen, compiled = [], 0, 0, stream.queries
     for q in choose_queries(req, i):
         if q.path not in compiled:
             compiled[q.path] = stream.cache.query(q, tk, req.limits, req.case_insensitive)
         cq = compiled[q.path]
+        slots_seen += len(cq.combos) if cq.extracts else 0
+        if slots_seen > req.limits.max_extractions_per_input:
+            raise bad_request(
+                "too_many_extractions",
+                f"inputs.{i}",
+                f"the input has more than {req.limits.max_extractions_per_input} extraction slots (combinations of "
+                "its extraction queries)",
+            )
         prompts_seen += len(cq.combos)
         if prompts_seen > req.limits.max_prompts_per_input:
             raise bad_request(
@@ -229,15 +250,23 @@ def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
 
 
 def _check_fits(req, i, tk, shape, content, queries) -> None:
-    """Each query's longest prompt fits the engine maximum; without BOS, every read has something before it."""
+    """Each query's longest prompt (and an extraction slot's tokens) fits the engine maximum; without BOS, every read
+    has something before it."""
     for cq in queries:
-        longest = len(tk.bos) + len(content) + max(map(len, cq.filled_tokens)) + req.limits.max_option_tokens
+        after = slot_tokens(cq) if cq.extracts else req.limits.max_option_tokens
+        longest = len(tk.bos) + len(content) + max(map(len, cq.filled_tokens)) + after
         if longest > shape.engine_max:
             raise bad_request(
                 "content_too_long",
                 f"inputs.{i}",
                 f"content plus query {cq.spec.id!r} needs {longest} tokens; the engine maximum is {shape.engine_max}",
             )
+    if not tk.bos and not content and any(cq.extracts for cq in queries):
+        raise bad_request(
+            "unsupported_content",
+            f"inputs.{i}",
+            "this model has no <bos> token, so an extraction slot needs content to condition on",
+        )
     for cq in queries:
         if not tk.bos and not all(cq.filled_tokens) and (not content or _floor_on(req, cq)):
             raise bad_request(
@@ -248,7 +277,27 @@ def _check_fits(req, i, tk, shape, content, queries) -> None:
             )
 
 
+def _check_capture(req, i, shape, prefix, cut, tail, queries, tk) -> None:
+    """The keys and values an input's slots keep for decoding (its prefix and their templates) fit the decode
+    budget (api spec §4.9: 413 ``request_too_large`` rather than running out of memory)."""
+    slots = [cq for cq in queries if cq.extracts]
+    if not slots or not shape.capture_tokens:
+        return
+    template = sum(map(len, (t for cq in slots for t in cq.filled_tokens))) + (len(tk.tok(tail)) if cut else 0)
+    needed = len(prefix) + template
+    if needed > shape.capture_tokens:
+        raise ApiError(
+            413,
+            "request_too_large",
+            None,
+            f"input {i} keeps {needed} tokens of keys and values for its extraction slots; the decode budget holds "
+            f"{shape.capture_tokens}",
+        )
+
+
 def _floor_on(req: ScoreRequest, cq: CompiledQuery) -> bool:
+    if cq.extracts:  # extraction has no floor
+        return False
     return cq.spec.empty_floor if cq.spec.empty_floor is not None else req.empty_floor
 
 
@@ -323,23 +372,25 @@ def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job], cache
 def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache) -> tuple[Job, list]:
     """A job of ``prompts`` after ``prefix``, and each prompt's reads; the trie comes from the cache when the same
     branches and spellings were laid out before (a trie and its reads are never changed once built)."""
-    key = tuple((p.branch, p.spellings) for p in prompts)
+    key = tuple((p.branch, p.spellings, p.extracts) for p in prompts)
     found = cache.tries.get(key)
     if found is None:
         job = Job(())
-        reads = [add_prompt(job, p.branch, p.flat_spellings) for p in prompts]
-        found = (job.trie, job.reads, reads)
+        reads = [add_prompt(job, p.branch, p.flat_spellings, extracts=p.extracts) for p in prompts]
+        reads = [(r, end_node(job, p.branch) if p.extracts else None) for p, r in zip(prompts, reads, strict=True)]
+        found = (job.trie, job.reads, job.ends, reads)
         cache.tries.put(key, found)
-    trie, job_reads, reads = found
-    return Job(prefix, trie, job_reads), reads
+    trie, job_reads, ends, reads = found
+    return Job(prefix, trie, job_reads, ends), reads
 
 
 def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
     """Append ``job`` and point each prompt's reads at it."""
     index = len(jobs)
     jobs.append(job)
-    for p, per_spelling in zip(prompts, reads, strict=True):
+    for p, (per_spelling, end) in zip(prompts, reads, strict=True):
         p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
+        p.end = None if end is None else (index, end)
 
 
 def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job], cache: CompileCache) -> None:

@@ -60,6 +60,7 @@ class TextConfig:
     final_logit_softcapping: float | None
     tie_word_embeddings: bool
     bos_token_id: int | None
+    eos_token_ids: tuple[int, ...] = ()  # the config's eos_token_id (an int or a list)
 
 
 def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
@@ -73,6 +74,7 @@ def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
     if model_type in GEMMA4_TYPES:
         text = dict(raw.get("text_config") or {})
         text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", True))
+        text.setdefault("eos_token_id", raw.get("eos_token_id"))
         return parse_text_config(text), "model.language_model."
     if model_type in GEMMA4_TEXT_TYPES:
         return parse_text_config(raw), "model."
@@ -122,7 +124,15 @@ def parse_text_config(raw: dict) -> TextConfig:
         final_logit_softcapping=raw.get("final_logit_softcapping"),
         tie_word_embeddings=raw.get("tie_word_embeddings", True),
         bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=_ids(raw.get("eos_token_id")),
     )
+
+
+def _ids(value) -> tuple[int, ...]:
+    """A config's token id or list of ids as a tuple (none: empty)."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
 
 
 def check_supported(raw: dict) -> None:

@@ -10,17 +10,20 @@ either is back at its idle memory or says it is ``degraded`` (§3.2).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
 import traceback
 from pathlib import Path
 
+import attrs
 import torch
 
 from spinf._version import __version__
 from spinf.engine import fp8_static, hostgc
 from spinf.engine.compiler import EngineShape
+from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB, DEFAULT_DECODER_BUDGET_GIB, Extractor, cpu_context
 from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
@@ -70,6 +73,20 @@ def _engine_counters(usage: dict, packed_tokens: int) -> dict:
     }
 
 
+def eos_ids(folder: Path, cfg) -> tuple[int, ...]:
+    """The end-of-sequence ids of a checkpoint: its config's, with its generation config's (Gemma lists its end of
+    turn there)."""
+    ids = list(cfg.eos_token_ids)
+    try:
+        extra = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        extra = None
+    for i in extra if isinstance(extra, list) else [] if extra is None else [extra]:
+        if i not in ids:
+            ids.append(i)
+    return tuple(ids)
+
+
 def round_up(n: int, multiple: int = 128) -> int:
     return -(-n // multiple) * multiple
 
@@ -101,6 +118,8 @@ class Engine:
         compile: bool = True,
         layers: int = 0,
         lm_head: str = DEFAULT_HEAD,
+        decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
+        decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -192,6 +211,19 @@ class Engine:
         gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
         self.batch_invariant = resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
         log.info("scores are %s", self._invariance_note())
+        # extraction slots decode from what their scoring pass kept (spinf.engine.extractor); none when switched off
+        self.extractor = None
+        if self.features.extraction:
+            self.extractor = Extractor(
+                self.model,
+                self.tokenizer,
+                eos_ids(self.folder, self.model.cfg),
+                decode_budget_gib=decode_budget_gib,
+                decoder_budget_gib=decoder_budget_gib,
+                kernel_plan=self.scorer.decode_plan if self.device.type == "cuda" else None,
+                context=cpu_context(self.device),
+            )
+            self.shape = attrs.evolve(self.shape, capture_tokens=self.extractor.capture_tokens())
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
 
@@ -216,6 +248,7 @@ class Engine:
             on_failure=self._failed,
             share_passes=share_passes,
             floor_cache=floor_cache,
+            extractor=self.extractor,
         )
 
     @classmethod
@@ -239,6 +272,8 @@ class Engine:
             compile=engine.compile,
             layers=engine.layers,
             lm_head=engine.lm_head,
+            decode_budget_gib=engine.decode_budget_gib,
+            decoder_budget_gib=engine.decoder_budget_gib,
         )
 
     @property
@@ -293,16 +328,18 @@ class Engine:
         response["warnings"] = compiled.warnings + scored.warnings
         if req.packs:
             response["warnings"] = add_pack_results(req.packs, scored.results, response["warnings"])
-        response["usage"] = usage(compiled)
+        response["usage"] = usage(compiled, scored.decoded)
         if call.internals:
             response["usage"].update(_engine_counters(response["usage"], scored.ran_tokens))
         response["timing"] = {
             "wall_ms": round(scored.wall_s * 1000),
             "queue_ms": round(call.queued_s * 1000),
             "compile_ms": round(call.compile_s * 1000),
-            "score_ms": round(scored.wall_s * 1000),
+            "score_ms": round((scored.wall_s - scored.decode_s) * 1000),
             "gpu_busy_ms": round(scored.busy_s * 1000),
         }
+        if any(cq.extracts for ci in compiled.inputs for cq in ci.queries):
+            response["timing"]["decode_ms"] = round(scored.decode_s * 1000)
         if call.internals:
             response["engine"] = self.info()
         if not self._idle_taken:  # the first call's passes allocated what the process keeps (IDLE_SLACK_BYTES)

@@ -23,6 +23,8 @@ class PassLayout:
     read_rows: list[int]  # distinct rows whose next-token distribution is read
     read_columns: list[list[int]]  # per read row: the token ids read there
     read_index: dict[tuple[int, int, int], tuple[int, int]]  # (job, node, token) -> (read row no., column no.)
+    end_rows: list[int] = attrs.field(factory=list)  # stream rows where an extraction slot starts
+    end_index: dict[tuple[int, int], int] = attrs.field(factory=dict)  # (job, node) -> its place in end_rows
 
     @property
     def num_tokens(self) -> int:
@@ -52,13 +54,14 @@ class LocalLayout:
     parents: list[int]  # the parent's local row, -1 for a child of the prefix
     reads: list[tuple[int, list[int], list[tuple[int, int]]]]  # per read row: local row (-1: the prefix's last
     # row), the token ids read there, the (node, token) reads in that order
+    ends: list[tuple[int, int]] = attrs.field(factory=list)  # per extraction end: (node, local row or -1)
 
 
 def local_layout(job: Job) -> LocalLayout:
     """The job's `LocalLayout`, kept on its trie for the next job with the same trie and reads."""
     trie = job.trie
     memo = getattr(trie, "layout_memo", None)
-    if memo is not None and memo[0] is job.reads:
+    if memo is not None and memo[0] is job.reads and memo[2] == job.ends:
         return memo[1]
     order = trie.preorder()
     row_of = [0] * len(order)
@@ -77,8 +80,9 @@ def local_layout(job: Job) -> LocalLayout:
         [depth[node] for node in order],
         [-1 if parent[node] == PREFIX_END else row_of[parent[node]] for node in order],
         list(rows.values()),
+        [(node, -1 if node == PREFIX_END else row_of[node]) for node in sorted(job.ends)],
     )
-    trie.layout_memo = (job.reads, local)
+    trie.layout_memo = (job.reads, local, set(job.ends))
     return local
 
 
@@ -90,9 +94,11 @@ def build_pass(jobs: list[Job]) -> PassLayout:
     read_rows: list[int] = []
     read_columns: list[list[int]] = []
     read_index: dict[tuple[int, int, int], tuple[int, int]] = {}
+    end_rows: list[int] = []
+    end_index: dict[tuple[int, int], int] = {}
     for j, job in enumerate(jobs):
         start, prefix_len = len(token_ids), len(job.prefix)
-        if not prefix_len and any(node == PREFIX_END for node, _ in job.reads):
+        if not prefix_len and (PREFIX_END in job.ends or any(node == PREFIX_END for node, _ in job.reads)):
             raise ValueError("a read at the end of an empty prefix has nothing to condition on")
         local = local_layout(job)
         base, n = start + prefix_len, len(local.tokens)
@@ -109,4 +115,9 @@ def build_pass(jobs: list[Job]) -> PassLayout:
             read_columns.append(columns)
             for c, (node, token) in enumerate(reads):
                 read_index[(j, node, token)] = (k, c)
-    return PassLayout(token_ids, positions, spans, branch_rows, parents, read_rows, read_columns, read_index)
+        for node, row in local.ends:
+            end_index[(j, node)] = len(end_rows)
+            end_rows.append(base - 1 if row < 0 else base + row)
+    return PassLayout(
+        token_ids, positions, spans, branch_rows, parents, read_rows, read_columns, read_index, end_rows, end_index
+    )

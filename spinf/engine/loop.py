@@ -43,6 +43,7 @@ from spinf.engine.work import Call, FloorRead, LoopStats, RawJobs, Scored, Work
 __all__ = ["Call", "EngineLoop", "FloorCache", "LoopStats", "RawJobs", "Scored"]
 
 if TYPE_CHECKING:
+    from spinf.engine.extractor import Extractor
     from spinf.engine.scorer import InFlight, Scorer
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class EngineLoop:
         on_failure: Callable[[BaseException], BaseException],
         share_passes: bool,
         floor_cache: int = 0,
+        extractor: Extractor | None = None,
     ):
         self.scorer, self.tokenizer, self.shape = scorer, tokenizer, shape
+        self.extractor = extractor  # decodes extraction slots (`spinf.engine.extractor`); None: none come
         self._parse, self._respond, self._on_failure = parse, respond, on_failure
         self.share_passes = share_passes
         self.scheduler = Scheduler(shape.token_budget, share_passes=share_passes)
@@ -88,6 +91,7 @@ class EngineLoop:
         self._in_flight: collections.deque[_Pass] = collections.deque()
         self._done: list[Work] = []
         self._floor_reads: dict[FloorKey, FloorRead] = {}  # keys being read, and by which read
+        self._to_decode: list[Call] = []  # calls whose passes are in and whose slots decode at the end of the step
         self.pass_log: list[tuple[int, float]] = []  # (tokens, busy seconds) per pass, for the server's metrics
         self._passes = self._tokens = self._floor_hits = self._floor_misses = 0
         self._busy_s = 0.0
@@ -140,6 +144,7 @@ class EngineLoop:
                 launched = self._launch(self.scheduler.schedule())
             if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and not launched):
                 self._collect(self._in_flight.popleft())
+            self._decode_ready()
             done, self._done = self._done, []
             return done
 
@@ -183,6 +188,11 @@ class EngineLoop:
             self._maybe_finish(call)
             return False
         i, indices = step
+        if i is not None:
+            for per_query in call.stream.inputs[i].prompts:
+                for prompt in per_query:
+                    if prompt.extracts:
+                        call.slot_prompts.setdefault(prompt.end, []).append(prompt)
         if i is None:
             if not self.share_passes:  # the call reads its own floors; otherwise the loop reads them
                 self._schedule(call, indices)
@@ -255,8 +265,67 @@ class EngineLoop:
         for owner in dict.fromkeys(w.owner for w in members):
             owner.passes += 1
             owner.busy_s += busy
+        captured = done.pending.captured
+        if captured is not None:
+            self._hold(members, done.pending.layout.end_index, captured)
         for w in members:
             self._job_read(w.owner, w.index, w.num_tokens)
+
+    # extraction: slots wait with what their pass captured, then decode together
+
+    def _hold(self, members: list[Waiting], end_index: dict, captured) -> None:
+        """Each slot of the pass waits for the decoder with what the pass captured; when what waits holds more
+        than the decode budget, every waiting slot is decoded now (the budget's early flush)."""
+        for (k, node), e in end_index.items():
+            w = members[k]
+            if isinstance(w.owner, Call) and not w.owner.finished:
+                for prompt in w.owner.slot_prompts.get((w.index, node), ()):
+                    w.owner.held.append((prompt, captured, captured.starts[e]))
+        held = {id(c): c for call in self._works if isinstance(call, Call) for _, c, _ in call.held}
+        if sum(c.nbytes for c in held.values()) > self.extractor.decode_budget:
+            self._decode([call for call in self._works if isinstance(call, Call) and call.held])
+
+    def _decode_ready(self) -> None:
+        ready, self._to_decode = self._to_decode, []
+        for call in ready:
+            call.decoding = False
+        ready = [call for call in ready if not call.finished]
+        if ready:
+            self._decode(ready)
+            for call in ready:
+                self._maybe_finish(call)
+
+    def _decode(self, calls: list[Call]) -> None:
+        """Decode the waiting slots of ``calls``: together when passes are shared, else one call at a time; a
+        shared decode that fails is retried call by call, and a call that fails alone gets the error."""
+        if not (self.share_passes and len(calls) > 1):
+            for call in calls:
+                self._decode_together([call])
+            return
+        try:
+            self._decode_together(calls)
+        except Exception as exc:
+            log.warning("a decode shared by %d calls failed (%s); decoding each alone", len(calls), exc)
+            for call in calls:
+                self._decode_together([call])
+
+    def _decode_together(self, calls: list[Call]) -> None:
+        """One decode of every waiting slot of ``calls``; with one call, a failure fails that call, else it
+        raises."""
+        held = [(call, item) for call in calls for item in call.held]
+        try:
+            tasks = [self.extractor.task(prompt, captured, start) for _, (prompt, captured, start) in held]
+            outcomes, seconds = self.extractor.decode(tasks)
+        except Exception as exc:
+            if len(calls) > 1:
+                raise
+            self._fail(calls[0], self._on_failure(exc))
+            return
+        for (call, (prompt, _, _)), outcome in zip(held, outcomes, strict=True):
+            call.decoded[id(prompt)] = outcome
+        for call in calls:
+            call.held = []
+            call.decode_s += seconds
 
     def _job_read(self, work: Work, index: int, num_tokens: int) -> None:
         if work.finished:  # failed or dropped meanwhile
@@ -267,8 +336,9 @@ class EngineLoop:
             i = work.input_of.get(index)
             if i is not None:
                 work.left[i] -= 1
-                if not work.left[i]:
-                    work.entries[i] = input_result(work.stream.inputs[i], work.values, work.deferred)
+                ci = work.stream.inputs[i]
+                if not work.left[i] and not any(cq.extracts for cq in ci.queries):  # slots: after decoding
+                    work.entries[i] = input_result(ci, work.values, work.deferred)
         self._maybe_finish(work)
 
     def _pass_failed(self, members: list[Waiting], exc: BaseException) -> None:
@@ -297,6 +367,11 @@ class EngineLoop:
         if isinstance(work, Call):
             if work.compiled is None or work.floors_waiting:
                 return
+            if work.held:  # its slots decode at the end of the step, with those of other calls ready then
+                if not work.decoding:
+                    work.decoding = True
+                    self._to_decode.append(work)
+                return
             try:
                 work.response = self._respond(self._scored(work))
             except Exception as exc:  # a bug in building one answer fails that call only
@@ -310,9 +385,9 @@ class EngineLoop:
 
     def _scored(self, call: Call) -> Scored:
         compiled = call.compiled
-        for i, ci in enumerate(compiled.inputs):  # inputs with no jobs of their own (nothing to read)
+        for i, ci in enumerate(compiled.inputs):  # inputs with slots, or with no jobs of their own (nothing to read)
             if i not in call.entries:
-                call.entries[i] = input_result(ci, call.values, call.deferred)
+                call.entries[i] = input_result(ci, call.values, call.deferred, self._slot_entry(call))
         for key, prompt in compiled.floors.items():  # read among the call's own jobs (not batch-invariant)
             if key not in call.floors:
                 call.floors[key] = floor_numbers(prompt, call.values)
@@ -323,10 +398,18 @@ class EngineLoop:
             compiled,
             [entry for entry, _ in entries],
             [w for _, found in entries for w in found],
+            call.decoded,
+            call.decode_s,
             call.ran_tokens,
             time.perf_counter() - call.started_at,
             call.busy_s,
         )
+
+    def _slot_entry(self, call: Call):
+        """How ``input_result`` builds the entry of an extraction query of ``call``."""
+        if self.extractor is None:
+            return None
+        return lambda ci, qi: self.extractor.query_entry(ci, qi, call.decoded)
 
     def _floors_read(self, read: FloorRead) -> None:
         if not read.payer.finished:
@@ -375,3 +458,4 @@ class EngineLoop:
                         self._end(read)
             work.stream = work.steps = work.compiled = None
             work.values, work.entries, work.deferred, work.reads = {}, {}, [], []
+            work.held, work.slot_prompts = [], {}

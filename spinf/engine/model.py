@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spinf.engine.attention import AttentionPlan, tree_attention
+from spinf.engine.attention import AttentionPlan, decode_attention, tree_attention
 from spinf.engine.config import LayerSpec, TextConfig
 from spinf.engine.gemm import gpu_mm, row_stable_mm
 from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
@@ -72,6 +72,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TextConfig, spec: LayerSpec, index: int = 0):
         super().__init__()
         self.spec = spec
+        self.index = index
         self.prefix = f"layers.{index}."
         self.fp8: dict[str, tuple[Fp8Weight, float]] = {}  # linear name -> (fp8 weight, static input scale)
         self.scheme: Scheme | None = None  # a scheme that quantizes on the fly (spinf.engine.schemes), and its
@@ -103,8 +104,11 @@ class DecoderLayer(nn.Module):
         raw_k = parts[1].view(n, -1, d)
         k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
         v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
+        k, v = self._kv_source(k, v, plan)
         if plan.kernel is not None:
             a = kernels().tree_attention_kernel(q, k, v, plan.kernel, self.window).reshape(n, -1)
+        elif plan.decode is not None:
+            a = decode_attention(q, k, v, plan, self.window).reshape(n, -1)
         else:
             a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
         h = h + rms_norm(self.linear("wo", a), self.post_attn_norm, self.eps)
@@ -112,6 +116,15 @@ class DecoderLayer(nn.Module):
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         return h * self.layer_scalar.to(h.dtype)
+
+    def _kv_source(self, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values attention reads: the pass's own (kept for the decoder when the pass captures), or,
+        in a decode step, the decoder's buffers with this step's written into them."""
+        if plan.capture is not None:
+            plan.capture.keep(k, v)
+        if plan.decode is not None:
+            return plan.decode.store(self.index, k, v)
+        return k, v
 
     def fused(self, h: torch.Tensor, plan: AttentionPlan) -> bool:
         """Whether this pass takes the fused GPU path (bf16 activations, a kernel plan, no calibration observer)."""
@@ -149,6 +162,7 @@ class DecoderLayer(nn.Module):
             k_eq_v=spec.k_eq_v,
             eps=eps,
         )
+        k, v = self._kv_source(k, v, plan)
         a = k_.tree_attention_kernel(q, k, v, plan.kernel, self.window, out_scale=self._input_scale("wo"))
         h, x = k_.add_norm(
             h,
@@ -339,6 +353,29 @@ class Gemma4Text(nn.Module):
                 picked = torch.tanh(picked / cap) * cap
             out.append(picked - lse[rows])
         return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
+
+    def full_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows: what the decoder
+        searches and samples on. On a GPU the rows go through in chunks of exactly ``HEAD_ROWS`` (the last padded),
+        with the soft-capped log-sum-exp of the Triton kernel, so a row's numbers never depend on the other rows."""
+        if not hidden_rows.is_cuda:
+            return self.read_logprobs(hidden_rows)
+        cap, mode = self.cfg.final_logit_softcapping, self.head_mode
+        weight = head_weight(self.embed.weight, mode)
+        out = []
+        for start in range(0, hidden_rows.shape[0], HEAD_ROWS):
+            chunk = head_rows(hidden_rows[start : start + HEAD_ROWS], mode)
+            size = chunk.shape[0]
+            if size < HEAD_ROWS:
+                chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - size, chunk.shape[1]))])
+            logits = head_logits(rms_norm(chunk, self.final_norm, self.cfg.rms_norm_eps), weight, mode)
+            lse = kernels().softcap_logsumexp(logits, cap)
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            out.append((logits - lse[:, None])[:size])
+        if not out:
+            return hidden_rows.new_zeros((0, self.embed.weight.shape[0]), dtype=torch.float32)
+        return torch.cat(out)
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows, after soft-capping

@@ -36,6 +36,11 @@ class CompiledQuery:
         return [s for per_option in self.spellings for s in per_option]
 
     @property
+    def extracts(self) -> bool:
+        """An extraction slot (``{*}``, ``{n}``, ``{$}``, generated or searched): no options, decoded instead."""
+        return not self.spec.is_scored
+
+    @property
     def reads_one_row(self) -> bool:
         """Every option and kept spelling is a single token (the query reads one row per prompt)."""
         return all(len(s) == 1 for s in self.flat_spellings)
@@ -109,6 +114,8 @@ def compile_query(q: QuerySpec, tk: TextTokenizer, limits: Limits, *, case_insen
                 f"{q.path}.combinations.{j}",
                 f"the filled template has {len(tokens)} tokens; the limit is {limits.max_query_tokens}",
             )
+    if not q.is_scored:  # an extraction slot: no options to check or spell
+        return CompiledQuery(q, combos, filled, filled_tokens, (), (), case_insensitive)
     check_options(q, case_insensitive=case_insensitive, max_options=limits.max_options)
     options = q.options or ()
     option_tokens = tuple(tk.tok(o) for o in options)

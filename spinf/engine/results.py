@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from spinf.engine.compiler import CompiledInput, CompiledRequest, Prompt
+from spinf.engine.compiler import CompiledInput, CompiledRequest, Prompt, slot_tokens
 
 LOW_MASS_RESIDUAL = 0.9
 # The hosted API bills at least this many prompt tokens per call (api spec §5.7, D10).
@@ -90,10 +90,14 @@ def fill_floors(deferred: list, floors: dict[FloorKey, Floor]) -> None:
         combination["floor_residual"] = r6(residual)
 
 
-def input_result(ci: CompiledInput, values: Values, deferred: list) -> tuple[dict, list[dict]]:
-    """One input's ``results`` entry (floor fields deferred) and its ``low_option_mass`` warnings."""
+def input_result(ci: CompiledInput, values: Values, deferred: list, slot_entry=None) -> tuple[dict, list[dict]]:
+    """One input's ``results`` entry (floor fields deferred) and its ``low_option_mass`` warnings; an extraction
+    query's entry comes from ``slot_entry(ci, query index)`` (`spinf.engine.extractor.Extractor.query_entry`)."""
     queries, warnings = [], []
     for qi, cq in enumerate(ci.queries):
+        if cq.extracts:
+            queries.append(slot_entry(ci, qi))
+            continue
         entry, mean_residual = scored_query(ci, qi, values, deferred)
         queries.append(entry)
         if cq.reads_one_row and mean_residual > LOW_MASS_RESIDUAL:
@@ -109,8 +113,9 @@ def input_result(ci: CompiledInput, values: Values, deferred: list) -> tuple[dic
     return {"input_id": ci.spec.id, "queries": queries}, warnings
 
 
-def usage(compiled: CompiledRequest) -> dict:
-    """The ``usage`` block: every count defined by the request alone (api spec §5.7).
+def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
+    """The ``usage`` block: every count defined by the request alone (api spec §5.7); ``decoded`` holds each
+    extraction prompt's outcome by prompt id (`spinf.engine.extraction.decoder.Decoded`).
 
     ``billed_tokens`` is what the hosted API would bill: the prompt tokens (generated tokens are not billed), at
     least `MIN_BILLED_TOKENS`. It is informational here, present because real clients read it (D10).
@@ -120,10 +125,14 @@ def usage(compiled: CompiledRequest) -> dict:
     floor_tokens = sum(len(p.branch) + p.query.extra_option_tokens for p in compiled.floors.values())
     distinct = {cq.spec.path: cq for ci in compiled.inputs for cq in ci.queries}
     prompt_tokens = content + query_tokens + floor_tokens
+    slots = [p for ci in compiled.inputs for per_query in ci.prompts for p in per_query if p.extracts]
+    generated = [p for p in slots if p.query.spec.generate is not None]
+    outcomes = decoded or {}
+    completion = sum(len(tokens) for p in generated for tokens, _ in outcomes[id(p)].sequences)
     out = {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": 0,
-        "total_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {
             "content_tokens": content,
             "text_tokens": content,
@@ -151,6 +160,22 @@ def usage(compiled: CompiledRequest) -> dict:
             "floor_tokens": floor_tokens,
         },
     }
+    if slots:
+        kinds = [p.query.spec.template.slot.kind for p in slots]
+        searched = [outcomes[id(p)] for p in slots if p.query.spec.generate is None]
+        out["extraction"] = {
+            "slots": len(slots),
+            **{kind: kinds.count(kind) for kind in ("text", "number", "currency")},
+            "answers": sum(len(o.answers) for o in searched),
+            "decode_tokens": sum(o.steps for o in searched),
+        }
+    if generated:
+        out["generation"] = {
+            "slots": len(generated),
+            "sequences": sum(p.query.spec.generate.n for p in generated),
+            "max_tokens": max(slot_tokens(p.query) for p in generated),
+            "generated_tokens": completion,
+        }
     if compiled.request.packs:
         pack_tokens = sum(_query_tokens(cq) for ci in compiled.inputs for cq in ci.queries if cq.spec.pack)
         out["packs"] = {"count": len(compiled.request.packs), "query_tokens": pack_tokens}

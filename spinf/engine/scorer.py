@@ -19,7 +19,8 @@ import attrs
 import numpy as np
 import torch
 
-from spinf.engine.attention import AttentionPlan, JobSpan
+from spinf.engine.attention import AttentionPlan, Capture, JobSpan
+from spinf.engine.extraction.decoder import Captured, SlotStart
 from spinf.engine.layout import PassLayout, build_pass
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.trie import Job
@@ -128,7 +129,7 @@ class Scorer:
         with an event to wait on, so the host goes on while the device runs."""
         layout = build_pass(jobs)
         launched = self.launch(layout)
-        pending = InFlight(layout, launched)
+        pending = InFlight(layout, launched, captured=launched.captured)
         if self.device.type == "cuda":
             pending.host = torch.empty(launched.picked.shape, dtype=launched.picked.dtype, pin_memory=True)
             pending.host.copy_(launched.picked, non_blocking=True)
@@ -156,26 +157,29 @@ class Scorer:
         """Start one pass; its wanted log-probs, flat in ``layout.read_columns`` order (`_finish` reads them)."""
         flat_rows = [r for r, cols in enumerate(layout.read_columns) for _ in cols]
         flat_cols = [c for cols in layout.read_columns for c in cols]
+        starts, capture = capture_plan(layout, self.device)
         if self.device.type != "cuda":
             pass_started = time.perf_counter()
             with one_cpu_thread(self.device):
-                plan = attention_plan(layout, self.device)
+                plan = attrs.evolve(attention_plan(layout, self.device), capture=capture)
                 token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
                 hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
                 rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
                 logprobs = self.model.read_logprobs(hidden[rows])  # [read rows, vocab] fp32
-                picked = logprobs[torch.tensor(flat_rows), torch.tensor(flat_cols)]
-            return Launched(picked, time.perf_counter() - pass_started)
+                picked = logprobs[torch.tensor(flat_rows, dtype=torch.long), torch.tensor(flat_cols, dtype=torch.long)]
+                captured = self._captured(hidden, layout, starts, capture)
+            return Launched(picked, time.perf_counter() - pass_started, captured)
         from spinf.engine.kernels.attention import plan_arrays, to_device
 
         done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         done[0].record()
         arrays = plan_arrays(layout, self._tile_rows)
         token_ids = np.asarray(layout.token_ids, dtype=np.int64)
-        graphed = self.graphs is not None and self.model.runs_fused()  # graphs hold the fused path only
+        # graphs hold the fused path only, and keep no keys and values for slots
+        graphed = self.graphs is not None and self.model.runs_fused() and capture is None
         hidden = self.graphs.run(token_ids, arrays) if graphed else None
         if hidden is None:
-            hidden = self._eager(token_ids, arrays)
+            hidden = self._eager(token_ids, arrays, capture)
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
         pick_rows = np.asarray(flat_rows, dtype=np.int64)
         bounds = np.searchsorted(pick_rows, np.arange(0, len(layout.read_rows) + HEAD_ROWS, HEAD_ROWS)).tolist()
@@ -185,16 +189,27 @@ class Scorer:
             to_device(np.asarray(flat_cols, dtype=np.int64), self.device),
             bounds,
         )
+        captured = self._captured(hidden, layout, starts, capture)
         done[1].record()
-        return Launched(picked, done)
+        return Launched(picked, done, captured)
 
-    def _eager(self, token_ids: np.ndarray, arrays) -> torch.Tensor:
+    def _eager(self, token_ids: np.ndarray, arrays, capture: Capture | None = None) -> torch.Tensor:
         from spinf.engine.kernels.attention import device_plan, to_device
 
         kernel = device_plan(arrays, self.device)
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
-        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel)
+        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, capture=capture)
         return self.model(to_device(token_ids, self.device), plan)
+
+    def _captured(
+        self, hidden: torch.Tensor, layout: PassLayout, starts: list[SlotStart], capture: Capture | None
+    ) -> Captured | None:
+        """What the pass kept for its extraction slots: the captured keys and values and the full-vocabulary
+        log-probs at each slot's start (A.12.1: step 0 of the decoder)."""
+        if capture is None:
+            return None
+        rows = torch.tensor(layout.end_rows, dtype=torch.long, device=self.device)
+        return Captured(capture.keys, capture.values, self.model.full_logprobs(hidden[rows]), starts)
 
 
 @attrs.frozen
@@ -204,6 +219,7 @@ class Launched:
 
     picked: torch.Tensor
     timing: object
+    captured: Captured | None = None
 
 
 @attrs.define(eq=False)
@@ -212,6 +228,7 @@ class InFlight:
 
     layout: PassLayout
     launched: Launched
+    captured: Captured | None = None  # what the pass kept for its extraction slots
     host: torch.Tensor | None = None  # pinned copy of the picks (GPU)
     ready: torch.cuda.Event | None = None  # recorded after that copy
 
@@ -227,3 +244,37 @@ def _pick_offsets(layout: PassLayout) -> list[int]:
         offsets.append(at)
         at += len(cols)
     return offsets
+
+
+def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotStart], Capture | None]:
+    """Which rows a pass with extraction slots keeps: the prefix of every job with a slot, then the paths of its
+    slots' starts (each row once); and where each slot starts in them, in ``layout.end_rows`` order."""
+    if not layout.end_rows:
+        return [], None
+    parent_of = dict(zip(layout.branch_rows, layout.parents, strict=True))
+    job_of_end = {e: j for (j, _), e in layout.end_index.items()}
+    rows: list[int] = []
+    at: dict[int, int] = {}  # stream row -> capture row
+    prefix_at: dict[int, int] = {}  # job -> its prefix's first capture row
+    starts = []
+    for e, end_row in enumerate(layout.end_rows):
+        j = job_of_end[e]
+        start, prefix_len, _ = layout.spans[j]
+        if j not in prefix_at:
+            prefix_at[j] = len(rows)
+            for r in range(start, start + prefix_len):
+                at[r] = len(rows)
+                rows.append(r)
+        path = []
+        row = end_row
+        while row >= start + prefix_len:  # a branch row: walk up to the prefix
+            path.append(row)
+            row = parent_of[row]
+            if row < 0:
+                break
+        for r in path:
+            if r not in at:
+                at[r] = len(rows)
+                rows.append(r)
+        starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e))
+    return starts, Capture(torch.tensor(rows, dtype=torch.long, device=device))

@@ -37,6 +37,11 @@ class TextTokenizer:
         except Exception as exc:  # the tokenizers library raises plain Exception subclasses
             raise ModelError(f"cannot load the tokenizer {path}: {exc}") from exc
 
+    @property
+    def plain(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer` (the extraction vocabulary reads its token texts)."""
+        return self._plain
+
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self._plain.encode(text, add_special_tokens=False).ids)
 

@@ -61,25 +61,34 @@ class TokenTrie:
 
 @attrs.define
 class Job:
-    """One prefix and its trie; ``reads`` collects the ``(node, token)`` pairs whose log-probs are wanted."""
+    """One prefix and its trie; ``reads`` collects the ``(node, token)`` pairs whose log-probs are wanted, ``ends``
+    the nodes where an extraction slot starts (`PREFIX_END` for an empty template): there the pass keeps the
+    full-vocabulary log-probs and the keys and values of the path for the decoder (engine spec A.12.1, B.13)."""
 
     prefix: tuple[int, ...]
     trie: TokenTrie = attrs.field(factory=TokenTrie)
     reads: set[tuple[int, int]] = attrs.field(factory=set)
+    ends: set[int] = attrs.field(factory=set)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prefix) + len(self.trie)
 
 
-def add_prompt(job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...]]) -> list[list[tuple[int, int]]]:
+def add_prompt(
+    job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...]], *, extracts: bool = False
+) -> list[list[tuple[int, int]]]:
     """Insert one prompt's own tokens and its spellings' lead-ins; return each spelling's reads in order.
 
     Token ``t`` of a spelling is read at the node of the token before it: the prompt's last node for the first
-    token, then the spelling's own lead-in nodes (engine spec A.7).
+    token, then the spelling's own lead-in nodes (engine spec A.7). An extraction prompt (``extracts``) has no
+    spellings; its end node joins ``job.ends``.
     """
     prompt_nodes = job.trie.insert(branch)
     end = prompt_nodes[-1] if prompt_nodes else PREFIX_END
+    if extracts:
+        job.ends.add(end)
+        job.trie.layout_memo = None
     out = []
     for tokens in spellings:
         lead = job.trie.insert(branch + tokens[:-1])[len(branch) :] if len(tokens) > 1 else []
@@ -89,3 +98,8 @@ def add_prompt(job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...
         job.trie.layout_memo = None
         out.append(reads)
     return out
+
+
+def end_node(job: Job, branch: tuple[int, ...]) -> int:
+    """The node where ``branch`` (already in the trie) ends: its last token's node, or `PREFIX_END` when empty."""
+    return job.trie.insert(branch)[-1] if branch else PREFIX_END

@@ -69,6 +69,13 @@ class Call(Work):
     floors: dict[FloorKey, Floor] = attrs.field(factory=dict)
     floors_waiting: int = 0
     reads: list[FloorRead] = attrs.field(factory=list)  # the floor reads it waits on, once per key
+    # extraction: its slots by (job, end node), those whose pass has run and wait for the decoder (prompt, captured
+    # pass, where the slot starts), and the outcomes by prompt id
+    slot_prompts: dict[tuple[int, int], list[Prompt]] = attrs.field(factory=dict)
+    held: list[tuple] = attrs.field(factory=list)
+    decoded: dict[int, object] = attrs.field(factory=dict)
+    decode_s: float = 0.0
+    decoding: bool = False  # queued for the decoder at the end of this step
 
     def result(self):
         return self.response
@@ -97,6 +104,8 @@ class Scored:
     compiled: CompiledRequest
     results: list[dict]
     warnings: list[dict]  # the low_option_mass warnings, in input order
+    decoded: dict[int, object]  # each extraction prompt's outcome (`spinf.engine.extraction.decoder.Decoded`)
+    decode_s: float
     ran_tokens: int
     wall_s: float
     busy_s: float

@@ -162,8 +162,6 @@ _LIMIT_HELP = {
 
 _NO_MEDIA = "this build reads no media yet (every media part is refused), so no request reaches this limit"
 _NOT_BUILT = {
-    "max_extractions_per_input": "this build has no extraction yet (every extraction slot is refused with "
-    "extraction_disabled), so no request reaches this limit; --no-extraction switches extraction off",
     "max_frames": _NO_MEDIA,
     "max_audio_seconds": _NO_MEDIA,
     "max_image_pixels": _NO_MEDIA,
@@ -185,6 +183,14 @@ SETTINGS: tuple[Setting, ...] = (
     _row("revision", _E, Text(), "", "the checkpoint's pinned revision"),
     _row("cache_dirs", _E, Words(sep=":"), (), "extra checkpoint roots, searched before $HF_HOME/hub"),
     _row("layers", _E, Integer(0), 0, "load only the first N layers (0 = all)"),
+    _row(
+        "decode_budget_gib",
+        _E,
+        Number(0.0, inclusive=False),
+        4.0,
+        "GiB of keys and values extraction slots may hold before they are decoded early",
+    ),
+    _row("decoder_budget_gib", _E, Number(0.0, inclusive=False), 4.0, "GiB one decode chunk may use"),
     _row("host", _S, Text(empty=False), "0.0.0.0", "the address to listen on", "--host"),
     _row("port", _S, Integer(0, 65_535), 8000, "the port to listen on (0 counts as unset)", "--port", unset=0),
     _row("token", _S, Text(), "", "the access token ('' = open)", "--token", secret=True),
@@ -229,13 +235,10 @@ class Removed:
         return ConfigError(f"{key or 'engine.' + self.name} ({origin}): not a setting of this server: {self.reason}")
 
 
-_NO_RESERVE = "the engine reserves no memory ahead; each pass allocates what it needs and frees it afterwards"
 _HEAD_ROWS = "the GPU LM head always reads rows in fixed chunks of 128, so a row's bits do not depend on the pass"
 _ROW_STABLE = "the kernels give a row the same bits wherever it sits in a pass and whatever the pass's size"
 _REMOVED = (
     Removed("stack_options", "the model stacks take no options", ("--stack-options",)),
-    Removed("decode_budget_gib", _NO_RESERVE),
-    Removed("decoder_budget_gib", _NO_RESERVE),
     Removed("capture_budget_gib", "CUDA graphs are captured when first needed, into one shared memory pool"),
     Removed("x_batched", "every pass packs many jobs; there is no unbatched path"),
     Removed(
@@ -282,6 +285,8 @@ class EngineSettings:
     revision: str = _field("revision")
     cache_dirs: tuple[str, ...] = _field("cache_dirs")
     layers: int = _field("layers")
+    decode_budget_gib: float = _field("decode_budget_gib")
+    decoder_budget_gib: float = _field("decoder_budget_gib")
 
 
 @attrs.frozen

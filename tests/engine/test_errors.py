@@ -227,10 +227,20 @@ def test_invalid_field_for_long_value_and_empty_option(tiny_engine, where):
     refused(tiny_engine, placed(query(options=[" yes", ""]), where), "invalid_field", f"{prefix}.options.1")
 
 
+@pytest.fixture(scope="module")
+def no_extraction_engine(tiny_cache):
+    from spinf import Engine
+    from spinf.settings import Features
+
+    return Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, features=Features(extraction=False))
+
+
 @pytest.mark.parametrize("template", ['It says "{*}"', "Count:{n}", "Price:{$}"])
-def test_extraction_disabled(tiny_engine, where, template):
+def test_extraction_disabled(tiny_engine, no_extraction_engine, where, template):
     q = query(template=template, options=DROP)
-    refused(tiny_engine, placed(q, where), "extraction_disabled", f"{WHERE[where]}.template")
+    refused(no_extraction_engine, placed(q, where), "extraction_disabled", f"{WHERE[where]}.template")
+    answer = tiny_engine.score(placed(q, where))  # served where extraction is on
+    assert answer["results"][0]["queries"][0]["kind"] in ("text", "number", "currency")
 
 
 # §4.2 and §4.9: ids and the choice of queries.

@@ -24,6 +24,7 @@ import torch
 
 from spinf.engine.extraction.search import BEAM, end_logprob, top
 
+MAX_TOP_K = 100  # the largest generate.top_k (api spec §4.5)
 STOP = 1  # finish codes in GenerateBuffers.finish; 0 while running
 LENGTH = 2
 FINISH_REASONS = {STOP: "stop", LENGTH: "length"}
@@ -110,7 +111,9 @@ def stack_generate(slots: list[GenerateSlot], *, device: torch.device | str = "c
         forbidden=torch.stack([slot.forbidden for slot in slots]).to(device),
         uniforms=torch.from_numpy(uniforms).to(device),
         rows=column([[b < slot.n for b in range(BEAM)] for slot in slots], torch.bool),
-        max_k=max(slot.num_candidates for slot in slots),
+        # every sampled slot draws among MAX_TOP_K + 1 events (the rest -inf), so its softmax has one width whatever
+        # shares the chunk; greedy slots read only the best token, so a greedy chunk needs just that one
+        max_k=MAX_TOP_K if any(slot.temperature > 0 for slot in slots) else max(s.num_candidates for s in slots),
         steps=steps,
     )
 

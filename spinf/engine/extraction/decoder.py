@@ -1,0 +1,327 @@
+"""The decoder: extraction and generated slots decoded from what the scoring pass kept (engine spec B.13, C.4).
+
+A scoring pass with slots keeps, for every job with a slot, the keys and values of its prefix and of each slot's
+template path in every layer, and the full-vocabulary log-probs at each slot's start (`Captured`; the scorer makes
+it). The content is never read again: `decode` copies what its slots need into one buffer per layer, with room for
+every token the slots may generate, and runs decode steps over all the slots at once. A step is a pass of the model
+whose rows are the slots' newest tokens (``BEAM`` rows per slot): each layer writes the rows' keys and values into
+its buffer and attends exactly as a branch row of a scoring pass does (the content part over the prefix, the path
+part over the template and the tokens generated so far, `spinf.engine.attention.DecodeKV`), so a decoded token gets
+the bits it would get as a branch of its input's trie, whatever else decodes with it. The beam (`search`) and the
+sampler (`sampling`) choose on the device; a row's path follows its parent's by a gather of indices, so no key or
+value is copied when beams are reordered.
+
+Slots are decoded in chunks whose working set (buffers and full-vocabulary log-probs) stays under the decoder
+budget; a slot that cannot fit alone is a 413 ``request_too_large``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from spinf.engine.attention import AttentionPlan, DecodeKV
+from spinf.engine.extraction.sampling import GenerateSlot, Generation, stack_generate
+from spinf.engine.extraction.search import BEAM, BeamSearch, SearchSlot, stack_slots
+from spinf.errors import ApiError
+
+# Bytes per row and vocabulary entry a step holds besides the buffers: the fp32 log-probs, the masked copy and the
+# int64 sort keys of the deterministic top-k (`search.top`), with room for the sampler's.
+LOGIT_BYTES = 24
+CHECK_EVERY = 4  # on a GPU, how many steps go by between looks at whether any row is still alive
+
+
+@attrs.frozen
+class SlotStart:
+    """Where one slot starts in its pass's `Captured`: its job's prefix (first captured row, length), the captured
+    rows of its template path (root first) and its row of ``Captured.logprobs``."""
+
+    prefix: tuple[int, int]
+    path: tuple[int, ...]
+    row: int
+
+    @property
+    def position(self) -> int:
+        """The position of the slot's first generated token."""
+        return self.prefix[1] + len(self.path)
+
+
+@attrs.define(eq=False)
+class Captured:
+    """What one scoring pass kept for its slots: per layer the keys and values [R, Hkv, d] of its captured rows,
+    the step-0 log-probs [E, V] and each slot's `SlotStart` (in the pass layout's ``end_rows`` order)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logprobs: torch.Tensor
+    starts: list[SlotStart]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.keys, *self.values, self.logprobs]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@attrs.frozen
+class SlotTask:
+    """One slot to decode: where it starts and what to do there (a searched slot or a generated one)."""
+
+    captured: Captured
+    start: SlotStart
+    search: SearchSlot | None = None
+    generate: GenerateSlot | None = None
+
+    @property
+    def steps(self) -> int:
+        return (self.search or self.generate).max_tokens
+
+
+@attrs.frozen
+class Decoded:
+    """A slot's outcome: a searched slot's answers ``(tokens, log-prob)`` in recording order and the decode steps
+    in which it had a live beam (``steps``), or a generated slot's sequences ``(tokens, finish)``."""
+
+    answers: list[tuple[tuple[int, ...], float]] | None = None
+    sequences: list[tuple[tuple[int, ...], str]] | None = None
+    steps: int = 0
+
+
+def kv_bytes_per_token(model) -> int:
+    """The bytes one token's keys and values take over all layers, in the model's activation dtype."""
+    size = model.embed.weight.element_size()
+    return sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim * size for layer in model.layers)
+
+
+def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
+    """The working set of decoding ``tasks`` together: the buffers' rows and the step's log-probs."""
+    groups = {(id(t.captured), t.start.prefix) for t in tasks}
+    prefix = sum(length for _, (_, length) in groups)
+    rows = BEAM * len(tasks)
+    steps = max(t.steps for t in tasks)
+    buffered = prefix + sum(len(t.start.path) for t in tasks) + rows * steps
+    return buffered * per_token + rows * vocab * LOGIT_BYTES
+
+
+def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> list[list[int]]:
+    """Task indices in chunks whose working set stays within ``budget`` bytes, each group's slots together; a slot
+    over the budget alone is a 413."""
+    order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
+    out: list[list[int]] = []
+    for i in order:
+        alone = chunk_bytes([tasks[i]], per_token, vocab)
+        if alone > budget:
+            raise ApiError(
+                413,
+                "request_too_large",
+                None,
+                f"an extraction slot needs {alone / 2**30:.2f} GiB to decode; the decoder budget is "
+                f"{budget / 2**30:.2f} GiB",
+            )
+        if out and chunk_bytes([tasks[j] for j in out[-1]] + [tasks[i]], per_token, vocab) <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def decode(
+    model,
+    tasks: list[SlotTask],
+    vocabulary,
+    *,
+    budget: int,
+    kernel_plan: Callable | None = None,
+    context: Callable | None = None,
+) -> tuple[list[Decoded], float]:
+    """Decode every task; their outcomes in order and the seconds it took.
+
+    ``vocabulary`` (`spinf.engine.extraction.vocab.Vocabulary`) gives number slots their grammar; ``kernel_plan``
+    (GPU) builds a step's attention plan for the Triton kernel; ``context`` wraps each step (the CPU's one
+    thread)."""
+    began = time.perf_counter()
+    if not tasks:
+        return [], 0.0
+    per_token = kv_bytes_per_token(model)
+    vocab = tasks[0].captured.logprobs.shape[1]
+    out: list[Decoded | None] = [None] * len(tasks)
+    for indices in chunks(tasks, per_token, vocab, budget):
+        found = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan).run(context)
+        for i, decoded in zip(indices, found, strict=True):
+            out[i] = decoded
+    return out, time.perf_counter() - began
+
+
+class _Chunk:
+    """The slots of one chunk: their buffers, paths and the two choosers (beam and sampler)."""
+
+    def __init__(self, model, tasks: list[SlotTask], vocabulary, kernel_plan: Callable | None):
+        self.model, self.tasks, self.kernel_plan = model, tasks, kernel_plan
+        device = tasks[0].captured.logprobs.device
+        self.device = device
+        self.searched = [s for s, t in enumerate(tasks) if t.search is not None]
+        self.generated = [s for s, t in enumerate(tasks) if t.generate is not None]
+        vocab = tasks[0].captured.logprobs.shape[1]
+        numbers = any(tasks[s].search.is_number for s in self.searched)
+        self.search = (
+            BeamSearch(
+                stack_slots(
+                    [tasks[s].search for s in self.searched],
+                    vocab,
+                    vocabulary.number_table if numbers else None,
+                    device=device,
+                )
+            )
+            if self.searched
+            else None
+        )
+        self.generation = (
+            Generation(stack_generate([tasks[s].generate for s in self.generated], device=device))
+            if self.generated
+            else None
+        )
+        self._lay_out_buffers()
+
+    def _lay_out_buffers(self) -> None:
+        """One buffer per layer: each group's prefix (contiguous), each slot's template path, then room for
+        ``BEAM`` rows × the chunk's steps of generated tokens; each row's path starts as its slot's template."""
+        tasks, device = self.tasks, self.device
+        sources: dict[int, tuple[Captured, list[int]]] = {}  # per captured pass: the rows it gives, in buffer order
+        groups: dict[tuple[int, tuple[int, int]], int] = {}  # (pass, prefix) -> its first buffer row
+        at = 0
+        slot_paths = []
+        order = []  # the chunk's slots, grouped by prefix: rows follow this order
+        for task in tasks:
+            key = (id(task.captured), task.start.prefix)
+            rows = sources.setdefault(id(task.captured), (task.captured, []))[1]
+            if key not in groups:
+                groups[key] = at
+                first, length = task.start.prefix
+                rows.extend(range(first, first + length))
+                at += length
+            rows.extend(task.start.path)
+            slot_paths.append(list(range(at, at + len(task.start.path))))
+            at += len(task.start.path)
+        for key in groups:
+            order.extend(s for s, t in enumerate(tasks) if (id(t.captured), t.start.prefix) == key)
+        self.order = order
+        self.steps = max(t.steps for t in tasks)
+        num_rows = BEAM * len(tasks)
+        self.gen_base = at
+        self.keys, self.values = [], []
+        for layer in range(len(self.model.layers)):
+            for name, out in (("keys", self.keys), ("values", self.values)):
+                parts = [
+                    getattr(captured, name)[layer].index_select(0, torch.tensor(rows, device=device))
+                    for captured, rows in sources.values()
+                ]
+                head = torch.cat(parts) if len(parts) > 1 else parts[0]
+                room = head.new_zeros((num_rows * self.steps, *head.shape[1:]))
+                out.append(torch.cat([head, room]))
+        # rows: slot order[k] holds rows k*BEAM … k*BEAM + BEAM - 1
+        width = max(len(p) for p in slot_paths) + self.steps
+        paths = torch.zeros((num_rows, width), dtype=torch.long)
+        lengths, positions, groups_out = [], [], []
+        for k, s in enumerate(order):
+            task = tasks[s]
+            path = slot_paths[s]
+            if path:
+                paths[k * BEAM : (k + 1) * BEAM, : len(path)] = torch.tensor(path)
+            lengths.extend([len(path)] * BEAM)
+            positions.extend([task.start.position] * BEAM)
+        k = 0
+        for key, start in groups.items():
+            count = sum(1 for s in order if (id(tasks[s].captured), tasks[s].start.prefix) == key)
+            groups_out.append((k * BEAM, count * BEAM, start, key[1][1]))
+            k += count
+        self.groups = tuple(groups_out)
+        self.paths = paths.to(device)
+        self.lengths = torch.tensor(lengths, dtype=torch.long, device=device)
+        self.first_positions = torch.tensor(positions, dtype=torch.long, device=device)
+        self.row_of_slot = torch.tensor(order, dtype=torch.long, device=device).argsort()  # slot -> its place
+
+    def _slot_logprobs(self, lp: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """The rows of ``slots`` from a step's [rows, V] log-probs, as [len(slots), BEAM, V]."""
+        places = self.row_of_slot[torch.tensor(slots, device=self.device)]
+        return lp.view(len(self.tasks), BEAM, -1).index_select(0, places)
+
+    def run(self, context: Callable | None) -> list[Decoded]:
+        tasks, device = self.tasks, self.device
+        first = torch.stack([t.captured.logprobs[t.start.row] for t in (tasks[s] for s in self.order)])
+        lp = first[:, None, :].expand(-1, BEAM, -1).reshape(len(tasks) * BEAM, -1)
+        rows = torch.arange(len(tasks) * BEAM, device=device)
+        parent = rows.clone()
+        tokens = torch.zeros_like(rows)
+        searched = self.search.num_steps - 1 if self.search else 0
+        generated = self.generation.num_steps - 1 if self.generation else 0
+        total = max(searched, generated)
+        # per searched slot, the decode steps in which it still had a live beam (usage's decode_tokens)
+        live = torch.zeros(len(self.searched), dtype=torch.long, device=device)
+        for u in range(total + 1):
+            parent, tokens = self._choose(lp, rows, u)
+            if u == total or (u % CHECK_EVERY == 0 or device.type != "cuda") and not self._alive(u):
+                break
+            if self.search is not None and u < searched:
+                live += self.search.alive.any(-1)
+            with context() if context else _nothing():
+                lp = self._step(parent, tokens, u + 1)
+        steps = live.tolist()
+        answers = self.search.answers() if self.search else []
+        sequences = self.generation.sequences() if self.generation else []
+        out: list[Decoded] = []
+        for s in range(len(tasks)):
+            if s in self.searched:
+                k = self.searched.index(s)
+                out.append(Decoded(answers=answers[k], steps=steps[k]))
+            else:
+                out.append(Decoded(sequences=sequences[self.generated.index(s)]))
+        return out
+
+    def _alive(self, u: int) -> bool:
+        """Whether any row still decodes (a host read)."""
+        alive = []
+        if self.search is not None and u < self.search.num_steps - 1:
+            alive.append(self.search.alive.any())
+        if self.generation is not None and u < self.generation.num_steps - 1:
+            alive.append(self.generation.alive.any())
+        return bool(torch.stack(alive).any()) if alive else False
+
+    def _choose(self, lp: torch.Tensor, rows: torch.Tensor, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of both choosers on the step's log-probs: each row's parent row and new token (global rows)."""
+        parent, tokens = rows.clone(), torch.zeros_like(rows)
+        if self.search is not None and u < self.search.num_steps:
+            p, tok = self.search.step(self._slot_logprobs(lp, self.searched))
+            base = self.row_of_slot[torch.tensor(self.searched, device=self.device)][:, None] * BEAM
+            parent[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = (base + p).reshape(-1)
+            tokens[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = tok.reshape(-1)
+        if self.generation is not None and u < self.generation.num_steps:
+            tok = self.generation.step(self._slot_logprobs(lp, self.generated))
+            base = self.row_of_slot[torch.tensor(self.generated, device=self.device)][:, None] * BEAM
+            tokens[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = tok.reshape(-1)
+        return parent, tokens
+
+    def _step(self, parent: torch.Tensor, tokens: torch.Tensor, u: int) -> torch.Tensor:
+        """Feed every row its ``u``-th token (its path follows its parent's) and return the next log-probs."""
+        num_rows = parent.shape[0]
+        self.paths = self.paths.index_select(0, parent)
+        self.lengths = self.lengths.index_select(0, parent)
+        write = self.gen_base + (u - 1) * num_rows + torch.arange(num_rows, device=self.device)
+        self.paths.scatter_(1, self.lengths[:, None], write[:, None])
+        self.lengths = self.lengths + 1
+        positions = self.first_positions + (u - 1)
+        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups)
+        kernel = self.kernel_plan(positions, kv) if self.kernel_plan else None
+        empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+        plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)
+        hidden = self.model(tokens, plan)
+        return self.model.full_logprobs(hidden)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,133 @@
+"""The engine's extraction side: a compiled slot becomes a decoder task, a decoded slot becomes its result entry.
+
+`Extractor` holds what every slot of one engine shares: the tokenizer's extraction vocabulary (stop and
+continuation masks, the number grammar, `spinf.engine.extraction.vocab`), the model and the decoder budget. The
+engine loop hands it the slots whose passes have run (`tasks`), decodes them (`decode`) and builds each extraction
+query's entry of api spec §5.2 from the outcomes (`query_entry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from spinf.engine.compiler import CompiledInput, Prompt, slot_tokens
+from spinf.engine.extraction.answers import Generated, generated_combination, searched_combination
+from spinf.engine.extraction.decoder import Captured, Decoded, SlotStart, SlotTask, decode, kv_bytes_per_token
+from spinf.engine.extraction.sampling import GenerateSlot
+from spinf.engine.extraction.search import SearchSlot
+from spinf.engine.extraction.vocab import vocabulary
+from spinf.engine.tokenizer import TextTokenizer
+from spinf.protocol.types import Slot
+
+DEFAULT_DECODE_BUDGET_GIB = 4.0  # held keys and values before slots are decoded early (api spec §9.2)
+DEFAULT_DECODER_BUDGET_GIB = 4.0  # a decode chunk's working set
+DEFAULT_TOP_K = 5  # answers per searched slot when the query sends no top_k (api spec §4.5)
+
+
+class Extractor:
+    def __init__(
+        self,
+        model,
+        tokenizer: TextTokenizer,
+        eos_ids,
+        *,
+        decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
+        decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
+        kernel_plan: Callable | None = None,
+        context: Callable | None = None,
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.vocabulary = vocabulary(tokenizer.plain, eos_ids, model.cfg.vocab_size)
+        self.decode_budget = int(decode_budget_gib * 2**30)
+        self.decoder_budget = int(decoder_budget_gib * 2**30)
+        self.kernel_plan, self.context = kernel_plan, context
+        self.kv_bytes_per_token = kv_bytes_per_token(model)
+        self._masks: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _text_masks(self, stop_text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A `{*}` slot's stop and continuation masks on ``device``, kept per first stop character."""
+        key = (stop_text[:1], device)
+        if key not in self._masks:
+            vocab = self.vocabulary
+            self._masks[key] = (vocab.stop_mask(stop_text).to(device), vocab.forbidden_mask(stop_text).to(device))
+        return self._masks[key]
+
+    def task(self, prompt: Prompt, captured: Captured, start: SlotStart) -> SlotTask:
+        """The decoder task of one extraction prompt, from where its pass captured it."""
+        spec = prompt.query.spec
+        device = captured.logprobs.device
+        max_tokens = slot_tokens(prompt.query)
+        slot = spec.template.slot
+        if spec.generate is not None:
+            stop, forbidden = self._text_masks(spec.template.stop_text, device)
+            g = spec.generate
+            return SlotTask(
+                captured,
+                start,
+                generate=GenerateSlot(
+                    max_tokens,
+                    stop,
+                    forbidden,
+                    temperature=g.temperature,
+                    top_p=g.top_p,
+                    top_k=g.top_k,
+                    seed=g.seed,
+                    n=g.n,
+                ),
+            )
+        if slot is Slot.TEXT:
+            stop, forbidden = self._text_masks(spec.template.stop_text, device)
+            return SlotTask(captured, start, search=SearchSlot(max_tokens, stop=stop, forbidden=forbidden))
+        table = self.vocabulary.number_table
+        return SlotTask(captured, start, search=SearchSlot(max_tokens, start=table.start(slot is Slot.CURRENCY)))
+
+    def decode(self, tasks: list[SlotTask]) -> tuple[list[Decoded], float]:
+        return decode(
+            self.model,
+            tasks,
+            self.vocabulary,
+            budget=self.decoder_budget,
+            kernel_plan=self.kernel_plan,
+            context=self.context,
+        )
+
+    def capture_tokens(self) -> int:
+        """How many tokens of keys and values one input's slots may hold: the decode budget's worth."""
+        return self.decode_budget // self.kv_bytes_per_token
+
+    def query_entry(self, ci: CompiledInput, qi: int, decoded: dict[int, Decoded]) -> dict:
+        """The result entry of one chosen extraction query (api spec §5.2) from its prompts' outcomes."""
+        cq = ci.queries[qi]
+        spec = cq.spec
+        kind = spec.template.slot.kind
+        decode_text = self.tokenizer.decode
+        combinations = []
+        for k, combo in enumerate(cq.combos):
+            outcome = decoded[id(ci.prompts[qi][k])]
+            if spec.generate is not None:
+                sequences = [
+                    Generated(decode_text(tokens), decode_text(tokens[-1:]) if tokens else "", finish)
+                    for tokens, finish in outcome.sequences
+                ]
+                combinations.append(generated_combination(dict(combo), sequences, spec.template.stop_text))
+            else:
+                found = [(decode_text(tokens), lp) for tokens, lp in outcome.answers]
+                combinations.append(
+                    searched_combination(kind, dict(combo), found, spec.top_k or DEFAULT_TOP_K, spec.calibration)
+                )
+        entry = {"id": spec.id, "kind": kind}
+        if spec.generate is not None:
+            entry["generate"] = True
+        entry["combinations"] = combinations
+        return entry
+
+
+def cpu_context(device: torch.device) -> Callable | None:
+    """What wraps a decode step on ``device``: one intra-op thread on the CPU (`spinf.engine.scorer`), else nothing."""
+    if device.type != "cpu":
+        return None
+    from spinf.engine.scorer import one_cpu_thread
+
+    return lambda: one_cpu_thread(device)
