@@ -44,6 +44,10 @@ class Extractor:
         self.decoder_budget = int(decoder_budget_gib * 2**30)
         self.kernel_plan, self.context = kernel_plan, context
         self.kv_bytes_per_token = kv_bytes_per_token(model)
+        # Measurement only, never a setting (benchmarks/extraction.py): random weights spread the next-token mass so
+        # thin that every beam is pruned and every sequence ends at once; with ``full_length`` beams are never
+        # pruned and nothing ends before ``max_tokens``, so a slot's full cost can be timed.
+        self.full_length = False
         self._masks: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _text_masks(self, stop_text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +56,8 @@ class Extractor:
         if key not in self._masks:
             vocab = self.vocabulary
             self._masks[key] = (vocab.stop_mask(stop_text).to(device), vocab.forbidden_mask(stop_text).to(device))
-        return self._masks[key]
+        stop, forbidden = self._masks[key]
+        return (torch.zeros_like(stop) if self.full_length else stop), forbidden
 
     def task(self, prompt: Prompt, captured: Captured, start: SlotStart) -> SlotTask:
         """The decoder task of one extraction prompt, from where its pass captured it."""
@@ -91,6 +96,7 @@ class Extractor:
             budget=self.decoder_budget,
             kernel_plan=self.kernel_plan,
             context=self.context,
+            **({"min_p": 0.0, "rel_p": 0.0} if self.full_length else {}),
         )
 
     def capture_tokens(self) -> int:

@@ -88,6 +88,7 @@ class Scorer:
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
         self._tile_rows: set[int] = set()
+        self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
             from spinf.engine.graphs import PassGraphs
@@ -200,6 +201,36 @@ class Scorer:
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, capture=capture)
         return self.model(to_device(token_ids, self.device), plan)
+
+    def decode_plan(self, positions: torch.Tensor, kv) -> object:
+        """The Triton kernel's plan of a decode step (`spinf.engine.attention.DecodeKV`), built on the device.
+
+        Query rows are the step's rows; the keys are the decoder's buffers. A tile holds rows of one group (one
+        prefix, at buffer rows ``[start, start + prefix_len)``) and every row is a segment of its own whose path is
+        its row of ``kv.path_index``, so the kernel computes for each row exactly what it computes for a branch row
+        with that path in a scoring pass. The tile tables depend on the groups alone and are kept per chunk.
+        """
+        from spinf.engine.kernels.attention import KernelPlan
+
+        tables = self._decode_tiles.get(kv.groups)
+        if tables is None:
+            tables = {}
+            for bm in self._tile_rows:
+                tiles = [
+                    (t, min(t + bm, first + count), start, prefix_len, t, min(t + bm, first + count) - t)
+                    for first, count, start, prefix_len in kv.groups
+                    for t in range(first, first + count, bm)
+                ]
+                tables[bm] = torch.tensor(tiles, dtype=torch.int32).to(self.device)
+            self._decode_tiles = {kv.groups: tables}  # one chunk at a time: the last one's tables
+        rows = torch.arange(positions.shape[0], dtype=torch.int32, device=self.device)
+        segments = torch.stack([rows, rows + 1, rows, kv.path_len.to(torch.int32)], dim=1)
+        return KernelPlan(
+            positions=positions.to(torch.int32),
+            paths=kv.path_index.to(torch.int32),
+            tiles=tables,
+            segments={bm: segments for bm in tables},
+        )
 
     def _captured(
         self, hidden: torch.Tensor, layout: PassLayout, starts: list[SlotStart], capture: Capture | None

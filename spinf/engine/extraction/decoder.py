@@ -25,7 +25,7 @@ import torch
 
 from spinf.engine.attention import AttentionPlan, DecodeKV
 from spinf.engine.extraction.sampling import GenerateSlot, Generation, stack_generate
-from spinf.engine.extraction.search import BEAM, BeamSearch, SearchSlot, stack_slots
+from spinf.engine.extraction.search import BEAM, MIN_P, REL_P, BeamSearch, SearchSlot, stack_slots
 from spinf.errors import ApiError
 
 # Bytes per row and vocabulary entry a step holds besides the buffers: the fp32 log-probs, the masked copy and the
@@ -135,6 +135,8 @@ def decode(
     budget: int,
     kernel_plan: Callable | None = None,
     context: Callable | None = None,
+    min_p: float = MIN_P,
+    rel_p: float = REL_P,
 ) -> tuple[list[Decoded], float]:
     """Decode every task; their outcomes in order and the seconds it took.
 
@@ -148,7 +150,8 @@ def decode(
     vocab = tasks[0].captured.logprobs.shape[1]
     out: list[Decoded | None] = [None] * len(tasks)
     for indices in chunks(tasks, per_token, vocab, budget):
-        found = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan).run(context)
+        chunk = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan, (min_p, rel_p))
+        found = chunk.run(context)
         for i, decoded in zip(indices, found, strict=True):
             out[i] = decoded
     return out, time.perf_counter() - began
@@ -157,7 +160,7 @@ def decode(
 class _Chunk:
     """The slots of one chunk: their buffers, paths and the two choosers (beam and sampler)."""
 
-    def __init__(self, model, tasks: list[SlotTask], vocabulary, kernel_plan: Callable | None):
+    def __init__(self, model, tasks: list[SlotTask], vocabulary, kernel_plan: Callable | None, pruning):
         self.model, self.tasks, self.kernel_plan = model, tasks, kernel_plan
         device = tasks[0].captured.logprobs.device
         self.device = device
@@ -172,6 +175,8 @@ class _Chunk:
                     vocab,
                     vocabulary.number_table if numbers else None,
                     device=device,
+                    min_p=pruning[0],
+                    rel_p=pruning[1],
                 )
             )
             if self.searched

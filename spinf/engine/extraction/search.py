@@ -182,10 +182,26 @@ def top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.gather(-1, pos), pos.clamp(max=n - 1)
 
 
+def masked_logsumexp(logprobs: torch.Tensor, mask: torch.Tensor, keep: bool) -> torch.Tensor:
+    """Per row of ``logprobs`` [S, BEAM, V], the log-sum-exp over the tokens where ``mask`` is ``keep``; ``mask`` is
+    per slot [S, V] or per row [S, BEAM, V]. On a GPU one Triton program per row (`spinf.engine.kernels`), so a row's
+    sum does not depend on how many rows the chunk has; on the CPU torch's reduction, which is per row already."""
+    num_slots, beam, vocab = logprobs.shape
+    if logprobs.is_cuda:
+        from spinf.engine.kernels.rows import masked_logsumexp as kernel
+
+        rows = torch.arange(num_slots * beam, device=logprobs.device)
+        which = rows // beam if mask.dim() == 2 else rows
+        flat = kernel(logprobs.reshape(-1, vocab), mask.reshape(-1, vocab), which, keep)
+        return flat.view(num_slots, beam)
+    hide = ~mask if keep else mask
+    return torch.logsumexp(logprobs.masked_fill(hide[:, None, :] if mask.dim() == 2 else hide, _NEG_INF), dim=-1)
+
+
 def end_logprob(logprobs: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
     """log P(end) of every row (A.12.2): the log-sum-exp of its stop tokens' log-probs. logprobs [S, BEAM, V], stop
     [S, V] -> [S, BEAM]."""
-    return torch.logsumexp(logprobs.masked_fill(~stop[:, None, :], _NEG_INF), dim=-1)
+    return masked_logsumexp(logprobs, stop, keep=True)
 
 
 def _text_rows(slots: SearchSlots, logprobs: torch.Tensor):
@@ -206,7 +222,7 @@ def _number_rows(slots: SearchSlots, state: torch.Tensor, logprobs: torch.Tensor
     valid = nxt >= 0
     lp = logprobs[..., grammar.candidates].masked_fill(~valid, _NEG_INF)  # [S, BEAM, C]
     extends = torch.zeros_like(logprobs, dtype=torch.bool).scatter(-1, grammar.candidates.expand_as(valid), valid)
-    ends = torch.logsumexp(logprobs.masked_fill(extends, _NEG_INF), dim=-1)
+    ends = masked_logsumexp(logprobs, extends, keep=False)
     end_lp = torch.where(grammar.complete[state], torch.where(valid.any(-1), ends, 0.0), _NEG_INF)
     prop_lp, col = top(lp, TOPK)
     return end_lp, prop_lp, grammar.candidates[col], nxt.gather(-1, col)

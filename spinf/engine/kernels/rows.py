@@ -373,3 +373,39 @@ def softcap_logsumexp(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
             logits, out, vocab, cap or 1.0, HAS_CAP=cap is not None, BLOCK=_LSE_BLOCK, num_warps=8
         )
     return out
+
+
+@triton.jit
+def _masked_lse_kernel(x_ptr, mask_ptr, which_ptr, out_ptr, vocab, KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    mask_row = tl.load(which_ptr + row).to(tl.int64)
+    m = float("-inf")
+    total = 0.0
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < vocab
+        x = tl.load(x_ptr + row * vocab + cols, mask=inside, other=float("-inf"))
+        flag = tl.load(mask_ptr + mask_row * vocab + cols, mask=inside, other=0) != 0
+        x = tl.where(inside & (flag == KEEP), x, float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        total = total * tl.exp(m - m_use) + tl.sum(tl.exp(x - m_use), axis=0)
+        m = m_new
+    tl.store(out_ptr + row, tl.where(total > 0, m + tl.log(total), float("-inf")))
+
+
+def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, which: torch.Tensor, keep: bool = True) -> torch.Tensor:
+    """``logsumexp`` of each row of fp32 ``x`` [R, V] over the columns where ``mask[which[r]]`` is ``keep``
+    (mask [M, V] bool): -inf where no column counts.
+
+    The extraction search's ``log P(end)`` (A.12.2, A.12.3). One program per row walks the vocabulary in fixed
+    blocks, so a row's sum never depends on how many rows share the call (torch's reductions may split a row over
+    blocks when there are few rows)."""
+    rows, vocab = x.shape
+    out = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows:
+        flags = mask.contiguous().view(torch.uint8)
+        _masked_lse_kernel[(rows,)](
+            x.contiguous(), flags, which.contiguous(), out, vocab, KEEP=keep, BLOCK=_LSE_BLOCK, num_warps=8
+        )
+    return out

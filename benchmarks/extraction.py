@@ -1,0 +1,178 @@
+"""Issue 14's measurement: what extraction and generated slots cost, in tokens-of-scoring equivalents, and slots/s.
+
+Run on the GPU machine: ``python benchmarks/extraction.py [--shape 12b] [--work DIR]``; the CPU smoke test is
+``python benchmarks/extraction.py --device cpu --scaled --inputs 4``.
+
+1. The 12B shape with random bf16 weights as a checkpoint folder (`benchmarks.checkpoint`), calibrated and served in
+   fp8s as ``spinf-serve serve`` would (on the CPU: fp32).
+2. A base call: ``--inputs`` articles (11 sentences each, as J1's) × ``--questions`` scored yes/no questions. Its
+   time over its processed tokens is the **time of one token of scoring** in that call.
+3. The same call plus one slot per input: a searched ``{n}`` (``max_tokens`` 16), a generated ``{*}`` of 32 tokens
+   (greedy), and 8 slots per input (3 ``{*}``, 3 ``{n}``, 2 ``{$}``; then 8 generated slots of 32 tokens). A slot's
+   cost = (the call's time − the base call's time) / slots, given in tokens of scoring.
+4. Random weights spread the next-token mass thinly: every beam falls under the 0.002 pruning floor after a step and
+   every generated sequence ends at once (its stop set outweighs any one token). So each slot call runs twice: as
+   served (``as served``), and with the extractor's measurement switch ``full_length`` (no pruning, no stop: every
+   beam and sequence runs to ``max_tokens``), which is the cost a real model's long answers pay. The decode steps
+   each run took (``usage.extraction.decode_tokens``, ``usage.completion_tokens``) are printed beside it.
+
+Every timing is the median of ``--repeats`` calls after one warm call of the same body. One section goes to
+benchmarks/RESULTS.md (``--no-results`` prints only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
+from benchmarks.checkpoint import calibrate_folder, open_engine, work_dir, write_checkpoint  # noqa: E402
+from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, scaled  # noqa: E402
+from benchmarks.gpu_fast import calibration_corpus  # noqa: E402
+from benchmarks.jobsets import article  # noqa: E402
+from benchmarks.results import RESULTS, append_section, cpu_machine  # noqa: E402
+
+QUESTIONS = [
+    "is the news good for households",
+    "does it mention a company",
+    "is a government involved",
+    "is it about prices",
+    "is it about jobs",
+    "does it name a country",
+    "is the tone negative",
+    "is it about energy",
+    "does it cite a survey",
+    "is it about the future",
+]
+
+
+def base_body(inputs: int, questions: int, seed: int = 1) -> dict:
+    rng = random.Random(seed)
+    queries = [
+        {
+            "id": f"q{k}",
+            "template": f"\n\nQuestion {k}: {QUESTIONS[k % len(QUESTIONS)]}? Answer:{{?}}",
+            "options": [" yes", " no"],
+        }
+        for k in range(questions)
+    ]
+    contents = [{"id": f"a{i}", "messages": [{"role": "user", "content": article(rng, 11)}]} for i in range(inputs)]
+    return {"inputs": contents, "scoring": {"queries": queries}}
+
+
+SEARCHED_N = {"id": "n0", "template": "\n\nThe number of people asked: {n}", "max_tokens": 16}
+GENERATED = {"id": "g0", "template": "\n\nIn one line:{*}", "generate": True, "max_tokens": 32}
+EIGHT_SEARCHED = [
+    *({"id": f"t{k}", "template": f'\n\nName {k} in the text: "{{*}}"', "max_tokens": 16} for k in range(3)),
+    *({"id": f"n{k}", "template": f"\n\nNumber {k} in the text: {{n}}", "max_tokens": 16} for k in range(3)),
+    *({"id": f"c{k}", "template": f"\n\nAmount {k} in the text: {{$}}", "max_tokens": 16} for k in range(2)),
+]
+EIGHT_GENERATED = [
+    {"id": f"g{k}", "template": f"\n\nSummary {k}:{{*}}", "generate": True, "max_tokens": 32} for k in range(8)
+]
+
+
+def with_slots(body: dict, slots: list[dict]) -> dict:
+    return {**body, "scoring": {"queries": body["scoring"]["queries"] + slots}}
+
+
+def timed(engine, body: dict, repeats: int, device: torch.device) -> tuple[float, dict]:
+    """The median seconds of ``repeats`` calls of ``body`` after a warm one, and the last response."""
+    engine.score(body, trusted=True)
+    times, response = [], None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        response = engine.score(body, trusted=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), response
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model of the 12B's architecture")
+    p.add_argument("--work", type=Path, default=None, help="where the checkpoint folder goes (default: temporary)")
+    p.add_argument("--inputs", type=int, default=64)
+    p.add_argument("--questions", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--no-results", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    config = scaled(GEMMA_12B_TEXT_CONFIG) if args.scaled else GEMMA_12B_TEXT_CONFIG
+    lines = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    with work_dir(args.work) as root:
+        folder = write_checkpoint(root, config, device=device)
+        quant = "fp32"
+        if folder.on_gpu:
+            quant = "fp8s"
+            calibrate_folder(folder, root, calibration_corpus(), BENCH_LIMITS)
+        engine = open_engine(folder, root, quant=quant, limits=BENCH_LIMITS)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        base = base_body(args.inputs, args.questions)
+        base_s, base_response = timed(engine, base, args.repeats, device)
+        tokens = base_response["usage"]["processed_tokens"]
+        per_token = base_s / tokens
+        say(
+            f"base: {args.inputs} inputs × {args.questions} questions, {tokens} processed tokens in "
+            f"{base_s * 1000:.1f} ms: {per_token * 1e6:.2f} µs per token of scoring"
+        )
+        say("")
+        say("| call | mode | slots | ms | ms per slot | tokens of scoring per slot | slots/s | decode steps |")
+        say("|---|---|---|---|---|---|---|---|")
+        cases = [
+            ("+1 searched {n} per input", [SEARCHED_N]),
+            ("+1 generated 32-token {*} per input", [GENERATED]),
+            ("+8 searched slots per input", EIGHT_SEARCHED),
+            ("+8 generated 32-token slots per input", EIGHT_GENERATED),
+        ]
+        for name, slots in cases:
+            for mode in ("as served", "full_length"):
+                engine.extractor.full_length = mode == "full_length"
+                seconds, response = timed(engine, with_slots(base, slots), args.repeats, device)
+                usage = response["usage"]
+                count = args.inputs * len(slots)
+                extra = (seconds - base_s) / count
+                steps = usage["extraction"]["decode_tokens"] + usage["completion_tokens"]
+                say(
+                    f"| {name} | {mode} | {count} | {seconds * 1000:.1f} | {extra * 1000:.3f} | "
+                    f"{extra / per_token:.0f} | {count / (seconds - base_s):.0f} | {steps} |"
+                )
+        engine.extractor.full_length = False
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+        say("")
+        say(f"peak GPU memory {peak:.2f} GiB" if device.type == "cuda" else "CPU run")
+    if args.no_results:
+        return
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
+    command = "python benchmarks/extraction.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    shape = "the 12B shape (scaled)" if args.scaled else "the 12B shape"
+    body = f"Command: `{command.strip()}`. Machine: {machine}. Model: {shape}, random weights, {quant}.\n\n"
+    append_section("Issue 14: extraction and generation costs", body + "\n".join(lines), args.results)
+
+
+if __name__ == "__main__":
+    main()
