@@ -44,6 +44,8 @@ class ServedEngine(Protocol):
 
     loop: Any  # the engine loop: the warm-up takes the passes it ran off its ``pass_log``, as the packer does
 
+    # each step may name the ``boot`` field its seconds count in (``part``: ``warmup_s``, the default, or
+    # ``warmup_extract_s``; spinf.engine.warm.Step)
     def warmup_steps(self, mode: str) -> list[Callable[[], object]]: ...
 
     def score(self, body: object) -> dict: ...
@@ -153,11 +155,14 @@ class Boot:
     weights: str
     warmup_s: float | None  # None under --warmup none
     idle_gib: float
+    warmup_extract_s: float | None = None  # the extraction call's seconds; None when none ran (or under none)
 
     def as_dict(self) -> dict:
         body: dict = {"import_s": self.import_s, "load_s": self.load_s, "weights": self.weights}
         if self.warmup_s is not None:
             body["warmup_s"] = self.warmup_s
+        if self.warmup_extract_s is not None:
+            body["warmup_extract_s"] = self.warmup_extract_s
         return body | {"warm": True, "idle_gib": self.idle_gib}
 
 
@@ -234,13 +239,15 @@ class Lifecycle:
             raise IllegalTransition(f"cannot mark the engine loaded: the server is {self._phase.value}, not loading")
         self._phase, self._engine, self._load_s = Phase.WARMING, facts, load_s
 
-    def warmed(self, warmup_s: float | None, idle_gib: float) -> None:
-        """warming -> ready: scoring is admitted from now on."""
+    def warmed(self, warmup_s: float | None, idle_gib: float, warmup_extract_s: float | None = None) -> None:
+        """warming -> ready: scoring is admitted from now on. ``warmup_extract_s``: the extraction warm-up's
+        seconds, when one ran (api spec §3.1)."""
         if self._phase is Phase.STOPPING:
             return  # a boot step that ends during a shutdown
         if self._phase is not Phase.WARMING:
             raise IllegalTransition(f"cannot mark the engine warm: the server is {self._phase.value}, not warming")
-        self._boot = Boot(self.import_s, round(self._load_s, 3), self._engine.weights, warmup_s, idle_gib)
+        load_s, weights = round(self._load_s, 3), self._engine.weights
+        self._boot = Boot(self.import_s, load_s, weights, warmup_s, idle_gib, warmup_extract_s)
         self._phase = Phase.READY
 
     def fail(self, exc: BaseException) -> None:

@@ -317,28 +317,54 @@ async def serve(
 class ModelEntry:
     """The one ``/v1/models`` entry (api spec §7): the model's own fields, its status, limits and features.
 
-    Extraction, generation and media are not available in this build yet, so they are reported as off.
+    ``extraction`` and ``generation`` are the server's switches. A feature is on when its switch is and the model's
+    capabilities name it; generation needs extraction too (``--no-extraction`` reports both off), and
+    ``capabilities`` lists the model's minus what the switches turn off. ``media`` is ``[]`` in the list and the
+    features whatever the model reads and ``--media`` says: this build loads no media embedders, so every media
+    part is refused.
     """
 
     resolved: object  # spinf.catalog.ResolvedModel
     served_model: str
     limits: dict
+    extraction: bool = True
+    generation: bool = True
 
     def __call__(self, lifecycle: Lifecycle) -> dict:
         body = self.resolved.listing()
         body["id"] = self.served_model or body["id"]
         status = "error" if lifecycle.error else "available" if lifecycle.is_warm else "loading"
-        body.update(status=status, capabilities=["score"], media=[], limits=dict(self.limits))
-        body["features"] = {"media": [], "extraction": False, "generation": False}
+        capabilities = self.capabilities()
+        body.update(status=status, capabilities=capabilities, media=[], limits=dict(self.limits))
+        body["features"] = {
+            "media": [],
+            "extraction": "extract" in capabilities,
+            "generation": "generate" in capabilities,
+        }
         # ours, beyond §7: a checkpoint outside the catalog carries no batch-invariance guarantee (§9.6, D2)
         engine = lifecycle.engine
         body["batch_invariant"] = engine.batch_invariant if engine else self.resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
 
+    def capabilities(self) -> list[str]:
+        """The model's capabilities (all three without a manifest) minus what the switches turn off."""
+        extract = self.extraction and "extract" in self.resolved.capabilities
+        off = set() if extract else {"extract", "generate"}
+        if not self.generation:
+            off.add("generate")
+        return [name for name in self.resolved.capabilities if name not in off]
+
 
 def models_entry_for(resolved, settings) -> ModelEntry:
     """The ``/v1/models`` entry of ``resolved`` as the layered ``settings`` serve it."""
-    return ModelEntry(resolved, settings.engine.served_model, settings.limits.as_dict())
+    features = settings.features
+    return ModelEntry(
+        resolved,
+        settings.engine.served_model,
+        settings.limits.as_dict(),
+        extraction=features.extraction,
+        generation=features.generation,
+    )
 
 
 _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capabilities", "media", "limits"]

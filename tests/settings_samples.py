@@ -28,6 +28,8 @@ SAMPLES: dict[str, tuple[object, object]] = {
     "revision": ("a" * 40, "b" * 40),
     "cache_dirs": (("/c1", "/c2"), ("/c3",)),
     "layers": (2, 4),
+    "decode_budget_gib": (1.5, 8.0),
+    "decoder_budget_gib": (0.5, 2.0),
     "host": ("127.0.0.1", "::1"),
     "port": (9001, 9002),
     "token": ("tok-high", "tok-low"),

@@ -111,9 +111,8 @@ def test_a_setting_whose_feature_is_not_built_takes_only_its_default(name, top, 
         assert (settings.value(name), settings.origin(name)) == (setting.default, origin)
 
 
-def test_the_settings_not_built_yet_are_the_media_and_extraction_limits():
+def test_the_settings_not_built_yet_are_the_media_limits():
     assert [s.name for s in SETTINGS if s.not_built] == [
-        "max_extractions_per_input",
         "max_frames",
         "max_audio_seconds",
         "max_image_pixels",

@@ -161,7 +161,7 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
             "[engine.extra]\nx = 1\n",
             "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
             "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, served_model, "
-            "model_id, revision, cache_dirs, layers",
+            "model_id, revision, cache_dirs, layers, decode_budget_gib, decoder_budget_gib",
         ),
         (
             "[features]\npacks = ['a']\n[packs]\npacks = ['b']\n",
@@ -214,8 +214,6 @@ def test_a_manifest_may_set_only_engine_settings_and_media():
 
 REMOVED_NAMES = [
     "stack_options",
-    "decode_budget_gib",
-    "decoder_budget_gib",
     "capture_budget_gib",
     "x_batched",
     "x_cuda_graphs",

@@ -18,8 +18,8 @@ exist only as documented environment names and their TOML keys: ``cache_dirs`` (
 colon-separated) and ``packs_official`` (``SPINF_PACKS_OFFICIAL``); ``SPINF_ENGINE_TOKEN`` is an extra name for
 ``trusted_token``, and loses to ``SPINF_TRUSTED_TOKEN`` when both are set.
 
-No setting is accepted and then ignored. A setting whose feature this build does not have yet (the media limits,
-the extraction limit) takes only its default: any other value, in any layer, is refused with
+No setting is accepted and then ignored. A setting whose feature this build does not have yet (the media limits)
+takes only its default: any other value, in any layer, is refused with
 ``Setting.not_built`` as the reason. The reference's engine settings that this design has no use for are
 ``REMOVED``: each still has its name, so setting it (its flag, ``SPINF_<NAME>`` or its TOML key) refuses the start
 with the reason, where any other unknown ``SPINF_*`` variable is not read (docs/configuration.md, "Not settings

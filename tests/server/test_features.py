@@ -2,9 +2,10 @@
 ``spinf-serve serve`` builds them (`Engine.from_settings`, `models_entry_for`), on the tiny checkpoint served by its
 folder, so that the model reads every media kind (api spec §9.6).
 
-This build has no media embedders and no extraction yet: what a switch lets through is then refused by the engine
-(``unsupported_content``, ``extraction_disabled``), what it switches off is refused by the request checks first
-(``media_disabled``, ``extraction_disabled``, ``generation_disabled``, §4.12 steps 12 and 13).
+This build has no media embedders yet: a media kind a switch lets through is then refused by the engine
+(``unsupported_content``). Extraction and generation are served; what a switch turns off is refused by the request
+checks first (``media_disabled``, ``extraction_disabled``, ``generation_disabled``, §4.12 steps 12 and 13), and
+``/v1/models`` reports the switches in ``capabilities`` and ``features`` (§7).
 """
 
 from __future__ import annotations
@@ -89,31 +90,42 @@ async def test_media_is_gated_by_the_media_setting(build):
         assert (await client.post("/v1/score", json=body())).status_code == 200
 
 
+async def models_entry(client: httpx.AsyncClient) -> tuple[list[str], dict]:
+    entry = (await client.get("/v1/models")).json()["models"][0]
+    return entry["capabilities"], entry["features"]
+
+
 async def test_extraction_and_generation_are_gated_by_their_settings(build):
-    not_built = (400, "extraction_disabled", "scoring.queries.0.template")
+    disabled = (400, "extraction_disabled", "scoring.queries.0.template")
     bad_template = {**SCORED, "id": "bad", "template": "\n\nRefund? {?"}
-    async with serving(*build()) as client:  # both on: the engine refuses extraction, as a score-only model does
-        for query in (EXTRACTED, GENERATED):
-            code, name, param, message = await refusal(client, body(query))
-            assert (code, name, param) == not_built and message.endswith("extraction is not built yet")
-        # the request checks let the extraction slot through, so the later query's template is refused first
-        assert (await refusal(client, body(EXTRACTED, bad_template)))[1:3] == (
-            "invalid_template",
-            "scoring.queries.1.template",
+    async with serving(*build()) as client:  # both on: both slots are answered
+        for query, generated in ((EXTRACTED, False), (GENERATED, True)):
+            answer = await client.post("/v1/score", json=body(query))
+            assert answer.status_code == 200, answer.text
+            result = answer.json()["results"][0]["queries"][0]
+            assert (result["kind"], result.get("generate", False)) == ("text", generated)
+        assert await models_entry(client) == (
+            ["score", "extract", "generate"],
+            {"media": [], "extraction": True, "generation": True},
         )
     async with serving(*build("--no-extraction")) as client:
         assert await refusal(client, body(EXTRACTED, bad_template)) == (
-            *not_built,
+            *disabled,
             "extraction slots are switched off",
         )
         assert (await client.post("/v1/score", json=body())).status_code == 200
+        assert await models_entry(client) == (["score"], {"media": [], "extraction": False, "generation": False})
     async with serving(*build("--no-generation")) as client:
         assert (await refusal(client, body(GENERATED)))[:3] == (
             400,
             "generation_disabled",
             "scoring.queries.0.generate",
         )
-        assert (await refusal(client, body(EXTRACTED)))[:3] == not_built
+        assert (await client.post("/v1/score", json=body(EXTRACTED))).status_code == 200
+        assert await models_entry(client) == (
+            ["score", "extract"],
+            {"media": [], "extraction": True, "generation": False},
+        )
 
 
 async def test_a_server_with_layers_1_serves_a_one_layer_model(build, tiny_engine):

@@ -112,7 +112,12 @@ def check(answer: httpx.Response, path: str, status: int | None = None) -> dict:
 
 # The real /v1/models entry (api spec §7) of the tiny model, under the default limits.
 tiny_models_entry = models_entry_for(
-    resolve_model("spinf/tiny-gemma4"), SimpleNamespace(limits=Limits(), engine=SimpleNamespace(served_model=""))
+    resolve_model("spinf/tiny-gemma4"),
+    SimpleNamespace(
+        limits=Limits(),
+        engine=SimpleNamespace(served_model=""),
+        features=SimpleNamespace(extraction=True, generation=True),
+    ),
 )
 
 
