@@ -2,7 +2,10 @@
 
 ``--warmup full|short|none``; the engine says what covers its shapes (`Engine.warmup_steps`: scoring calls, and
 under ``full`` passes built for each CUDA-graph bucket and for the whole token budget, `spinf.engine.warm`). Each
-step is one executor job, so a shutdown during warm-up is seen between shapes. The passes the steps ran are the
+step is one executor job, so a shutdown during warm-up is seen between shapes. Each step's seconds count in the
+``boot`` field the step names (``part``: ``warmup_s`` by default; ``warmup_extract_s`` for the extraction call an
+engine that can extract runs last, api spec §3.1); ``warmup_s`` is reported unless the mode is ``none``,
+``warmup_extract_s`` only when such a step ran. The passes the steps ran are the
 warm-up's: they are counted here (``spinf_warmup_passes``) and taken off the engine loop's pass log, so the
 serving metrics see served passes only. Once warm, it hands the engine on to the packer (``warmed``) and moves the
 lifecycle to ready, in that order: a call admitted once ready finds the engine already in the packer's hands.
@@ -55,9 +58,13 @@ class Warmup:
                 except trio.EndOfChannel:
                     return
             started = trio.current_time()
+            seconds: dict[str, float] = {}  # per boot field, the seconds of the steps counted in it
             try:
                 for step in engine.warmup_steps(self.mode):
+                    begun = trio.current_time()
                     await run_on_executor(self.executor, step)
+                    part = getattr(step, "part", "warmup_s")
+                    seconds[part] = seconds.get(part, 0.0) + trio.current_time() - begun
                     self._done += 1
                     self._passes += self._take_passes(engine)
                 idle_gib = await run_on_executor(self.executor, engine.idle_gib)  # reads the device's memory
@@ -67,10 +74,12 @@ class Warmup:
                 return
             if engine.degraded:  # an out-of-memory error in warm-up that left memory held
                 self.lifecycle.degrade(engine.degraded)
-            warmup_s = round(trio.current_time() - started, 3) if self.mode != "none" else None
+            warmup_s = round(seconds.get("warmup_s", 0.0), 3) if self.mode != "none" else None
+            extract_s = seconds.get("warmup_extract_s")
+            warmup_extract_s = round(extract_s, 3) if extract_s is not None else None
             hostgc.settle()  # the model and libraries leave the collector's scans (spinf.engine.hostgc)
             self.warmed.send_nowait(engine)  # buffer 1, sent once: never full
-            self.lifecycle.warmed(warmup_s, idle_gib)
+            self.lifecycle.warmed(warmup_s, idle_gib, warmup_extract_s)
             self._warm = True
             log.info("warm-up (%s) done in %.1f s: ready", self.mode, trio.current_time() - started)
 

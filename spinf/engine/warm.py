@@ -21,6 +21,13 @@ so running out of memory fails the boot rather than a call; eager, with paths 3 
 here (`RawJobs`) and run through the engine loop like every caller's work, so each lands in its bucket whatever
 the tokenizer. ``none``: nothing; the first requests pay. On the CPU there is no graph and no Triton: the same steps
 run and check the memory.
+
+After the scoring steps, an engine that can extract (``engine.extractor`` set: the model's capabilities and the
+``extraction`` switch allow it) and a mode other than ``none`` run one extraction call (`extract_body`): a searched
+``{*}``, a ``{n}``, a ``{$}`` and, when generation is on, a greedy and a sampled generated slot, a few tokens each,
+so the decode path's first use (its buffers, and on a GPU its kernels) is paid before ready. Its seconds are
+``boot.warmup_extract_s`` rather than part of ``boot.warmup_s`` (api spec §3.1): each step says which it counts
+in (`Step.part`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,18 @@ EAGER_DEPTH = 3  # not a multiple of 16: the other specialisation of the attenti
 # CPU's attention costs the square of a job's length (16 jobs of 1,024 tokens took 4 s on the tiny model, 32 of 512
 # took 1.3 s)
 BUDGET_JOB = 512
+WARM_DECODE_TOKENS = 4  # decode steps per slot of the extraction call: its shapes, not its length, are paid
+
+
+@attrs.frozen
+class Step:
+    """One warm-up step: call it to run it; ``part`` is the ``boot`` field its seconds count in (api spec §3.1)."""
+
+    run: Callable[[], object]
+    part: str = "warmup_s"  # or "warmup_extract_s"
+
+    def __call__(self) -> object:
+        return self.run()
 
 
 @attrs.frozen
@@ -70,6 +89,26 @@ def bodies(mode: str) -> list[dict]:
     yes_no = {"template": "\n\nIs the customer unhappy? Answer:{?}", "options": [" yes", " no"]}
     queries = [{"id": f"w{k}", **yes_no} for k in range(40)]
     return [{"messages": [{"content": SENTENCE * n}], "scoring": {"queries": queries[:n]}} for n in (1, 40)]
+
+
+def extract_body(mode: str, *, max_slots: int, generation: bool) -> dict | None:
+    """The extraction call of ``short`` and ``full``, for an engine that can extract: one input per slot (so any
+    ``max_extractions_per_input`` of 1 or more admits it), each slot a few tokens long; the generated slots only
+    when ``generation`` is on. None under ``none``, or when the limit admits no slot."""
+    check_mode(mode)
+    if mode == "none" or max_slots < 1:
+        return None
+    slots = [
+        {"id": "text", "template": '\n\nWhat went wrong: "{*}"', "max_tokens": WARM_DECODE_TOKENS},
+        {"id": "number", "template": "\n\nHow many days late?{n}", "max_tokens": WARM_DECODE_TOKENS},
+        {"id": "amount", "template": "\n\nThe refund asked for:{$}", "max_tokens": WARM_DECODE_TOKENS},
+    ]
+    if generation:
+        generated = {"template": '\n\nA short reply: "{*}"', "max_tokens": WARM_DECODE_TOKENS}
+        slots.append({"id": "greedy", **generated, "generate": True})
+        slots.append({"id": "sampled", **generated, "generate": {"temperature": 0.7, "seed": 0, "n": 2}})
+    inputs = [{"id": slot["id"], "messages": [{"content": SENTENCE}], "queries": [slot]} for slot in slots]
+    return {"inputs": inputs, "scoring": {"queries": []}}
 
 
 def passes(mode: str, token_budget: int) -> list[WarmPass]:
@@ -107,12 +146,20 @@ def run_pass(loop: EngineLoop, built: list[Job]) -> int:
     return work.ran_tokens
 
 
-def steps(engine: Engine, mode: str) -> list[Callable[[], object]]:
-    """The warm-up of ``mode`` as steps to run one after another (the server runs each as its own executor job)."""
+def steps(engine: Engine, mode: str) -> list[Step]:
+    """The warm-up of ``mode`` as steps to run one after another (the server runs each as its own executor job):
+    the scoring calls, the built passes, then the extraction call when the engine can extract."""
     filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
-    calls = [functools.partial(engine.score, body) for body in bodies(mode)]
+    calls = [Step(functools.partial(engine.score, body)) for body in bodies(mode)]
     built = passes(mode, engine.shape.token_budget)
-    return calls + [functools.partial(run_pass, engine.loop, jobs(plan, filler)) for plan in built]
+    found = calls + [Step(functools.partial(run_pass, engine.loop, jobs(plan, filler))) for plan in built]
+    if engine.extractor is not None:
+        body = extract_body(
+            mode, max_slots=engine.limits.max_extractions_per_input, generation=engine.features.generation
+        )
+        if body is not None:
+            found.append(Step(functools.partial(engine.score, body), part="warmup_extract_s"))
+    return found
 
 
 def check_mode(mode: str) -> None:

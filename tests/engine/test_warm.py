@@ -1,7 +1,8 @@
 """The warm-up's steps (spinf.engine.warm) on the CPU: ``full`` runs a pass in every CUDA-graph bucket and one past
-them all at the token budget, after ``short``'s calls; ``none`` runs nothing. The bucket rule is graphs.py's own,
-so a bucket added there and missed here fails the first test. tests/server/test_warmup_modes.py runs each mode in
-a real server; the GPU's captures are checked in tests/engine/test_gpu_graphs.py."""
+them all at the token budget, after ``short``'s calls; both end with the extraction call; ``none`` runs nothing.
+The bucket rule is graphs.py's own, so a bucket added there and missed here fails the first test.
+tests/server/test_warmup_modes.py runs each mode in a real server; the GPU's captures are checked in
+tests/engine/test_gpu_graphs.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from spinf import Engine
 from spinf.engine import warm
 from spinf.engine.graphs import all_buckets, bucket_of
+from spinf.settings import Features
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +48,44 @@ def test_short_runs_its_calls_only_and_none_nothing(engine, monkeypatch):
     assert 0 < len(short) < len(all_buckets()) and max(short) <= all_buckets()[-1]
 
 
-def test_full_begins_with_the_calls_of_short(engine):
+def test_full_begins_with_the_calls_of_short_and_both_end_with_the_extraction_call(engine):
     short, full = engine.warmup_steps("short"), engine.warmup_steps("full")
-    assert [(s.func, s.args) for s in short] == [(s.func, s.args) for s in full[: len(short)]]
-    assert [s.func for s in short] == [engine.score, engine.score]
+    calls = [(s.run.func, s.run.args) for s in short]
+    assert calls[:2] == [(s.run.func, s.run.args) for s in full[:2]] and calls[-1] == (
+        full[-1].run.func,
+        full[-1].run.args,
+    )
+    assert [s.run.func for s in short] == [engine.score] * 3
+    assert [s.part for s in short] == ["warmup_s", "warmup_s", "warmup_extract_s"]
+    assert [s.part for s in full] == ["warmup_s"] * (len(full) - 1) + ["warmup_extract_s"]
     assert len(full) == len(short) + len(all_buckets()) + 1
+
+
+def test_the_extraction_call_has_every_slot_kind_and_answers_them(engine):
+    body = warm.extract_body("short", max_slots=10, generation=True)
+    slots = [query for item in body["inputs"] for query in item["queries"]]
+    assert [q["template"].rstrip('"')[-3:] for q in slots] == ["{*}", "{n}", "{$}", "{*}", "{*}"]
+    assert [q.get("generate") for q in slots][3:] == [True, {"temperature": 0.7, "seed": 0, "n": 2}]
+    results = engine.score(body)["results"]
+    kinds = [(r["queries"][0]["kind"], r["queries"][0].get("generate", False)) for r in results]
+    assert kinds == [("text", False), ("number", False), ("currency", False), ("text", True), ("text", True)]
+    assert [len(r["queries"][0]["combinations"][0]["answers"]) for r in results][3:] == [1, 2]
+
+
+def test_the_extraction_call_follows_the_limit_and_the_generation_switch():
+    assert warm.extract_body("none", max_slots=10, generation=True) is None
+    assert warm.extract_body("full", max_slots=0, generation=True) is None  # no slot could be admitted
+    without = warm.extract_body("full", max_slots=1, generation=False)
+    assert [q["id"] for i in without["inputs"] for q in i["queries"]] == ["text", "number", "amount"]
+    assert all(len(i["queries"]) == 1 for i in without["inputs"])  # one slot per input: a limit of 1 admits it
+
+
+def test_an_engine_that_cannot_extract_has_no_extraction_step(tiny_cache):
+    off = Engine(
+        "spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, token_budget=2048, features=Features(extraction=False)
+    )
+    assert off.extractor is None
+    assert [s.part for s in off.warmup_steps("short")] == ["warmup_s", "warmup_s"]
 
 
 @pytest.mark.parametrize("budget", [128, 1024, 2048, 16_000, 16_384])

@@ -1,7 +1,8 @@
 """``--warmup full|short|none`` in a real server process (``spinf-serve serve spinf/tiny-gemma4 --device cpu``).
 
 What each mode ran is read off ``/metrics`` once ``/readyz`` is 200: ``spinf_warmup_steps`` and
-``spinf_warmup_passes`` (the warm-up's passes, which stay out of ``spinf_pass_seconds``), and ``boot.warmup_s``.
+``spinf_warmup_passes`` (the warm-up's passes, which stay out of ``spinf_pass_seconds``), and ``boot.warmup_s`` and
+``boot.warmup_extract_s`` (the tiny model extracts, so ``short`` and ``full`` end with an extraction call).
 ``none`` is ready without a pass and its first call pays; ``full`` runs ``short``'s calls and more passes. The token
 budget is small so that ``full``'s largest pass stays quick on the CPU. tests/engine/test_warm.py checks which
 passes each mode builds.
@@ -60,16 +61,18 @@ def booted(tmp_path_factory, cache) -> dict:
 def test_none_is_ready_without_a_pass_and_its_first_call_pays(booted):
     none = booted["none"]
     assert (none["steps"], none["passes"]) == (0, 0)
-    assert "warmup_s" not in none["boot"] and none["boot"]["warm"] is True
+    assert "warmup_s" not in none["boot"] and "warmup_extract_s" not in none["boot"] and none["boot"]["warm"] is True
     assert none["served"] == 0 and none["served_after"] > 0
 
 
 def test_short_and_full_run_their_shapes_and_full_runs_more(booted):
     short, full = booted["short"], booted["full"]
-    assert short["steps"] == 2 and short["passes"] >= 1
+    assert short["steps"] == 3 and short["passes"] >= 1  # two scoring calls and the extraction call
     assert full["steps"] == short["steps"] + 9  # the eight graph buckets and the token budget
     assert full["passes"] >= short["passes"] + 9
-    assert short["boot"]["warmup_s"] >= 0 and full["boot"]["warmup_s"] >= 0
+    for boot in (short["boot"], full["boot"]):
+        assert boot["warmup_s"] > 0 and boot["warmup_extract_s"] > 0
+        assert list(boot)[3:5] == ["warmup_s", "warmup_extract_s"]
 
 
 @pytest.mark.parametrize("mode", ["none", "short", "full"])
