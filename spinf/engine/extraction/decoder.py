@@ -216,12 +216,10 @@ class _Chunk:
         num_rows = BEAM * len(tasks)
         self.gen_base = at
         self.keys, self.values = [], []
+        picks = [(captured, torch.tensor(rows, dtype=torch.long, device=device)) for captured, rows in sources.values()]
         for layer in range(len(self.model.layers)):
             for name, out in (("keys", self.keys), ("values", self.values)):
-                parts = [
-                    getattr(captured, name)[layer].index_select(0, torch.tensor(rows, device=device))
-                    for captured, rows in sources.values()
-                ]
+                parts = [getattr(captured, name)[layer].index_select(0, rows) for captured, rows in picks]
                 head = torch.cat(parts) if len(parts) > 1 else parts[0]
                 room = head.new_zeros((num_rows * self.steps, *head.shape[1:]))
                 out.append(torch.cat([head, room]))
@@ -245,12 +243,19 @@ class _Chunk:
         self.paths = paths.to(device)
         self.lengths = torch.tensor(lengths, dtype=torch.long, device=device)
         self.first_positions = torch.tensor(positions, dtype=torch.long, device=device)
-        self.row_of_slot = torch.tensor(order, dtype=torch.long, device=device).argsort()  # slot -> its place
+        place = torch.tensor(order, dtype=torch.long).argsort()  # slot -> its place in the rows
+        beam = torch.arange(BEAM)
+        # per chooser: the places of its slots, and the global rows of their BEAM rows (made once: a step copies
+        # nothing from the host)
+        self.places = {
+            kind: place[torch.tensor(slots, dtype=torch.long)].to(device)
+            for kind, slots in (("search", self.searched), ("generate", self.generated))
+        }
+        self.rows = {kind: (p[:, None] * BEAM + beam.to(device)).reshape(-1) for kind, p in self.places.items()}
 
-    def _slot_logprobs(self, lp: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """The rows of ``slots`` from a step's [rows, V] log-probs, as [len(slots), BEAM, V]."""
-        places = self.row_of_slot[torch.tensor(slots, device=self.device)]
-        return lp.view(len(self.tasks), BEAM, -1).index_select(0, places)
+    def _slot_logprobs(self, lp: torch.Tensor, kind: str) -> torch.Tensor:
+        """The rows of one chooser's slots from a step's [rows, V] log-probs, as [slots, BEAM, V]."""
+        return lp.view(len(self.tasks), BEAM, -1).index_select(0, self.places[kind])
 
     def run(self, context: Callable | None) -> list[Decoded]:
         tasks, device = self.tasks, self.device
@@ -297,14 +302,13 @@ class _Chunk:
         """One step of both choosers on the step's log-probs: each row's parent row and new token (global rows)."""
         parent, tokens = rows.clone(), torch.zeros_like(rows)
         if self.search is not None and u < self.search.num_steps:
-            p, tok = self.search.step(self._slot_logprobs(lp, self.searched))
-            base = self.row_of_slot[torch.tensor(self.searched, device=self.device)][:, None] * BEAM
-            parent[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = (base + p).reshape(-1)
-            tokens[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = tok.reshape(-1)
+            p, tok = self.search.step(self._slot_logprobs(lp, "search"))
+            rows_of = self.rows["search"]
+            parent[rows_of] = (self.places["search"][:, None] * BEAM + p).reshape(-1)
+            tokens[rows_of] = tok.reshape(-1)
         if self.generation is not None and u < self.generation.num_steps:
-            tok = self.generation.step(self._slot_logprobs(lp, self.generated))
-            base = self.row_of_slot[torch.tensor(self.generated, device=self.device)][:, None] * BEAM
-            tokens[(base + torch.arange(BEAM, device=self.device)).reshape(-1)] = tok.reshape(-1)
+            tok = self.generation.step(self._slot_logprobs(lp, "generate"))
+            tokens[self.rows["generate"]] = tok.reshape(-1)
         return parent, tokens
 
     def _step(self, parent: torch.Tensor, tokens: torch.Tensor, u: int) -> torch.Tensor:
