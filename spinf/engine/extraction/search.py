@@ -126,7 +126,7 @@ def stack_slots(
             next_state=torch.full((1, 1), -1, dtype=torch.int64),
             complete=torch.zeros(1, dtype=torch.bool),
         )
-    no_tokens = torch.zeros(vocab_size, dtype=torch.bool)
+    no_tokens = torch.zeros(vocab_size, dtype=torch.bool, device=device)
     return SearchSlots(
         max_tokens=torch.tensor([slot.max_tokens for slot in slots], dtype=torch.int64, device=device),
         is_number=torch.tensor([slot.is_number for slot in slots], dtype=torch.bool, device=device),
