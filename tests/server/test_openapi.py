@@ -193,6 +193,36 @@ async def test_a_rich_score_answer_validates(server):
     assert chat["choices"] == [] and chat["results"] == body["results"]
 
 
+EXTRACTION_BODY = {
+    "messages": [{"content": "Order 1234 from Acme arrived 3 days late. I paid $45.50 and want a refund."}],
+    "scoring": {
+        "queries": [
+            {"id": "vendor", "template": '\n\nThe vendor is "{*}"', "top_k": 2},
+            {"id": "days", "template": "\n\nDays late:{n}", "max_tokens": 4},
+            {"id": "paid", "template": "\n\nAmount paid:{$}", "max_tokens": 4, "calibration": {"a": 2}},
+            {"id": "none", "template": "\n\nHow many days late?{n}", "max_tokens": 4},  # finds nothing
+            {"id": "reply", "template": '\n\nReply: "{*}"', "max_tokens": 4, "generate": {"n": 2}},
+        ]
+    },
+}
+
+
+async def test_an_extraction_answer_validates(server):
+    """Searched slots of every kind, one that finds nothing, and a generated slot, on both routes (§5.2, §5.7)."""
+    body = check(await server.post("/v1/score", json=EXTRACTION_BODY), "/v1/score", 200)
+    queries = body["results"][0]["queries"]
+    assert [q["kind"] for q in queries] == ["text", "number", "currency", "number", "text"]
+    assert queries[3]["combinations"][0]["answers"] == [] and "p_calibrated" in queries[2]["combinations"][0]
+    assert {"extraction", "generation"} <= set(body["usage"]) and "decode_ms" in body["timing"]
+    chat = check(await server.post("/v1/chat/completions", json=EXTRACTION_BODY), "/v1/chat/completions", 200)
+    assert chat["results"] == body["results"]
+    _, validator = declared("/v1/score", "post", 200)
+    searched = queries[0]["combinations"][0]
+    wrong = {**searched, "answers": [{**searched["answers"][0], "finish": "stop"}]}  # a searched answer has no finish
+    changed = {**body, "results": [{"input_id": "0", "queries": [{**queries[0], "combinations": [wrong]}]}]}
+    assert not validator.is_valid(changed)
+
+
 async def test_a_score_answer_with_an_extra_key_does_not_validate(server):
     body = (await server.post("/v1/score", json=RICH_BODY)).json()
     _, validator = declared("/v1/score", "post", 200)
