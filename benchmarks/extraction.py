@@ -100,6 +100,32 @@ def timed(engine, body: dict, repeats: int, device: torch.device) -> tuple[float
     return statistics.median(times), response
 
 
+def profile(engine, body: dict, device: torch.device) -> None:
+    """One full-length call of ``body`` under torch.profiler: how many decodes ran, the top kernels and host ops."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    engine.extractor.full_length = True
+    engine.score(body, trusted=True)
+    decodes = []
+    original = engine.extractor.decode
+
+    def counted(tasks):
+        out, seconds = original(tasks)
+        decodes.append((len(tasks), seconds))
+        return out, seconds
+
+    engine.extractor.decode = counted
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        started = time.perf_counter()
+        engine.score(body, trusted=True)
+        print(f"call {1000 * (time.perf_counter() - started):.1f} ms; decodes (slots, s): {decodes}", flush=True)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
+    engine.extractor.decode = original
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -110,6 +136,7 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-results", action="store_true")
+    p.add_argument("--profile", action="store_true", help="profile one full-length {n} call instead (torch.profiler)")
     return p.parse_args(argv)
 
 
@@ -143,6 +170,9 @@ def main(argv=None) -> None:
         say("")
         say("| call | mode | slots | ms | ms per slot | tokens of scoring per slot | slots/s | decode steps |")
         say("|---|---|---|---|---|---|---|---|")
+        if args.profile:
+            profile(engine, with_slots(base, [SEARCHED_N]), device)
+            return
         cases = [
             ("+1 searched {n} per input", [SEARCHED_N]),
             ("+1 generated 32-token {*} per input", [GENERATED]),
