@@ -149,10 +149,11 @@ class Engine:
         switches = features or Features()
         capabilities = resolved.capabilities
         self.media = frozenset(resolved.media)
-        self.features = Features(
+        extraction = switches.extraction and "extract" in capabilities
+        self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
             media=switches.media & self.media,
-            extraction=switches.extraction and "extract" in capabilities,
-            generation=switches.generation and "generate" in capabilities,
+            extraction=extraction,
+            generation=extraction and switches.generation and "generate" in capabilities,
         )
         budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
         longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)

@@ -78,6 +78,11 @@ class SlotTask:
     def steps(self) -> int:
         return (self.search or self.generate).max_tokens
 
+    @property
+    def rows(self) -> int:
+        """The decoder rows the slot holds: its ``BEAM`` beams, or its ``n`` sequences."""
+        return BEAM if self.search is not None else self.generate.n
+
 
 @attrs.frozen
 class Decoded:
@@ -99,7 +104,7 @@ def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
     """The working set of decoding ``tasks`` together: the buffers' rows and the step's log-probs."""
     groups = {(id(t.captured), t.start.prefix) for t in tasks}
     prefix = sum(length for _, (_, length) in groups)
-    rows = BEAM * len(tasks)
+    rows = sum(t.rows for t in tasks)
     steps = max(t.steps for t in tasks)
     buffered = prefix + sum(len(t.start.path) for t in tasks) + rows * steps
     return buffered * per_token + rows * vocab * LOGIT_BYTES
@@ -190,14 +195,16 @@ class _Chunk:
         self._lay_out_buffers()
 
     def _lay_out_buffers(self) -> None:
-        """One buffer per layer: each group's prefix (contiguous), each slot's template path, then room for
-        ``BEAM`` rows × the chunk's steps of generated tokens; each row's path starts as its slot's template."""
+        """One buffer per layer: each group's prefix (contiguous), each slot's template path, then room for every
+        row × the chunk's steps of generated tokens; each row's path starts as its slot's template.
+
+        A searched slot holds ``BEAM`` rows (its beams), a generated slot ``n`` (its sequences): a model step runs
+        no row a slot cannot use."""
         tasks, device = self.tasks, self.device
         sources: dict[int, tuple[Captured, list[int]]] = {}  # per captured pass: the rows it gives, in buffer order
         groups: dict[tuple[int, tuple[int, int]], int] = {}  # (pass, prefix) -> its first buffer row
         at = 0
         slot_paths = []
-        order = []  # the chunk's slots, grouped by prefix: rows follow this order
         for task in tasks:
             key = (id(task.captured), task.start.prefix)
             rows = sources.setdefault(id(task.captured), (task.captured, []))[1]
@@ -209,59 +216,66 @@ class _Chunk:
             rows.extend(task.start.path)
             slot_paths.append(list(range(at, at + len(task.start.path))))
             at += len(task.start.path)
-        for key in groups:
-            order.extend(s for s, t in enumerate(tasks) if (id(t.captured), t.start.prefix) == key)
-        self.order = order
-        self.steps = max(t.steps for t in tasks)
-        num_rows = BEAM * len(tasks)
-        self.gen_base = at
+        order = [s for key in groups for s, t in enumerate(tasks) if (id(t.captured), t.start.prefix) == key]
+        width_of = [t.rows for t in tasks]
+        offset = {}  # slot -> its first row
+        row_slot = []  # per row: its slot
+        for s in order:
+            offset[s] = len(row_slot)
+            row_slot.extend([s] * width_of[s])
+        num_rows = len(row_slot)
+        self.num_rows, self.steps, self.gen_base = num_rows, max(t.steps for t in tasks), at
         self.keys, self.values = [], []
-        picks = [(captured, torch.tensor(rows, dtype=torch.long, device=device)) for captured, rows in sources.values()]
+        picks = [
+            (captured, torch.tensor(rows, dtype=torch.long, device=device)) for captured, rows in sources.values()
+        ]
         for layer in range(len(self.model.layers)):
             for name, out in (("keys", self.keys), ("values", self.values)):
                 parts = [getattr(captured, name)[layer].index_select(0, rows) for captured, rows in picks]
                 head = torch.cat(parts) if len(parts) > 1 else parts[0]
                 room = head.new_zeros((num_rows * self.steps, *head.shape[1:]))
                 out.append(torch.cat([head, room]))
-        # rows: slot order[k] holds rows k*BEAM … k*BEAM + BEAM - 1
         width = max(len(p) for p in slot_paths) + self.steps
         paths = torch.zeros((num_rows, width), dtype=torch.long)
-        lengths, positions, groups_out = [], [], []
-        for k, s in enumerate(order):
-            task = tasks[s]
-            path = slot_paths[s]
-            if path:
-                paths[k * BEAM : (k + 1) * BEAM, : len(path)] = torch.tensor(path)
-            lengths.extend([len(path)] * BEAM)
-            positions.extend([task.start.position] * BEAM)
-        k = 0
+        for s in order:
+            if slot_paths[s]:
+                paths[offset[s] : offset[s] + width_of[s], : len(slot_paths[s])] = torch.tensor(slot_paths[s])
+        groups_out, k = [], 0
         for key, start in groups.items():
-            count = sum(1 for s in order if (id(tasks[s].captured), tasks[s].start.prefix) == key)
-            groups_out.append((k * BEAM, count * BEAM, start, key[1][1]))
+            count = sum(width_of[s] for s in order if (id(tasks[s].captured), tasks[s].start.prefix) == key)
+            groups_out.append((k, count, start, key[1][1]))
             k += count
         self.groups = tuple(groups_out)
         self.paths = paths.to(device)
-        self.lengths = torch.tensor(lengths, dtype=torch.long, device=device)
-        self.first_positions = torch.tensor(positions, dtype=torch.long, device=device)
-        place = torch.tensor(order, dtype=torch.long).argsort()  # slot -> its place in the rows
-        beam = torch.arange(BEAM)
-        # per chooser: the places of its slots, and the global rows of their BEAM rows (made once: a step copies
-        # nothing from the host)
-        self.places = {
-            kind: place[torch.tensor(slots, dtype=torch.long)].to(device)
-            for kind, slots in (("search", self.searched), ("generate", self.generated))
-        }
-        self.rows = {kind: (p[:, None] * BEAM + beam.to(device)).reshape(-1) for kind, p in self.places.items()}
+        self.lengths = torch.tensor([len(slot_paths[s]) for s in row_slot], dtype=torch.long, device=device)
+        self.first_positions = torch.tensor(
+            [tasks[s].start.position for s in row_slot], dtype=torch.long, device=device
+        )
+        self.row_slot = row_slot
+        # per chooser, made once (a step copies nothing from the host): ``gather`` [slots, BEAM] the row each of
+        # its rows reads (a generated slot's rows past n read its last sequence's and are ignored), ``real`` the
+        # chooser's flat [slots × BEAM] places that are rows, and ``rows`` those rows
+        self.gather, self.real, self.rows = {}, {}, {}
+        for kind, slots in (("search", self.searched), ("generate", self.generated)):
+            gather = [[offset[s] + min(b, width_of[s] - 1) for b in range(BEAM)] for s in slots]
+            real = [k * BEAM + b for k, s in enumerate(slots) for b in range(width_of[s])]
+            self.gather[kind] = torch.tensor(gather, dtype=torch.long, device=device).reshape(-1, BEAM)
+            self.real[kind] = torch.tensor(real, dtype=torch.long, device=device)
+            self.rows[kind] = torch.tensor(
+                [offset[s] + b for s in slots for b in range(width_of[s])], dtype=torch.long, device=device
+            )
+        self.first_rows = torch.tensor(row_slot, dtype=torch.long, device=device)  # per row: its slot
 
     def _slot_logprobs(self, lp: torch.Tensor, kind: str) -> torch.Tensor:
-        """The rows of one chooser's slots from a step's [rows, V] log-probs, as [slots, BEAM, V]."""
-        return lp.view(len(self.tasks), BEAM, -1).index_select(0, self.places[kind])
+        """One chooser's view of a step's [rows, V] log-probs: [slots, BEAM, V]."""
+        g = self.gather[kind]
+        return lp.index_select(0, g.reshape(-1)).view(g.shape[0], BEAM, -1)
 
     def run(self, context: Callable | None) -> list[Decoded]:
         tasks, device = self.tasks, self.device
-        first = torch.stack([t.captured.logprobs[t.start.row] for t in (tasks[s] for s in self.order)])
-        lp = first[:, None, :].expand(-1, BEAM, -1).reshape(len(tasks) * BEAM, -1)
-        rows = torch.arange(len(tasks) * BEAM, device=device)
+        first = torch.stack([t.captured.logprobs[t.start.row] for t in tasks])  # [slots, V]
+        lp = first.index_select(0, self.first_rows)  # every row starts from its slot's step 0
+        rows = torch.arange(self.num_rows, device=device)
         parent = rows.clone()
         tokens = torch.zeros_like(rows)
         searched = self.search.num_steps - 1 if self.search else 0
@@ -303,12 +317,12 @@ class _Chunk:
         parent, tokens = rows.clone(), torch.zeros_like(rows)
         if self.search is not None and u < self.search.num_steps:
             p, tok = self.search.step(self._slot_logprobs(lp, "search"))
-            rows_of = self.rows["search"]
-            parent[rows_of] = (self.places["search"][:, None] * BEAM + p).reshape(-1)
-            tokens[rows_of] = tok.reshape(-1)
+            first_row = self.gather["search"][:, :1]  # a searched slot's BEAM rows are consecutive
+            parent[self.rows["search"]] = (first_row + p).reshape(-1)
+            tokens[self.rows["search"]] = tok.reshape(-1)
         if self.generation is not None and u < self.generation.num_steps:
             tok = self.generation.step(self._slot_logprobs(lp, "generate"))
-            tokens[self.rows["generate"]] = tok.reshape(-1)
+            tokens[self.rows["generate"]] = tok.reshape(-1).index_select(0, self.real["generate"])
         return parent, tokens
 
     def _step(self, parent: torch.Tensor, tokens: torch.Tensor, u: int) -> torch.Tensor:
