@@ -100,6 +100,18 @@ def timed(engine, body: dict, repeats: int, device: torch.device) -> tuple[float
     return statistics.median(times), response
 
 
+def budgets(engine, gib: float) -> None:
+    """Both decode budgets at ``gib`` GiB (0: the defaults, 4 GiB each), set on the running engine."""
+    import attrs
+
+    from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB, DEFAULT_DECODER_BUDGET_GIB
+
+    extractor = engine.extractor
+    extractor.decode_budget = int((gib or DEFAULT_DECODE_BUDGET_GIB) * 2**30)
+    extractor.decoder_budget = int((gib or DEFAULT_DECODER_BUDGET_GIB) * 2**30)
+    engine.loop.shape = attrs.evolve(engine.loop.shape, capture_tokens=extractor.capture_tokens())
+
+
 def profile(engine, body: dict, device: torch.device) -> None:
     """One full-length call of ``body`` under torch.profiler: how many decodes ran, the top kernels and host ops."""
     from torch.profiler import ProfilerActivity
@@ -136,6 +148,12 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-results", action="store_true")
+    p.add_argument(
+        "--raised-gib",
+        type=float,
+        default=0.0,
+        help="also time every slot call at full length with both decode budgets raised to this many GiB",
+    )
     p.add_argument("--profile", action="store_true", help="profile one full-length {n} call instead (torch.profiler)")
     return p.parse_args(argv)
 
@@ -179,19 +197,25 @@ def main(argv=None) -> None:
             ("+8 searched slots per input", EIGHT_SEARCHED),
             ("+8 generated 32-token slots per input", EIGHT_GENERATED),
         ]
-        for name, slots in cases:
-            for mode in ("as served", "full_length"):
-                engine.extractor.full_length = mode == "full_length"
-                seconds, response = timed(engine, with_slots(base, slots), args.repeats, device)
-                usage = response["usage"]
-                count = args.inputs * len(slots)
-                extra = (seconds - base_s) / count
-                steps = usage["extraction"]["decode_tokens"] + usage["completion_tokens"]
-                say(
-                    f"| {name} | {mode} | {count} | {seconds * 1000:.1f} | {extra * 1000:.3f} | "
-                    f"{extra / per_token:.0f} | {count / (seconds - base_s):.0f} | {steps} |"
-                )
+        runs = [(name, slots, mode, 0.0) for name, slots in cases for mode in ("as served", "full_length")]
+        if args.raised_gib:
+            runs += [(name, slots, "full_length", args.raised_gib) for name, slots in cases]
+        for name, slots, mode, raised in runs:
+            engine.extractor.full_length = mode == "full_length"
+            budgets(engine, raised)
+            if raised:
+                mode = f"full_length, budgets {raised:g} GiB"
+            seconds, response = timed(engine, with_slots(base, slots), args.repeats, device)
+            usage = response["usage"]
+            count = args.inputs * len(slots)
+            extra = (seconds - base_s) / count
+            steps = usage["extraction"]["decode_tokens"] + usage["completion_tokens"]
+            say(
+                f"| {name} | {mode} | {count} | {seconds * 1000:.1f} | {extra * 1000:.3f} | "
+                f"{extra / per_token:.0f} | {count / (seconds - base_s):.0f} | {steps} |"
+            )
         engine.extractor.full_length = False
+        budgets(engine, 0.0)
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
         say("")
         say(f"peak GPU memory {peak:.2f} GiB" if device.type == "cuda" else "CPU run")
