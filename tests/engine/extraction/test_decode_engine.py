@@ -168,6 +168,34 @@ def test_decoded_in_chunks_of_one_slot(chunked, alone, monkeypatch):
     assert sizes and max(max(s) for s in sizes) < len(TARGETS) + 1 and max(len(s) for s in sizes) > 1
 
 
+@pytest.fixture(scope="module")
+def split(tiny_cache):
+    """A 128-token budget: an input with many slots is split into pieces, each re-sending the content (A.11.1)."""
+    return Engine("tiny", device="cpu", cache_dir=tiny_cache, token_budget=128)
+
+
+def test_in_split_jobs_and_several_passes(split, tiny_engine, alone):
+    fields = ["Name", "City", "Street", "Country", "Phone", "Email"]  # templates that share no tokens but "\n\n"
+    many = [
+        {"id": f"m{k}", "template": f"\n\n{w} is the field; write it out in full words here:{{*}}", "max_tokens": 3}
+        for k, w in enumerate(fields)
+    ]
+    z = OTHER_TEXT + " " + CONTENT + " Kind regards from the whole team, Bob."
+    body = call_body([("z", z, many), ("a", CONTENT, TARGETS + many[:2]), ("y", CONTENT[:40], TARGETS[:3])])
+    passes = split.loop.statistics().passes
+    with outcomes(split.loop) as found:
+        response = split.score(body)
+    assert split.loop.statistics().passes - passes >= 3
+    assert (targets_of(response), raw_of(found)) == alone
+    with outcomes(tiny_engine.loop) as whole:
+        expected = tiny_engine.score(body)
+    assert response["results"] == expected["results"]
+    assert {k[1:]: v for k, v in found.items()} == {k[1:]: v for k, v in whole.items()}
+    # z was split: its content went into more than one piece, and counts again in processed tokens (A.11.2)
+    resent = response["usage"]["processed_tokens"] - expected["usage"]["processed_tokens"]
+    assert resent >= len(split.tokenizer.tok(z))
+
+
 def test_decoded_early_when_the_held_captures_pass_the_decode_budget(small, tiny_engine, alone, monkeypatch):
     """Three inputs in several passes: each pass's capture holds more than the decode budget, so every pass's
     slots are decoded as soon as it is read (the early flush), not once at the end of the call."""

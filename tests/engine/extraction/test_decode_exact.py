@@ -18,6 +18,7 @@ import torch
 
 from spinf.engine import results
 from spinf.engine.extraction import decoder
+from tests.engine.extraction import reference
 from tests.engine.extraction.probe import only, outcomes
 from tests.engine.extraction.reference import Reference, combination, finished_text, value_of
 
@@ -25,6 +26,11 @@ ORDER = "The customer Alice Smith wrote about order 12345."
 HELLO = "Hello there."
 REFUND = "Please refund the second payment of my order, it was charged twice."
 MEETING = "The meeting is on Monday at 10 am in room 4."
+# over 100 tokens: the prefix is longer than the tiny model's 32-token sliding window
+LONG = (
+    "The harbour authority said on Tuesday that two cargo ships had been held outside the port for a week, after "
+    "a dispute over fees with the shipping company. Prices of fuel in the region rose by four percent. "
+) * 3
 MIN_MARGIN = 1e-3  # log-prob gap below which a reference choice could flip with fp32 rounding
 
 
@@ -75,6 +81,10 @@ GREEDY = [
     (REFUND, "\n\nAnswer:{*}a", 30),  # stops after 16 tokens (every token starting with "a" ends it)
     (ORDER, "\n\nThe name is {*} and", 16),  # stops at once: P(end) of the " "-stop set beats every token
     (MEETING, "\n\nCity:{*},", 12),
+    ("", "\n\nName:{*}", 8),  # no content: BOS + the template
+    ("", "{*}", 8),  # nothing but BOS
+    (LONG, "\n\nSummary:{*}", 20),
+    (LONG, "{*}", 8),  # a long content cut (A.5): its tail becomes the slot's branch
 ]
 
 
@@ -119,6 +129,10 @@ SEARCHED = [
     (MEETING, "\n\nRoom:{n}", 3, {}),
     (ORDER, "\n\nPrice:{$}", 4, {"top_k": 2}),
     (REFUND, "\n\nThe amount charged twice was{$}", 3, {}),
+    ("", "\n\nName:{*}", 3, {}),
+    ("", "{*}", 3, {}),
+    (LONG, "{*}", 4, {}),
+    (LONG, "\n\nThe fuel price rose by{n}", 3, {}),
 ]
 KINDS = {"{*}": "text", "{n}": "number", "{$}": "currency"}
 
@@ -349,3 +363,38 @@ def test_seeded_sampling_equals_the_reference_draw_for_draw(tiny_engine, ref, co
     assert answers == [{"text": text, "finish": f} for text, (_, f) in zip(texts, expected, strict=True)]
     assert len({tuple(t) for t, _ in expected}) > 1  # the sequences differ: each has its own stream
     assert response["usage"]["completion_tokens"] == sum(len(t) for t, _ in expected)
+
+
+# -- the tables the decoder uses, against the reference's reading of A.12.2 and A.12.4 -----------------------------
+
+
+@pytest.mark.parametrize("stop_text", ["", '"', "'", "a", " and", ".", ")"])
+def test_the_stop_and_continuation_sets(tiny_engine, ref, stop_text):
+    vocab = tiny_engine.extractor.vocabulary
+    stop, forbidden = ref.masks(stop_text)
+    assert torch.equal(vocab.stop_mask(stop_text), stop)
+    assert torch.equal(vocab.forbidden_mask(stop_text), forbidden)
+
+
+@pytest.mark.parametrize("currency", [False, True], ids=["{n}", "{$}"])
+def test_the_number_grammar_table(tiny_engine, ref, currency):
+    """Every state the engine's table reaches from its start, walked in step with the reference grammar over every
+    candidate token: the same candidates, the same valid extensions, the same complete states."""
+    table = tiny_engine.extractor.vocabulary.number_table
+    candidates = table.candidates.tolist()
+    expected = [i for i, text in enumerate(ref.texts) if i not in ref.special and reference.is_candidate(text)]
+    assert candidates == expected
+    next_state, complete = table.next_state.tolist(), table.complete.tolist()
+    todo, seen = [(table.start(currency), reference.START)], set()
+    while todo:
+        q, state = todo.pop()
+        if (q, state) in seen:
+            continue
+        seen.add((q, state))
+        assert complete[q] == reference.complete(state), state
+        for column, token in enumerate(candidates):
+            after = reference.feed(state, ref.texts[token], currency)
+            assert (next_state[q][column] >= 0) == (after is not None), (state, ref.texts[token])
+            if after is not None:
+                todo.append((next_state[q][column], after))
+    assert len(seen) >= 8
