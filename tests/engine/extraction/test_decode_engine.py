@@ -400,3 +400,38 @@ def test_usage_and_timing_of_extraction(tiny_engine):
     plain = tiny_engine.score(call_body([("a", CONTENT, SCORED)]))
     assert "extraction" not in plain["usage"] and "generation" not in plain["usage"]
     assert "decode_ms" not in plain["timing"] and plain["usage"]["completion_tokens"] == 0
+
+
+def test_a_call_whose_slot_cannot_decode_fails_alone(chunked, alone):
+    """A shared decode that fails (one call's slot is over the decoder budget) is retried call by call: the other
+    calls get their answers, the same as alone, and only the call with the big slot gets the 413."""
+    loop = chunked.new_loop(share_passes=True, floor_cache=0)
+    big = {"id": "big", "template": "\n\nName:{*}", "max_tokens": 64}
+    works = [
+        Call(call_body([("a", CONTENT, TARGETS)]), "scr_good"),
+        Call(call_body([("b", CONTENT, [big, *SCORED])]), "scr_bad"),
+        Call(call_body([("c", OTHER_TEXT, SCORED)]), "scr_plain"),
+    ]
+    with outcomes(loop) as found:
+        loop.run(works)
+    assert (targets_of(works[0].unwrap()), raw_of(found, "a", "scr_good")) == alone
+    with pytest.raises(ApiError) as info:
+        works[1].unwrap()
+    assert (info.value.status, info.value.code) == (413, "request_too_large")
+    assert works[2].unwrap()["results"][0]["queries"][0]["id"] == "s1"
+
+
+def test_concurrent_calls_decoded_early_together(small, alone):
+    short = [q for q in TARGETS if q["id"] != "w"]
+    z = OTHER_TEXT + " " + CONTENT + " Kind regards from the whole team, Bob."
+    loop = small.new_loop(share_passes=True, floor_cache=0)
+    works = [
+        Call(call_body([("z", z, short[:3])]), "scr_z"),
+        Call(call_body([("a", CONTENT, short)]), "scr_a"),
+        Call(call_body([("y", CONTENT + " " + OTHER_TEXT, short[2:])]), "scr_y"),
+    ]
+    with outcomes(loop) as found:
+        loop.run(works)
+    assert loop.statistics().passes >= 2
+    assert targets_of(works[1].unwrap()) == {k: v for k, v in alone[0].items() if k != "w"}
+    assert raw_of(found, "a") == {key: v for key, v in alone[1].items() if key[0] != "w"}

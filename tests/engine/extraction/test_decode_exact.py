@@ -251,13 +251,17 @@ def scored_as_option(template: str, text: str, query_id: str = "o") -> dict:
     return {"id": query_id, "template": before + "{?}", "options": [text], "empty_floor": False}
 
 
-@pytest.mark.parametrize("together", [True, False], ids=["same call", "own call"])
-def test_a_generated_token_has_the_bits_of_the_same_path_scored(tiny_engine, ref, monkeypatch, together):
+@pytest.mark.parametrize(
+    ("content", "together"),
+    [(REFUND, True), (REFUND, False), (LONG, True)],
+    ids=["same call", "own call", "past the window"],
+)
+def test_a_generated_token_has_the_bits_of_the_same_path_scored(tiny_engine, ref, monkeypatch, content, together):
     template = "\n\nSummary:{*}"
     gen = {"id": "g", "template": template, "generate": True, "max_tokens": 5}
     with outcomes(tiny_engine.loop) as found:
         steps = Steps(monkeypatch)
-        tiny_engine.score(one_query(REFUND, gen))
+        tiny_engine.score(one_query(content, gen))
     [(tokens, _)] = only(found, "g")[0].sequences
     path = option_for(ref, split(template)[0], list(tokens))
     decoded = [float(lp[0, 0, t]) for (lp, _), t in zip(steps.generate, path, strict=False)]
@@ -266,7 +270,10 @@ def test_a_generated_token_has_the_bits_of_the_same_path_scored(tiny_engine, ref
     option = scored_as_option(template, ref.decode(path))
     queries = [gen, option] if together else [option]
     response = tiny_engine.score(
-        {"messages": [{"role": "user", "content": REFUND}], "scoring": {"queries": queries, "case_insensitive": False}}
+        {
+            "messages": [{"role": "user", "content": content}],
+            "scoring": {"queries": queries, "case_insensitive": False},
+        }
     )
     [scored] = reads.by_query["o"]
     assert scored == decoded  # bit for bit, every factor of the chain rule
