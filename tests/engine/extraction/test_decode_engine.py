@@ -435,3 +435,15 @@ def test_concurrent_calls_decoded_early_together(small, alone):
     assert loop.statistics().passes >= 2
     assert targets_of(works[1].unwrap()) == {k: v for k, v in alone[0].items() if k != "w"}
     assert raw_of(found, "a") == {key: v for key, v in alone[1].items() if key[0] != "w"}
+
+
+@pytest.mark.xfail(strict=True, reason="compiler: no cut is tried for an empty extraction template (A.5 item 2)")
+def test_an_empty_extraction_template_without_a_valid_cut_warns(tiny_engine):
+    """A.5: an input with an extraction template whose text before the slot is empty is cut; with no valid cut
+    (here: 360 characters whose every late token boundary splits a character), the engine joins anyway and warns
+    ``join_not_merged``. The engine decodes the right tokens (it can branch at the content's last token) but never
+    tries the cut, so it never warns."""
+    text = "日本語" * 120
+    query = {"id": "g", "template": "{*}", "generate": True, "max_tokens": 2}
+    response = tiny_engine.score({"messages": [{"role": "user", "content": text}], "scoring": {"queries": [query]}})
+    assert [w["code"] for w in response["warnings"]] == ["join_not_merged"]
