@@ -299,6 +299,10 @@ def test_processed_tokens_count_six_rows_per_slot_token(tiny_engine):
         ({"max_tokens": 0}, "scoring.queries.0.max_tokens"),
         ({"generate": True, "top_k": 3}, "scoring.queries.0"),
         ({"generate": True, "calibration": {"a": 1}}, "scoring.queries.0"),
+        ({"template": "\n\nCount:{n}", "generate": True}, "scoring.queries.0.generate"),
+        ({"template": "\n\nPrice:{$}", "generate": {}}, "scoring.queries.0.generate"),
+        ({"options": []}, "scoring.queries.0.options"),
+        ({"top_k": 21}, "scoring.queries.0.top_k"),
     ],
 )
 def test_max_tokens_rules(tiny_engine, extra, param):
