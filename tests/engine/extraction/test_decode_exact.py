@@ -281,6 +281,30 @@ def test_a_generated_token_has_the_bits_of_the_same_path_scored(tiny_engine, ref
     assert abs(logprob - math.fsum(decoded)) <= 1e-6
 
 
+@pytest.mark.parametrize(("content", "template"), [(REFUND, "\n\nSummary:{*}"), (ORDER, '\n\nName: "{*}"')])
+def test_a_long_generated_path_has_the_bits_of_scoring_at_every_depth(
+    tiny_engine, ref, monkeypatch, content, template
+):
+    """Step m of a 64-token generation, against a `{?}` query whose template holds the first m generated tokens
+    and whose option is token m: the same bits at depths on both sides of the 32-token sliding window."""
+    gen = {"id": "g", "template": template, "generate": True, "max_tokens": 64}
+    with outcomes(tiny_engine.loop) as found:
+        steps = Steps(monkeypatch)
+        tiny_engine.score(one_query(content, gen))
+    [(tokens, _)] = only(found, "g")[0].sequences
+    tokens = list(tokens)
+    before = split(template)[0]
+    queries, decoded = [], {}
+    for m in (1, 9, 30, 31, 32, 33, 47, 63):
+        text, option = ref.decode(tokens[:m]), ref.decode(tokens[m : m + 1])
+        assert ref.tok(before + text) == ref.tok(before) + tokens[:m] and ref.tok(option) == tokens[m : m + 1]
+        queries.append({"id": f"d{m}", "template": before + text + "{?}", "options": [option], "empty_floor": False})
+        decoded[f"d{m}"] = float(steps.generate[m][0][0, 0, tokens[m]])
+    reads = Reads(monkeypatch)
+    tiny_engine.score(one_query(content, queries[0]) | {"scoring": {"queries": queries, "case_insensitive": False}})
+    assert {q: values for q, [[values]] in reads.by_query.items()} == decoded
+
+
 def test_a_searched_path_has_the_bits_of_the_same_path_scored(tiny_engine, ref, monkeypatch):
     template = '\n\nName: "{*}"'
     query = {"id": "s", "template": template, "max_tokens": 5}
