@@ -282,9 +282,7 @@ def test_a_generated_token_has_the_bits_of_the_same_path_scored(tiny_engine, ref
 
 
 @pytest.mark.parametrize(("content", "template"), [(REFUND, "\n\nSummary:{*}"), (ORDER, '\n\nName: "{*}"')])
-def test_a_long_generated_path_has_the_bits_of_scoring_at_every_depth(
-    tiny_engine, ref, monkeypatch, content, template
-):
+def test_a_long_generated_path_is_bit_identical_at_every_depth(tiny_engine, ref, monkeypatch, content, template):
     """Step m of a 64-token generation, against a `{?}` query whose template holds the first m generated tokens
     and whose option is token m: the same bits at depths on both sides of the 32-token sliding window."""
     gen = {"id": "g", "template": template, "generate": True, "max_tokens": 64}
