@@ -110,6 +110,7 @@ def budgets(engine, gib: float) -> None:
     extractor.decode_budget = int((gib or DEFAULT_DECODE_BUDGET_GIB) * 2**30)
     extractor.decoder_budget = int((gib or DEFAULT_DECODER_BUDGET_GIB) * 2**30)
     engine.loop.shape = attrs.evolve(engine.loop.shape, capture_tokens=extractor.capture_tokens())
+    engine.loop.scheduler.capture_budget = extractor.capture_tokens()
 
 
 def profile(engine, body: dict, device: torch.device) -> None:

@@ -83,7 +83,9 @@ class EngineLoop:
         self.extractor = extractor  # decodes extraction slots (`spinf.engine.extractor`); None: none come
         self._parse, self._respond, self._on_failure = parse, respond, on_failure
         self.share_passes = share_passes
-        self.scheduler = Scheduler(shape.token_budget, share_passes=share_passes)
+        self.scheduler = Scheduler(
+            shape.token_budget, share_passes=share_passes, capture_budget=shape.capture_tokens if extractor else 0
+        )
         self.floor_cache = FloorCache(floor_cache if share_passes else 0)
         self.compile_cache = CompileCache()  # content-free, so shared by every call whatever the scheme
         self._works: dict[Work, None] = {}  # added and not finished, in arrival order
@@ -205,7 +207,8 @@ class EngineLoop:
 
     def _schedule(self, work: Work, indices: Iterable[int]) -> None:
         for j in indices:
-            self.scheduler.add(work, j, work.jobs[j].num_tokens)
+            job = work.jobs[j]
+            self.scheduler.add(work, j, job.num_tokens, job.num_tokens if job.ends else 0)
             work.outstanding += 1
 
     def _claim_floors(self, call: Call) -> None:
@@ -307,7 +310,10 @@ class EngineLoop:
         except Exception as exc:
             log.warning("a decode shared by %d calls failed (%s); decoding each alone", len(calls), exc)
             for call in calls:
-                self._decode_together([call])
+                if any(captured.released for _, captured, _ in call.held):  # its keys and values are gone
+                    self._fail(call, self._on_failure(exc))
+                else:
+                    self._decode_together([call])
 
     def _decode_together(self, calls: list[Call]) -> None:
         """One decode of every waiting slot of ``calls``; with one call, a failure fails that call, else it
@@ -357,7 +363,7 @@ class EngineLoop:
                 self.scheduler.mark_solo(owner)
         for w in members:
             if not w.owner.finished:
-                self.scheduler.add(w.owner, w.index, w.num_tokens)
+                self.scheduler.add(w.owner, w.index, w.num_tokens, w.capture)
 
     # finishing
 

@@ -30,13 +30,17 @@ class Waiting:
     owner: Hashable
     index: int
     num_tokens: int
+    capture: int = 0  # tokens whose keys and values the pass keeps for the job's extraction slots
 
 
 class Scheduler:
     """Check/action pairs for the loop: `can_schedule` / `schedule`; `add` and `drop` change what waits."""
 
-    def __init__(self, token_budget: int, *, share_passes: bool):
+    def __init__(self, token_budget: int, *, share_passes: bool, capture_budget: int = 0):
+        """``capture_budget``: the most tokens of keys and values one pass may keep for extraction slots (0: no
+        bound); a pass that would keep more leaves its later slot jobs for the next pass."""
         self.token_budget = token_budget
+        self.capture_budget = capture_budget
         self.share_passes = share_passes
         self._waiting: list[Waiting] = []
         self._solo: set = set()
@@ -46,8 +50,8 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    def add(self, owner: Hashable, index: int, num_tokens: int) -> None:
-        self._waiting.append(Waiting(owner, index, num_tokens))
+    def add(self, owner: Hashable, index: int, num_tokens: int, capture: int = 0) -> None:
+        self._waiting.append(Waiting(owner, index, num_tokens, capture))
         self.waiting_tokens += num_tokens
 
     def mark_solo(self, owner: Hashable) -> None:
@@ -75,11 +79,24 @@ class Scheduler:
         passes = pack([w.num_tokens for w in candidates], self.token_budget)
         sizes = [sum(candidates[k].num_tokens for k in members) for members in passes]
         fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
-        chosen = [candidates[k] for k in passes[fullest]]
+        chosen = self._within_capture([candidates[k] for k in passes[fullest]])
         taken = {id(w) for w in chosen}
         self._waiting = [w for w in self._waiting if id(w) not in taken]
-        self.waiting_tokens -= sizes[fullest]
+        self.waiting_tokens -= sum(w.num_tokens for w in chosen)
         return chosen
+
+    def _within_capture(self, chosen: list[Waiting]) -> list[Waiting]:
+        """The pass without the slot jobs that would take its kept keys and values past the capture budget (the
+        first job always stays); those wait for a later pass."""
+        if not self.capture_budget:
+            return chosen
+        kept, held = [], 0
+        for w in chosen:
+            if w.capture and kept and held + w.capture > self.capture_budget:
+                continue
+            held += w.capture
+            kept.append(w)
+        return kept
 
     def _candidates(self) -> list[Waiting]:
         """The jobs the next pass may hold: all of them, or one owner's when passes are not shared."""

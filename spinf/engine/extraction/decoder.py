@@ -64,6 +64,12 @@ class Captured:
         tensors = [*self.keys, *self.values, self.logprobs]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    released: bool = False
+
+    def release(self) -> None:
+        """Let go of the keys and values (the decoder has copied what it needs); the step-0 log-probs stay."""
+        self.keys, self.values, self.released = [], [], True
+
 
 @attrs.frozen
 class SlotTask:
@@ -154,8 +160,13 @@ def decode(
     per_token = kv_bytes_per_token(model)
     vocab = tasks[0].captured.logprobs.shape[1]
     out: list[Decoded | None] = [None] * len(tasks)
-    for indices in chunks(tasks, per_token, vocab, budget):
+    planned = chunks(tasks, per_token, vocab, budget)
+    last = {id(tasks[i].captured): c for c, indices in enumerate(planned) for i in indices}
+    for c, indices in enumerate(planned):
         chunk = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan, (min_p, rel_p))
+        for i in indices:  # a pass's keys and values are let go once the last chunk that reads them has its copy
+            if last.get(id(tasks[i].captured)) == c:
+                tasks[i].captured.release()
         found = chunk.run(context)
         for i, decoded in zip(indices, found, strict=True):
             out[i] = decoded
@@ -231,10 +242,16 @@ class _Chunk:
         ]
         for layer in range(len(self.model.layers)):
             for name, out in (("keys", self.keys), ("values", self.values)):
-                parts = [getattr(captured, name)[layer].index_select(0, rows) for captured, rows in picks]
-                head = torch.cat(parts) if len(parts) > 1 else parts[0]
-                room = head.new_zeros((num_rows * self.steps, *head.shape[1:]))
-                out.append(torch.cat([head, room]))
+                source = getattr(picks[0][0], name)[layer]
+                buffer = source.new_empty((at + num_rows * self.steps, *source.shape[1:]))
+                filled = 0
+                for captured, rows in picks:  # each pass's rows straight into place: one copy, no concatenation
+                    torch.index_select(
+                        getattr(captured, name)[layer], 0, rows, out=buffer[filled : filled + len(rows)]
+                    )
+                    filled += len(rows)
+                buffer[filled:].zero_()
+                out.append(buffer)
         width = max(len(p) for p in slot_paths) + self.steps
         paths = torch.zeros((num_rows, width), dtype=torch.long)
         for s in order:
