@@ -329,9 +329,12 @@ def lay_out_floors(
 
 
 def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:
-    """The join check: does the content's tail merge with any query's first filled template?"""
+    """The join check: does the content's tail merge with any query's first filled template? An extraction slot
+    with no template text before it needs a cut too: it has to branch on tokens of its own (engine spec A.5)."""
     if not content:
         return False
+    if any(cq.extracts and "" in cq.filled for cq in queries):
+        return True
     tail = text[-TAIL_CHARS:]
     tail_tokens = tk.tok(tail)
     return any(tk.tok(tail + cq.filled[0]) != tail_tokens + cq.filled_tokens[0] for cq in queries)

@@ -223,6 +223,7 @@ class Engine:
                 decoder_budget_gib=decoder_budget_gib,
                 kernel_plan=self.scorer.decode_plan if self.device.type == "cuda" else None,
                 context=cpu_context(self.device),
+                graphs=self.scorer.graphs is not None,  # decode steps replay CUDA graphs unless --no-compile
             )
             self.shape = attrs.evolve(self.shape, capture_tokens=self.extractor.capture_tokens())
         # every caller's work reaches the device through this one loop (spinf.engine.loop)

@@ -37,12 +37,13 @@ class Extractor:
         decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
         kernel_plan: Callable | None = None,
         context: Callable | None = None,
+        graphs: bool = False,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.vocabulary = vocabulary(tokenizer.plain, eos_ids, model.cfg.vocab_size)
         self.decode_budget = int(decode_budget_gib * 2**30)
         self.decoder_budget = int(decoder_budget_gib * 2**30)
-        self.kernel_plan, self.context = kernel_plan, context
+        self.kernel_plan, self.context, self.graphs = kernel_plan, context, graphs
         self.kv_bytes_per_token = kv_bytes_per_token(model)
         # Measurement only, never a setting (benchmarks/extraction.py): random weights spread the next-token mass so
         # thin that every beam is pruned and every sequence ends at once; with ``full_length`` beams are never
@@ -96,6 +97,7 @@ class Extractor:
             budget=self.decoder_budget,
             kernel_plan=self.kernel_plan,
             context=self.context,
+            graphs=self.graphs,
             **({"min_p": 0.0, "rel_p": 0.0} if self.full_length else {}),
         )
 

@@ -148,12 +148,13 @@ def decode(
     context: Callable | None = None,
     min_p: float = MIN_P,
     rel_p: float = REL_P,
+    graphs: bool = False,
 ) -> tuple[list[Decoded], float]:
     """Decode every task; their outcomes in order and the seconds it took.
 
     ``vocabulary`` (`spinf.engine.extraction.vocab.Vocabulary`) gives number slots their grammar; ``kernel_plan``
     (GPU) builds a step's attention plan for the Triton kernel; ``context`` wraps each step (the CPU's one
-    thread)."""
+    thread); ``graphs`` replays every decode step after the first two from a CUDA graph (a GPU)."""
     began = time.perf_counter()
     if not tasks:
         return [], 0.0
@@ -167,7 +168,7 @@ def decode(
         for i in indices:  # a pass's keys and values are let go once the last chunk that reads them has its copy
             if last.get(id(tasks[i].captured)) == c:
                 tasks[i].captured.release()
-        found = chunk.run(context)
+        found = chunk.run(context, graphs)
         for i, decoded in zip(indices, found, strict=True):
             out[i] = decoded
     return out, time.perf_counter() - began
@@ -288,27 +289,38 @@ class _Chunk:
         g = self.gather[kind]
         return lp.index_select(0, g.reshape(-1)).view(g.shape[0], BEAM, -1)
 
-    def run(self, context: Callable | None) -> list[Decoded]:
+    def run(self, context: Callable | None, graphs: bool = False) -> list[Decoded]:
+        """Decode the chunk: ``total`` bodies (choose on the last log-probs, feed the choices, read the next ones),
+        then a last choice. With ``graphs`` (a GPU) the first body runs eagerly (kernels compile, tile tables are
+        made), the second is captured in a CUDA graph and every later one replays it: the state lives in tensors
+        updated in place, the step counter included, so a replay needs nothing from the host."""
         tasks, device = self.tasks, self.device
         first = torch.stack([t.captured.logprobs[t.start.row] for t in tasks])  # [slots, V]
-        lp = first.index_select(0, self.first_rows)  # every row starts from its slot's step 0
-        rows = torch.arange(self.num_rows, device=device)
-        parent = rows.clone()
-        tokens = torch.zeros_like(rows)
+        self.lp = first.index_select(0, self.first_rows)  # every row starts from its slot's step 0
+        self.u = torch.zeros((), dtype=torch.long, device=device)  # bodies run so far
         searched = self.search.num_steps - 1 if self.search else 0
         generated = self.generation.num_steps - 1 if self.generation else 0
         total = max(searched, generated)
+        self.searched_steps = searched
         # per searched slot, the decode steps in which it still had a live beam (usage's decode_tokens)
-        live = torch.zeros(len(self.searched), dtype=torch.long, device=device)
+        self.live = torch.zeros(len(self.searched), dtype=torch.long, device=device)
+        graph = None
         for u in range(total + 1):
-            parent, tokens = self._choose(lp, rows, u)
-            if u == total or (u % CHECK_EVERY == 0 or device.type != "cuda") and not self._alive(u):
+            if u and (device.type != "cuda" or u % CHECK_EVERY == 0) and not self._alive(u - 1):
+                break  # nothing was alive after the last choice: no later step records or proposes anything
+            if u == total:
+                self._choose()
                 break
-            if self.search is not None and u < searched:
-                live += self.search.alive.any(-1)
+            if graphs and u == 1:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self._body()
+            if graph is not None:
+                graph.replay()
+                continue
             with context() if context else _nothing():
-                lp = self._step(parent, tokens, u + 1)
-        steps = live.tolist()
+                self._body()
+        steps = self.live.tolist()
         answers = self.search.answers() if self.search else []
         sequences = self.generation.sequences() if self.generation else []
         out: list[Decoded] = []
@@ -321,7 +333,7 @@ class _Chunk:
         return out
 
     def _alive(self, u: int) -> bool:
-        """Whether any row still decodes (a host read)."""
+        """Whether any row still decodes after the choice on read ``u`` (a host read)."""
         alive = []
         if self.search is not None and u < self.search.num_steps - 1:
             alive.append(self.search.alive.any())
@@ -329,34 +341,45 @@ class _Chunk:
             alive.append(self.generation.alive.any())
         return bool(torch.stack(alive).any()) if alive else False
 
-    def _choose(self, lp: torch.Tensor, rows: torch.Tensor, u: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step of both choosers on the step's log-probs: each row's parent row and new token (global rows)."""
-        parent, tokens = rows.clone(), torch.zeros_like(rows)
-        if self.search is not None and u < self.search.num_steps:
-            p, tok = self.search.step(self._slot_logprobs(lp, "search"))
+    def _body(self) -> None:
+        """One choice and one model step, all in place: what a CUDA graph holds."""
+        parent, tokens = self._choose()
+        if self.search is not None:
+            self.live += self.search.alive.any(-1) & (self.u < self.searched_steps)
+        self._feed(parent, tokens)
+        self.u += 1
+
+    def _choose(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both choosers on the current log-probs, their state updated in place: each row's parent row and new
+        token (global rows). A chooser past its own steps changes nothing (its rows are dead and record nothing)."""
+        rows = torch.arange(self.num_rows, device=self.device)
+        parent, tokens = rows, torch.zeros_like(rows)
+        if self.search is not None:
+            p, tok = self.search.step(self._slot_logprobs(self.lp, "search"))
             first_row = self.gather["search"][:, :1]  # a searched slot's BEAM rows are consecutive
-            parent[self.rows["search"]] = (first_row + p).reshape(-1)
-            tokens[self.rows["search"]] = tok.reshape(-1)
-        if self.generation is not None and u < self.generation.num_steps:
-            tok = self.generation.step(self._slot_logprobs(lp, "generate"))
-            tokens[self.rows["generate"]] = tok.reshape(-1).index_select(0, self.real["generate"])
+            parent = parent.index_put((self.rows["search"],), (first_row + p).reshape(-1))
+            tokens = tokens.index_put((self.rows["search"],), tok.reshape(-1))
+        if self.generation is not None:
+            tok = self.generation.step(self._slot_logprobs(self.lp, "generate"))
+            tokens = tokens.index_put((self.rows["generate"],), tok.reshape(-1).index_select(0, self.real["generate"]))
         return parent, tokens
 
-    def _step(self, parent: torch.Tensor, tokens: torch.Tensor, u: int) -> torch.Tensor:
-        """Feed every row its ``u``-th token (its path follows its parent's) and return the next log-probs."""
+    def _feed(self, parent: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Feed every row its next token (its path follows its parent's) and read the next log-probs into
+        ``self.lp``."""
         num_rows = parent.shape[0]
-        self.paths = self.paths.index_select(0, parent)
-        self.lengths = self.lengths.index_select(0, parent)
-        write = self.gen_base + (u - 1) * num_rows + torch.arange(num_rows, device=self.device)
+        self.paths.copy_(self.paths.index_select(0, parent))
+        self.lengths.copy_(self.lengths.index_select(0, parent))
+        write = self.gen_base + self.u * num_rows + torch.arange(num_rows, device=self.device)
         self.paths.scatter_(1, self.lengths[:, None], write[:, None])
-        self.lengths = self.lengths + 1
-        positions = self.first_positions + (u - 1)
+        self.lengths += 1
+        positions = self.first_positions + self.u
         kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups)
         kernel = self.kernel_plan(positions, kv) if self.kernel_plan else None
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)
         hidden = self.model(tokens, plan)
-        return self.model.full_logprobs(hidden)
+        self.lp.copy_(self.model.full_logprobs(hidden))
 
 
 class _nothing:

@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 import torch
 
-from spinf.engine.extraction.search import BEAM, end_logprob, top
+from spinf.engine.extraction.search import BEAM, commit, end_logprob, top
 
 MAX_TOP_K = 100  # the largest generate.top_k (api spec §4.5)
 STOP = 1  # finish codes in GenerateBuffers.finish; 0 while running
@@ -195,7 +195,9 @@ class Generation:
         return self.buffers.alive
 
     def step(self, logprobs: torch.Tensor) -> torch.Tensor:
-        self.buffers, token = generate_step(self.slots, self.buffers, logprobs)
+        """One step; the state is updated in place (its tensors keep their memory, as a CUDA graph needs)."""
+        fresh, token = generate_step(self.slots, self.buffers, logprobs)
+        commit(self.buffers, fresh)
         return token
 
     def sequences(self) -> list[list[tuple[tuple[int, ...], str]]]:

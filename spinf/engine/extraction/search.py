@@ -283,6 +283,12 @@ def search_step(slots: SearchSlots, buf: SearchBuffers, logprobs: torch.Tensor):
     return new, parent, token
 
 
+def commit(state: tuple, fresh: tuple) -> None:
+    """Copy a step's new state into the old state's tensors, in place."""
+    for old, new in zip(state, fresh, strict=True):
+        old.copy_(new)
+
+
 def _log(p: float) -> float:
     return math.log(p) if p > 0 else _NEG_INF
 
@@ -310,7 +316,9 @@ class BeamSearch:
         return self.buffers.alive
 
     def step(self, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.buffers, parent, token = search_step(self.slots, self.buffers, logprobs)
+        """One step; the state is updated in place (its tensors keep their memory, as a CUDA graph needs)."""
+        fresh, parent, token = search_step(self.slots, self.buffers, logprobs)
+        commit(self.buffers, fresh)
         return parent, token
 
     def answers(self) -> list[list[tuple[tuple[int, ...], float]]]:

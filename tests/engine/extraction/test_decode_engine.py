@@ -441,7 +441,6 @@ def test_concurrent_calls_decoded_early_together(small, alone):
     assert raw_of(found, "a") == {key: v for key, v in alone[1].items() if key[0] != "w"}
 
 
-@pytest.mark.xfail(strict=True, reason="compiler: no cut is tried for an empty extraction template (A.5 item 2)")
 def test_an_empty_extraction_template_without_a_valid_cut_warns(tiny_engine):
     """A.5: an input with an extraction template whose text before the slot is empty is cut; with no valid cut
     (here: 360 characters whose every late token boundary splits a character), the engine joins anyway and warns
