@@ -245,7 +245,8 @@ def test_usage_counts_the_slots_and_the_generated_tokens(scored):
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     details = usage["prompt_tokens_details"]
     assert usage["prompt_tokens"] == details["content_tokens"] + details["query_tokens"] + details["floor_tokens"]
-    assert usage["scoring"]["queries"] == 6 and usage["scoring"]["options"] == 2
+    # scored queries only (api spec §5.7: the extraction slots are counted in usage.extraction)
+    assert usage["scoring"]["queries"] == 1 and usage["scoring"]["options"] == 2 and usage["scoring"]["prompts"] == 1
     assert usage["scoring"]["floor_prompts"] == 1  # extraction has no floor
 
 

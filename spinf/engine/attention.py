@@ -238,10 +238,11 @@ def decode_attention(
         k_pos = torch.arange(prefix_len, device=q.device)
         for offset, size in _chunks(count):
             at = slice(first + offset, first + offset + size)
-            idx = kv.path_index[at]
-            visible = steps[None, :] < kv.path_len[at, None]
+            depth = int(kv.path_len[at].max())  # the chunk's deepest path: padding past it adds exact zeros only
+            idx = kv.path_index[at, :depth]
+            visible = steps[None, :depth] < kv.path_len[at, None]
             if window is not None:
-                visible = visible & ((pos[at][:, None] - (prefix_len + steps[None, :])) < window)
+                visible = visible & ((pos[at][:, None] - (prefix_len + steps[None, :depth])) < window)
             q_rows = _pad_rows(qf[at], ROW_CHUNK)
             content = _content_part(q_rows, k_prefix, v_prefix, _pad_rows(pos[at], ROW_CHUNK), k_pos, window)
             path = _path_part(

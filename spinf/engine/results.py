@@ -123,7 +123,8 @@ def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
     content = sum(len(ci.content_tokens) for ci in compiled.inputs)
     query_tokens = sum(_query_tokens(cq) for ci in compiled.inputs for cq in ci.queries)
     floor_tokens = sum(len(p.branch) + p.query.extra_option_tokens for p in compiled.floors.values())
-    distinct = {cq.spec.path: cq for ci in compiled.inputs for cq in ci.queries}
+    # usage.scoring counts the scored queries ({?}); extraction slots are counted in usage.extraction (api spec §5.7)
+    distinct = {cq.spec.path: cq for ci in compiled.inputs for cq in ci.queries if not cq.extracts}
     prompt_tokens = content + query_tokens + floor_tokens
     slots = [p for ci in compiled.inputs for per_query in ci.prompts for p in per_query if p.extracts]
     generated = [p for p in slots if p.query.spec.generate is not None]
@@ -154,7 +155,7 @@ def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
             "queries": len(distinct),
             "combinations": sum(len(cq.combos) for cq in distinct.values()),
             "options": sum(len(cq.spec.options or ()) for cq in distinct.values()),
-            "prompts": sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries),
+            "prompts": sum(len(cq.combos) for ci in compiled.inputs for cq in ci.queries if not cq.extracts),
             "floor_prompts": len(compiled.floors),
             "query_tokens": query_tokens,
             "floor_tokens": floor_tokens,
