@@ -17,6 +17,7 @@ budget; a slot that cannot fit alone is a 413 ``request_too_large``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -318,7 +319,7 @@ class _Chunk:
             if graph is not None:
                 graph.replay()
                 continue
-            with context() if context else _nothing():
+            with context() if context else contextlib.nullcontext():
                 self._body()
         steps = self.live.tolist()
         answers = self.search.answers() if self.search else []
@@ -380,11 +381,3 @@ class _Chunk:
         plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)
         hidden = self.model(tokens, plan)
         self.lp.copy_(self.model.full_logprobs(hidden))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
