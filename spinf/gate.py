@@ -1,13 +1,13 @@
 """The scoring routes' front door, in raw ASGI before Quart: the first four checks of api spec §2.6.
 
-``POST /v1/score`` and ``POST /v1/chat/completions`` are where floods land, so their refusals must cost almost
-nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
-``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`),
-then checks, in the spec's order, the JSON (400 ``invalid_json``), the token (401), readiness (503) and the slot
-(429), and answers any refusal itself, without building a Quart request. A body still arriving when the shutdown
-begins is not waited for: it is answered 503 at once, so it cannot hold the shutdown up (a half-sent body would
-otherwise keep its connection open until the deadline). Only an admitted call goes on to the Quart
-app, with its body, slot and caller in the ASGI scope (`Admitted`); the route takes the slot from there.
+``POST /v1/score``, ``POST /v1/chat/completions`` and ``POST /v1/decisions`` are where floods land, so their refusals
+must cost almost nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
+``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`), then
+checks, in the spec's order, the JSON (400 ``invalid_json``), the token (401), readiness (503) and the slot (429), and
+answers any refusal itself, without building a Quart request. A body still arriving when the shutdown begins is not
+waited for: it is answered 503 at once, so it cannot hold the shutdown up (a half-sent body would otherwise keep its
+connection open until the deadline). Only an admitted call goes on to the Quart app, with its body, slot and caller in
+the ASGI scope (`Admitted`); the route takes the slot from there.
 
 It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
 the access-log line (no content, probes only with ``log_probes``) and when a connection is closed after its answer.
@@ -32,7 +32,7 @@ from spinf.serving import Lifecycle, Phase
 
 access_log = logging.getLogger("spinf.access")
 RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
-SCORING_ROUTES = ("/v1/score", "/v1/chat/completions")
+SCORING_ROUTES = ("/v1/score", "/v1/chat/completions", "/v1/decisions")
 ADMITTED = "spinf.admitted"  # the ASGI scope key of an admitted call
 
 

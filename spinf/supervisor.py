@@ -64,6 +64,7 @@ class ServerOptions:
     log_probes: bool = False
     warmup: str = "full"
     exit_on_leak: bool = True  # SPINF_EXIT_ON_LEAK (api spec §3.2): a degraded process exits with status 70
+    prompt_style: str = "default"  # the served model's manifest's prompt_style (POST /v1/decisions' wording)
 
     @classmethod
     def from_settings(cls, settings) -> ServerOptions:
@@ -267,6 +268,7 @@ async def running_actors(
         openapi=openapi,
         packs=syncer.snapshot,
         pack_reloads=web_reloads,
+        prompt_style=options.prompt_style,
     )
     async with trio.open_nursery() as outer:
         await outer.start(executor_class(exec_recv).run)
@@ -382,6 +384,8 @@ def run(settings, reload_settings: Callable[[], object] | None = None) -> int:
     configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
     options = ServerOptions.from_settings(settings)
+    if resolved.manifest is not None:
+        options = attrs.evolve(options, prompt_style=resolved.manifest.prompt_style)
     log.info(
         "spinf-serve %s: %s on %s:%d; pack sources: %s",
         __version__,

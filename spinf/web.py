@@ -6,6 +6,9 @@ here and goes to the packer actor as `ScoreWork` over a channel. Every response 
 error, 404 and 405 included, is the envelope of §2.5. Once the server is stopping every answer carries
 ``Connection: close``, so no client sends another request on a connection about to close.
 
+``POST /v1/decisions`` (the OpenAI Decisions API) is a score call underneath: `spinf.decisions` writes its body
+as a score body for the packer and turns the score response into the SDK's ``Decision``.
+
 ``stream: true`` on ``/v1/chat/completions`` is answered as server-sent events the OpenAI SDK reads: one chunk (the
 whole response) then ``data: [DONE]`` (docs/scoring-api.md). Probes are not access-logged unless ``log_probes``.
 """
@@ -25,6 +28,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from spinf.admission import Admission, Slot
+from spinf.decisions import DEFAULT_STYLE, plan_decisions
 from spinf.errors import ApiError
 from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close, shutting_down
 from spinf.http11 import PROTOCOL_CODE, HTTPConnection
@@ -60,6 +64,7 @@ class WebServices:
     openapi: Callable[[], dict] = dict
     packs: Callable[[], Catalog | None] = lambda: None  # the pack syncer's snapshot now (None: packs off)
     pack_reloads: trio.MemorySendChannel[PackReload] | None = None  # to the pack syncer
+    prompt_style: str = DEFAULT_STYLE.name  # the served model's manifest's, for /v1/decisions (docs/decisions.md)
 
 
 class SpinfApp(QuartTrio):
@@ -291,6 +296,10 @@ def _register_scoring(app: QuartTrio, services: WebServices) -> None:
     async def chat() -> Response:
         return await _score(services, chat=True)
 
+    @app.post("/v1/decisions", provide_automatic_options=False)
+    async def decisions() -> Response:
+        return await _decide(services)
+
 
 async def _score(services: WebServices, *, chat: bool) -> Response:
     """An admitted call (`spinf.gate.Gate` ran the checks of api spec §2.6 up to admission): score it."""
@@ -306,9 +315,26 @@ async def _score(services: WebServices, *, chat: bool) -> Response:
     return json_response(response)
 
 
-async def _hand_to_packer(services: WebServices, body: object, chat: bool, slot: Slot) -> dict:
+async def _decide(services: WebServices) -> Response:
+    """An admitted decisions call: its score body (`spinf.decisions`) through the packer like any score call, the
+    score response turned into the SDK's Decision, and a refusal put back on the decisions body's params."""
+    admitted = request.scope[ADMITTED]
+    call = plan_decisions(admitted.body, services.prompt_style)
+    try:
+        response = await _hand_to_packer(services, call.score_body(), False, admitted.slot, internals=False)
+    except ApiError as exc:
+        raise call.translate(exc) from None
+    if services.metrics is not None:
+        services.metrics.usage(response.get("usage", {}))
+    g.summary = _summary(response)
+    return json_response(call.answer(response))
+
+
+async def _hand_to_packer(
+    services: WebServices, body: object, chat: bool, slot: Slot, *, internals: bool | None = None
+) -> dict:
     reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
-    internals = g.trusted or services.debug
+    internals = g.trusted or services.debug if internals is None else internals
     work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, slot, trio.current_time())
     try:
         with services.in_flight.track(), reply_recv:
