@@ -1,17 +1,20 @@
 """The OpenAPI 3.1 document of ``GET /openapi.json`` (api spec §1, D7): every route, its real request and responses.
 
-It owns the machine-readable copy of the HTTP contract: the routes of §1 with their auth, parameters and bodies,
-the score response of §5 (chat adds ``choices``, §6), the model entry of §7, the pack listings of §8, the probes,
-drain and info of §3, and the error envelope of §2.5 with its code table (``ERROR_CODES``), narrowed per status.
-The score request of §4 is not written here: `spinf.protocol.schema` declares it once, for the parser's checks and
-for this document, which embeds its components unchanged. The other schemas are plain dicts built by small
-helpers: in an object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer
-with a key the spec does not list fails validation. It imports nothing from the server but the request's schema
-table; ``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
+It owns the machine-readable copy of the HTTP contract: the routes of §1 with their auth, parameters and bodies, the
+score response of §5 (chat adds ``choices``, §6), the decisions request and response (D11, docs/decisions.md: the
+``openai`` SDK's shapes, unknown request keys allowed as in a score body), the model entry of §7, the pack listings of
+§8, the probes, drain and info of §3, and the error envelope of §2.5 with its code table (``ERROR_CODES``), narrowed
+per status. The score request of §4 is not written here: `spinf.protocol.schema` declares it once, for the parser's
+checks and for this document, which embeds its components unchanged. The other schemas are plain dicts built by small
+helpers: in an object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer with a
+key the spec does not list fails validation. It imports nothing from the server but the request's schema table;
+``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
 """
 
 from __future__ import annotations
 
+from spinf.decisions import MAX_CHOICES, MAX_LEVELS, MAX_QUESTIONS
+from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VALUES, MIN_CHOICES, MIN_LEVELS
 from spinf.protocol.schema import DETAILS, MODES
 from spinf.protocol.schema import components as request_components
 
@@ -218,6 +221,83 @@ def _score_response(*, chat: bool) -> dict:
     return obj({**fields, "choices": array(ANY, hi=0)} if chat else fields)
 
 
+# D11: POST /v1/decisions, the openai SDK's DecisionCreateParams and Decision (docs/decisions.md).
+
+
+def _decision_schemas() -> dict:
+    text = loose({"type": {"const": "input_text"}, "text": STR})
+    image = loose({"type": {"const": "input_image"}, "image_url": STR},
+                  description="known, but refused: 400 media_not_supported (no media yet)")  # fmt: skip
+    data = {"anyOf": [{"type": "object"}, array({"type": "object"})]}
+    json_part = loose({"type": {"const": "input_json"}, "data": data}, description=(
+        f"rendered as compact JSON; at most {JSON_MAX_DEPTH} container levels, {JSON_MAX_VALUES:,} values and "
+        f"{JSON_MAX_BYTES // 1024} KiB"))  # fmt: skip
+    parts = {"user": [text, image, json_part], "developer": [text], "system": [text]}
+    output_text = loose({"type": enum("output_text", "refusal"), "text?": STR, "refusal?": STR})
+    parts["assistant"] = [output_text]
+    messages = [
+        loose(
+            {"type?": {"const": "message"}, "role": {"const": role}, "content": {"anyOf": [STR, array({"oneOf": p})]}}
+        )
+        for role, p in parts.items()
+    ]
+    tool_output = {"anyOf": [STR, array({"oneOf": [text, image]})]}
+    namespace = {"namespace?": nullable(STR)}
+    tools = [
+        loose(
+            {"type": {"const": "function_call"}, **same(STR, "call_id name arguments"), "namespace?": nullable(STR)}
+        ),
+        loose({"type": {"const": "function_call_output"}, "call_id": STR, "output": tool_output}),
+        loose({"type": {"const": "custom_tool_call"}, **same(STR, "call_id name input"), **namespace}),
+        loose({"type": {"const": "custom_tool_call_output"}, "call_id": STR, "output": tool_output}),
+    ]
+    instructions = {"anyOf": [string(1), array({"oneOf": [text, image, json_part]}, 1)]}
+    value = {"anyOf": [STR, BOOL]}
+    choice = loose({"value": value, "description?": STR})
+    level = loose({"label": STR, "description?": STR})
+    head = {"instructions": instructions, "name?": STR}
+    question = {"oneOf": [
+        loose({"type": {"const": "predicate"}, **head}),
+        loose({"type": {"const": "choice"}, **head, "choices": array(choice, MIN_CHOICES, MAX_CHOICES)}),
+        loose({"type": {"const": "score"}, **head, "levels": array(level, MIN_LEVELS, MAX_LEVELS)}),
+    ]}  # fmt: skip
+    request = loose(
+        {
+            "model": described(string(1), "a name of the served model (api spec 9.6)"),
+            "input": {"anyOf": [STR, array({"oneOf": messages + tools}, 1)]},
+            "questions": array(question, 1, MAX_QUESTIONS),
+            **same(nullable(STR), "prompt_cache_key? safety_identifier?"),
+            "prompt_cache_options?": described(nullable({"type": "object"}), "accepted and ignored"),
+        }
+    )
+    named = {"name": nullable(STR)}
+    answer = {"oneOf": [
+        obj({"type": {"const": "predicate"}, **named, "probability": P}),
+        obj({"type": {"const": "choice"}, **named, "choice": value, "confidence": P,
+             "probabilities": array(obj({"value": value, "probability": P}))}),
+        obj({"type": {"const": "score"}, **named, "score": number(0), "confidence": P,
+             "probabilities": array(obj({"label": STR, "value": INT, "probability": P}))}),
+        obj({"type": {"const": "refusal"}, **named}),
+    ]}  # fmt: skip
+    usage = obj(
+        {
+            **same(INT, "input_tokens output_tokens total_tokens"),
+            "input_tokens_details": obj(same(INT, "cached_tokens cache_write_tokens")),
+            "output_tokens_details": obj({"reasoning_tokens": INT}),
+        }
+    )
+    response = obj(
+        {
+            "id": string(pattern=REQUEST_ID, description="equals the X-Request-Id header"),
+            "object": {"const": "decision"},
+            "model": described(STR, "the name as sent"),
+            "answers": array(answer, 1, MAX_QUESTIONS, description="in question order"),
+            "usage": usage,
+        }
+    )
+    return {"DecisionRequest": request, "DecisionResponse": response}
+
+
 # §3, §7, §8 and §2.5: probes, models, packs, errors.
 
 
@@ -383,6 +463,15 @@ ROUTES = (
     ("/v1/packs/{id}", "get", "pack", "access", "One pack file (§8.2)", "PackFile", (401, 404, 500)),
     ("/v1/score", "post", "score", "access", "Score (§4, §5)", "ScoreResponse", SCORING_ERRORS),
     ("/v1/chat/completions", "post", "chat", "access", "Score, chat-shaped (§6)", "ChatResponse", SCORING_ERRORS),
+    (
+        "/v1/decisions",
+        "post",
+        "decisions",
+        "access",
+        "The OpenAI Decisions API (D11)",
+        "DecisionResponse",
+        SCORING_ERRORS,
+    ),  # fmt: skip
 )
 _SPECIAL = {  # answers other than a JSON 200 and the error envelopes
     "readyz": {"503": answer("not loaded, not warm, failed, degraded, draining or stopping", ref("NotReady"))},
@@ -416,7 +505,7 @@ def _paths() -> dict:
         if op_id == "packsReload":
             op["parameters"] = _RELOAD_PARAMETERS
         if method == "post" and path.startswith("/v1/"):
-            body = "ChatRequest" if op_id == "chat" else "ScoreRequest"
+            body = {"chat": "ChatRequest", "decisions": "DecisionRequest"}.get(op_id, "ScoreRequest")
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(body)}}}
         paths.setdefault(path, {})[method] = {**op, "responses": responses}
     return paths
@@ -438,7 +527,7 @@ def openapi_document(version: str) -> dict:
         "info": {"title": "spinf-serve", "version": version, "description": description},
         "paths": _paths(),
         "components": {
-            "schemas": {**request_components(), **_response_schemas(), **_other_schemas()},
+            "schemas": {**request_components(), **_response_schemas(), **_decision_schemas(), **_other_schemas()},
             "responses": {f"Error{status}": error(status) for status in _ERROR_DESCRIPTIONS},
             "headers": {"X-Request-Id": request_id},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "the access token"}},
