@@ -329,12 +329,13 @@ def lay_out_floors(
 
 
 def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:
-    """The join check: does the content's tail merge with any query's first filled template? An extraction slot
-    with no template text before it needs a cut too: it has to branch on tokens of its own (engine spec A.5)."""
+    """The join check: does the content's tail merge with any query's first filled template?
+
+    An extraction slot with no template text before it is not cut for (engine spec A.5 item 2 cuts for it): it
+    branches at the content's last token, which gives the same tokens, and no other question of the input leaves
+    the content part of its attention, so their bits do not depend on such a slot (C.1)."""
     if not content:
         return False
-    if any(cq.extracts and "" in cq.filled for cq in queries):
-        return True
     tail = text[-TAIL_CHARS:]
     tail_tokens = tk.tok(tail)
     return any(tk.tok(tail + cq.filled[0]) != tail_tokens + cq.filled_tokens[0] for cq in queries)

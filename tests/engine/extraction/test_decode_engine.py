@@ -441,12 +441,23 @@ def test_concurrent_calls_decoded_early_together(small, alone):
     assert raw_of(found, "a") == {key: v for key, v in alone[1].items() if key[0] != "w"}
 
 
-def test_an_empty_extraction_template_without_a_valid_cut_warns(tiny_engine):
-    """A.5: an input with an extraction template whose text before the slot is empty is cut; with no valid cut
-    (here: 360 characters whose every late token boundary splits a character), the engine joins anyway and warns
-    ``join_not_merged``. The engine decodes the right tokens (it can branch at the content's last token) but never
-    tries the cut, so it never warns."""
-    text = "日本語" * 120
-    query = {"id": "g", "template": "{*}", "generate": True, "max_tokens": 2}
-    response = tiny_engine.score({"messages": [{"role": "user", "content": text}], "scoring": {"queries": [query]}})
-    assert [w["code"] for w in response["warnings"]] == ["join_not_merged"]
+def test_an_empty_extraction_template_branches_at_the_content_end_without_a_cut(tiny_engine):
+    """A.5 item 2 cuts the content for an extraction slot with no template text before it, so that the slot has
+    tokens to branch on. This engine branches at the content's last token instead (`PREFIX_END`): the tokens are the
+    same (a valid cut never changes them), so the answers are the same, and no other question of the input is moved
+    off the content part of its attention, which keeps their bits whatever slots share the input (engine spec C.1).
+    Without a join to check there is no ``join_not_merged``, even where no valid cut exists."""
+    text = "日本語" * 120  # no valid cut: every late token boundary splits a character
+    empty = {"id": "g", "template": "{*}", "generate": True, "max_tokens": 2}
+    response = tiny_engine.score({"messages": [{"role": "user", "content": text}], "scoring": {"queries": [empty]}})
+    assert response["warnings"] == []
+    content = "Please refund the second payment of my order, it was charged twice."
+    scored = {"id": "s", "template": "\n\nIs it a refund?{?}", "options": [" yes", " no"]}
+
+    def scored_of(queries):
+        answer = tiny_engine.score(
+            {"messages": [{"role": "user", "content": content}], "scoring": {"queries": queries}}
+        )
+        return [q for q in answer["results"][0]["queries"] if q["id"] == "s"]
+
+    assert scored_of([scored]) == scored_of([scored, {**empty, "max_tokens": 4}])
