@@ -11,9 +11,12 @@ what is checked is the shape and the rules that tie the numbers together, not wh
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -253,6 +256,19 @@ def test_a_wrong_token_and_a_body_that_is_not_json(server):
     assert caught.value.code == "invalid_token"
     answer = httpx.post(f"{server.url}/v1/decisions", content=b"{", headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_json"
+
+
+def test_the_readme_example_runs_as_written(server):
+    """README's decisions example (its block with ``client.decisions.create``), on this server's port and token."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "decisions.create" in block]
+    code = code.replace("http://localhost:8000", server.url).replace('api_key="unused"', f'api_key="{TOKEN}"')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    probability, choice, score, tokens = out.getvalue().split()
+    assert 0 <= float(probability) <= 1 and choice in {"billing", "shipping"} and 0 <= float(score) <= 2
+    assert int(tokens) > 0
 
 
 # the route's surroundings: the OpenAPI document, the access log and the metrics
