@@ -130,6 +130,8 @@ def _item(item: object, at: str, calls: dict[tuple[str, str], str]) -> Item:
     if not isinstance(item, dict):
         raise _invalid(at, "an input item must be an object")
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise _invalid(f"{at}.type", "type must be a string")
     if kind == "message":
         role = item.get("role")
         if role not in ROLES:

@@ -147,6 +147,7 @@ def test_repeated_choices_and_levels_are_refused_at_the_later_one():
         (body(PREDICATE, input=5), "invalid_field", "input"),
         (body(PREDICATE, input=[{"role": "tool", "content": "x"}]), "invalid_field", "input.0.role"),
         (body(PREDICATE, input=[{"type": "reasoning"}]), "invalid_field", "input.0.type"),
+        (body(PREDICATE, input=[{"type": {}, "call_id": "c"}]), "invalid_field", "input.0.type"),  # unhashable
         (body(PREDICATE, input=[{"type": "function_call_output", "call_id": "c9", "output": "x"}]),
          "invalid_field", "input.0.call_id"),
         (body(PREDICATE, input=[{"role": "system", "content": [{"type": "input_json", "data": {}}]}]),
