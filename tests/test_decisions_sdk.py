@@ -188,7 +188,7 @@ def test_255_choices(server, client):
 # invariance
 
 
-def test_an_answer_is_bit_identical_alone_among_399_others_and_in_concurrent_calls(client):
+def test_an_answer_is_bit_identical_alone_among_399_others_and_in_concurrent_calls(server, client):
     alone = decide(client, TYPED).answers[0]
     others = mixed(400)
     among = decide(client, *others[:137], TYPED, *others[138:]).answers[137]
@@ -198,9 +198,14 @@ def test_an_answer_is_bit_identical_alone_among_399_others_and_in_concurrent_cal
         questions = [*mixed(40 + 20 * k), TYPED]
         return decide(client, *questions).answers[-1]
 
+    def score_call(_: int) -> list[list[float]]:  # a /v1/score call in the same passes
+        return scored(server, mixed(60))
+
     with ThreadPoolExecutor(4) as pool:
-        concurrent = list(pool.map(call, range(4)))
+        scores = [pool.submit(score_call, k) for k in range(2)]
+        concurrent = list(pool.map(call, range(3)))
     assert all(answer.model_dump() == alone.model_dump() for answer in concurrent)
+    assert scores[0].result() == scores[1].result()
 
 
 # errors, as the SDK raises them
