@@ -1,0 +1,133 @@
+"""Images: a data URL decoded with Pillow into RGB pixels under the pixel limit, then Gemma's resize and patches.
+
+Decoding (api spec §4.3): the URL must be ``data:image/<png|jpeg|jpg|webp|gif>;base64,<base64>``; the bytes are
+opened with Pillow restricted to those four formats, whatever subtype the URL names (a mislabelled PNG still reads
+as a PNG; a BMP never reaches a decoder). ``Image.open`` reads only the header, so the size is checked against
+``max_image_pixels`` **before** any pixel is decoded: a decompression bomb (a huge declared size in a tiny file)
+is ``image_too_large`` without allocating its pixels. Pillow's own bomb guard (``DecompressionBombError`` above
+twice ``Image.MAX_IMAGE_PIXELS``) stays in place as a second net, refused with the same code, and its warning is
+silenced because our limit decides. An animation is read as its first frame. Transparency is composited onto
+white (as transformers' Gemma 4 processor does), other modes converted to RGB. A truncated or corrupt file is
+``invalid_media`` (truncated images are never loaded half-way).
+
+Gemma (engine spec A.14.2): `gemma_resize` resizes with Pillow's bicubic filter to `tokens.gemma_image_size`;
+`gemma_patches` cuts the result into ``[N, 48*48*3]`` float32 in [0, 1], HWC order inside a block, blocks in raster
+order.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import warnings
+
+import attrs
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from spinf.errors import bad_request
+from spinf.media.payload import check_detail, decode_base64, invalid_media
+from spinf.media.tokens import BLOCK, gemma_image_size
+
+_DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp|gif);base64,")
+_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+_WHITE = (255, 255, 255, 255)
+
+# Our max_image_pixels check runs right after the header is read; Pillow's warning for sizes above its own
+# default would only repeat (or contradict) it.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+@attrs.frozen(eq=False)
+class DecodedImage:
+    """An image part (or a video frame) decoded: RGB pixels and the detail it is read at."""
+
+    pixels: np.ndarray  # [height, width, 3] uint8
+    detail: str
+    path: str
+
+    @property
+    def height(self) -> int:
+        return self.pixels.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.pixels.shape[1]
+
+
+def decode_image_part(payload: dict, path: str, *, max_pixels: int, detail: str | None = None) -> DecodedImage:
+    """An ``image_url`` payload (``{url, detail = "auto"}``) decoded; ``detail`` overrides the payload's own."""
+    if detail is None:
+        detail = check_detail(payload, path, "auto")
+    pixels = decode_data_url(payload.get("url"), path, max_pixels=max_pixels)
+    return DecodedImage(pixels=pixels, detail=detail, path=path)
+
+
+def decode_data_url(url: object, path: str, *, max_pixels: int) -> np.ndarray:
+    """The RGB pixels ``[height, width, 3]`` uint8 of an image data URL; refusals at ``path``."""
+    if not isinstance(url, str):
+        raise invalid_media(path, "the image url must be a string")
+    match = _DATA_URL.match(url)
+    if match is None:
+        raise invalid_media(path, "the image url must be a data URL, data:image/<png|jpeg|jpg|webp|gif>;base64,<data>")
+    return decode_image_bytes(decode_base64(url[match.end() :], path, "image data"), path, max_pixels=max_pixels)
+
+
+def decode_image_bytes(data: bytes, path: str, *, max_pixels: int) -> np.ndarray:
+    """Pillow-decoded RGB pixels of a png, jpeg, webp or gif file, the size checked before the pixels."""
+    try:
+        with Image.open(io.BytesIO(data), formats=_FORMATS) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise _too_large(path, width, height, max_pixels)
+            image.load()  # the first frame only: an animation is never seeked
+            return np.asarray(_rgb(image), dtype=np.uint8)
+    except Image.DecompressionBombError as error:
+        raise bad_request("image_too_large", path, f"the image is too large to decode: {error}") from error
+    except UnidentifiedImageError as error:
+        raise invalid_media(path, "the image data is not a png, jpeg, webp or gif image") from error
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        # Pillow reports truncated, corrupt and unsupported variants with these (SyntaxError from some plugins).
+        raise invalid_media(path, f"the image data cannot be decoded: {error}") from error
+
+
+def _too_large(path: str, width: int, height: int, max_pixels: int):
+    return bad_request(
+        "image_too_large",
+        path,
+        f"the image is {width}x{height} = {width * height:,} pixels; the limit (max_image_pixels) is {max_pixels:,}",
+    )
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    """RGB, with any transparency composited onto white."""
+    if image.mode == "RGB":
+        return image
+    if "A" in image.getbands() or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, _WHITE), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def gemma_resize(pixels: np.ndarray, detail: str) -> np.ndarray:
+    """The pixels resized (bicubic) to the Gemma size of A.14.2; unchanged when already that size."""
+    height, width = pixels.shape[:2]
+    th, tw = gemma_image_size(height, width, detail)
+    if (th, tw) == (height, width):
+        return pixels
+    return np.asarray(Image.fromarray(pixels).resize((tw, th), Image.Resampling.BICUBIC))
+
+
+def gemma_patches(resized: np.ndarray) -> np.ndarray:
+    """``[N, 48*48*3]`` float32 in [0, 1] of resized pixels: blocks in raster order, HWC inside a block."""
+    height, width = resized.shape[:2]
+    if height % BLOCK or width % BLOCK:
+        raise ValueError(f"the resized image is {height}x{width}, not a multiple of {BLOCK} a side")
+    rows, cols = height // BLOCK, width // BLOCK
+    blocks = resized.reshape(rows, BLOCK, cols, BLOCK, 3).transpose(0, 2, 1, 3, 4)  # [rows, cols, 48, 48, 3]
+    return blocks.reshape(rows * cols, BLOCK * BLOCK * 3).astype(np.float32) / np.float32(255)
+
+
+def gemma_image_patches(image: DecodedImage) -> np.ndarray:
+    """An image's Gemma patches ``[N, 48*48*3]`` at its detail; N is its token count."""
+    return gemma_patches(gemma_resize(image.pixels, image.detail))
