@@ -84,15 +84,21 @@ def _resampled(container: av.container.InputContainer) -> Iterator[np.ndarray]:
 
     PyAV's resampler changes the rate and the sample format and keeps the channels; mono is their mean, as
     librosa and transformers' feature extractors take it (ffmpeg's own downmix weighs stereo by 1/sqrt(2) each,
-    which can leave [-1, 1]).
+    which can leave [-1, 1]). The samples stay packed, one plane: PyAV 18 crashes reading the planes of a planar
+    frame of 8 or more channels.
     """
     stream = container.streams.audio[0]
-    resampler = av.AudioResampler(format="fltp", rate=SAMPLE_RATE)
+    resampler = av.AudioResampler(format="flt", rate=SAMPLE_RATE)
     for frame in container.decode(stream):
         for out in resampler.resample(frame):
-            yield out.to_ndarray().mean(axis=0, dtype=np.float32)
+            yield _mono(out)
     for out in resampler.resample(None):
-        yield out.to_ndarray().mean(axis=0, dtype=np.float32)
+        yield _mono(out)
+
+
+def _mono(frame: av.AudioFrame) -> np.ndarray:
+    packed = frame.to_ndarray().reshape(frame.samples, len(frame.layout.channels))  # [samples, channels]
+    return packed.mean(axis=1, dtype=np.float32)
 
 
 def _bounded(chunks: Iterable[np.ndarray], limit: int, path: str, max_seconds: int) -> tuple[np.ndarray, int]:
@@ -102,7 +108,7 @@ def _bounded(chunks: Iterable[np.ndarray], limit: int, path: str, max_seconds: i
     for chunk in chunks:
         total += len(chunk)
         if total > limit:
-            raise _too_long(path, f"decodes to more than {total / SAMPLE_RATE:,.2f} s", max_seconds)
+            raise _too_long(path, f"decodes to more than {max_seconds:,} s", max_seconds)
         room = MAX_INPUT_AUDIO_SAMPLES - num_kept
         if room > 0:
             kept.append(chunk[:room])

@@ -79,7 +79,7 @@ def audio_bytes(samples: np.ndarray, fmt: str, rate: int = 16_000) -> bytes:
         resampler = av.AudioResampler(format=fmt_name, layout=layout, rate=coded_rate, frame_size=frame_size)
         for start in range(0, samples.shape[1], frame_size):
             chunk = np.ascontiguousarray(samples[:, start : start + frame_size])
-            frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1) if channels > 1 else chunk, "flt", layout)
+            frame = av.AudioFrame.from_ndarray(chunk.T.reshape(1, -1), "flt", layout)  # packed: interleaved
             frame.sample_rate = rate
             frame.pts = start
             for converted in resampler.resample(frame):
