@@ -28,7 +28,7 @@ import attrs
 import av
 import numpy as np
 
-from spinf.errors import bad_request
+from spinf.errors import ApiError, bad_request
 from spinf.media.payload import decode_base64, invalid_media
 from spinf.media.tokens import MAX_INPUT_AUDIO_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN, audio_segments
 
@@ -117,7 +117,7 @@ def _bounded(chunks: Iterable[np.ndarray], limit: int, path: str, max_seconds: i
     return samples.astype(np.float32, copy=False), total
 
 
-def _too_long(path: str, what: str, max_seconds: int):
+def _too_long(path: str, what: str, max_seconds: int) -> ApiError:
     return bad_request("audio_too_long", path, f"the audio {what}; the limit (max_audio_seconds) is {max_seconds:,} s")
 
 

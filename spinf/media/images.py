@@ -20,12 +20,13 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from collections.abc import Callable
 
 import attrs
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from spinf.errors import bad_request
+from spinf.errors import ApiError, bad_request
 from spinf.media.payload import check_detail, decode_base64, invalid_media
 from spinf.media.tokens import BLOCK, gemma_image_size
 
@@ -38,29 +39,39 @@ _WHITE = (255, 255, 255, 255)
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
+Resize = Callable[[np.ndarray, str], np.ndarray]
+
+
 @attrs.frozen(eq=False)
 class DecodedImage:
-    """An image part (or a video frame) decoded: RGB pixels and the detail it is read at."""
+    """An image part (or a video frame) decoded: RGB pixels, the size it was sent at and the detail it is read at.
 
-    pixels: np.ndarray  # [height, width, 3] uint8
+    ``pixels`` are the decoded pixels, or already the model's resized ones when decoding was given a ``resize``;
+    the token counts follow from ``height``, ``width`` (the sent size) and ``detail`` either way.
+    """
+
+    pixels: np.ndarray  # [rows, cols, 3] uint8
+    height: int
+    width: int
     detail: str
     path: str
 
-    @property
-    def height(self) -> int:
-        return self.pixels.shape[0]
 
-    @property
-    def width(self) -> int:
-        return self.pixels.shape[1]
+def decode_image_part(
+    payload: dict, path: str, *, max_pixels: int, detail: str | None = None, resize: Resize | None = None
+) -> DecodedImage:
+    """An ``image_url`` payload (``{url, detail = "auto"}``) decoded; ``detail`` overrides the payload's own.
 
-
-def decode_image_part(payload: dict, path: str, *, max_pixels: int, detail: str | None = None) -> DecodedImage:
-    """An ``image_url`` payload (``{url, detail = "auto"}``) decoded; ``detail`` overrides the payload's own."""
+    With ``resize`` (`gemma_resize` for Gemma) the pixels are resized at once, so that a request of many large
+    images or frames holds only their model-sized pixels (at most 1,120 blocks each), never all the sent ones.
+    """
     if detail is None:
         detail = check_detail(payload, path, "auto")
     pixels = decode_data_url(payload.get("url"), path, max_pixels=max_pixels)
-    return DecodedImage(pixels=pixels, detail=detail, path=path)
+    height, width = pixels.shape[:2]
+    if resize is not None:
+        pixels = resize(pixels, detail)
+    return DecodedImage(pixels=pixels, height=height, width=width, detail=detail, path=path)
 
 
 def decode_data_url(url: object, path: str, *, max_pixels: int) -> np.ndarray:
@@ -91,7 +102,7 @@ def decode_image_bytes(data: bytes, path: str, *, max_pixels: int) -> np.ndarray
         raise invalid_media(path, f"the image data cannot be decoded: {error}") from error
 
 
-def _too_large(path: str, width: int, height: int, max_pixels: int):
+def _too_large(path: str, width: int, height: int, max_pixels: int) -> ApiError:
     return bad_request(
         "image_too_large",
         path,
@@ -111,11 +122,13 @@ def _rgb(image: Image.Image) -> Image.Image:
 
 def gemma_resize(pixels: np.ndarray, detail: str) -> np.ndarray:
     """The pixels resized (bicubic) to the Gemma size of A.14.2; unchanged when already that size."""
-    height, width = pixels.shape[:2]
-    th, tw = gemma_image_size(height, width, detail)
-    if (th, tw) == (height, width):
+    return _bicubic(pixels, *gemma_image_size(pixels.shape[0], pixels.shape[1], detail))
+
+
+def _bicubic(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    if pixels.shape[:2] == (height, width):
         return pixels
-    return np.asarray(Image.fromarray(pixels).resize((tw, th), Image.Resampling.BICUBIC))
+    return np.asarray(Image.fromarray(pixels).resize((width, height), Image.Resampling.BICUBIC))
 
 
 def gemma_patches(resized: np.ndarray) -> np.ndarray:
@@ -129,5 +142,9 @@ def gemma_patches(resized: np.ndarray) -> np.ndarray:
 
 
 def gemma_image_patches(image: DecodedImage) -> np.ndarray:
-    """An image's Gemma patches ``[N, 48*48*3]`` at its detail; N is its token count."""
-    return gemma_patches(gemma_resize(image.pixels, image.detail))
+    """An image's Gemma patches ``[N, 48*48*3]`` at its detail; N is its token count.
+
+    The target size comes from the size the image was sent at: the Gemma size of an already resized image is
+    not always itself (its blocks fit the budget with room to spare), so resized pixels are never resized again.
+    """
+    return gemma_patches(_bicubic(image.pixels, *gemma_image_size(image.height, image.width, image.detail)))

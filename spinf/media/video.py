@@ -15,7 +15,7 @@ import math
 import attrs
 
 from spinf.errors import bad_request
-from spinf.media.images import DecodedImage, decode_image_part
+from spinf.media.images import DecodedImage, Resize, decode_image_part
 from spinf.media.payload import check_detail, invalid_media
 from spinf.media.tokens import MARKERS, gemma_image_tokens, video_timestamp
 
@@ -38,13 +38,16 @@ class Video:
         """The text before each frame, in order (A.14.5); the engine tokenizes each as ordinary text."""
         return tuple(video_timestamp(frame.t, first=j == 0) for j, frame in enumerate(self.frames))
 
-    def gemma_image_tokens(self) -> int:
+    def gemma_frame_tokens(self) -> int:
         """The frames' soft tokens and markers on the Gemma stack; the timestamps' text tokens come on top."""
         return sum(gemma_image_tokens(f.image.height, f.image.width, self.detail) + MARKERS for f in self.frames)
 
 
-def decode_video_part(payload: dict, path: str, *, max_frames: int, max_pixels: int) -> Video:
-    """A ``video`` payload checked and its frames decoded at the video's detail."""
+def decode_video_part(
+    payload: dict, path: str, *, max_frames: int, max_pixels: int, resize: Resize | None = None
+) -> Video:
+    """A ``video`` payload checked and its frames decoded at the video's detail (each resized at once with
+    ``resize`` when given: up to 1,024 frames are held, so the engine should pass one)."""
     detail = check_detail(payload, path, "low")
     frames = payload.get("frames")
     frames_path = f"{path}.video.frames"
@@ -61,7 +64,7 @@ def decode_video_part(payload: dict, path: str, *, max_frames: int, max_pixels: 
         image_url = frame.get("image_url")
         if not isinstance(image_url, dict):
             raise invalid_media(frame_path, "a video frame needs an image_url object {url}")
-        image = decode_image_part(image_url, frame_path, max_pixels=max_pixels, detail=detail)
+        image = decode_image_part(image_url, frame_path, max_pixels=max_pixels, detail=detail, resize=resize)
         decoded.append(VideoFrame(t=t, image=image))
     return Video(frames=tuple(decoded), detail=detail, path=path)
 

@@ -240,6 +240,19 @@ def test_an_image_already_at_its_size_is_not_resampled():
     assert gemma_resize(pixels, "low") is pixels
 
 
+@pytest.mark.parametrize(("height", "width", "detail"), [(55, 154, "low"), (100, 200, "auto"), (3, 2_000, "high")])
+def test_resizing_while_decoding_gives_the_same_patches(height, width, detail):
+    # 55 x 154 at low resizes to 192 x 672, whose own Gemma size is 192 x 720: resized pixels are never resized
+    # again, the target always comes from the size the image was sent at.
+    payload = {"url": data_url(image_bytes(noise_image(height, width))), "detail": detail}
+    sent = decode_image_part(payload, PATH, max_pixels=LIMIT)
+    resized = decode_image_part(payload, PATH, max_pixels=LIMIT, resize=gemma_resize)
+    assert resized.pixels.shape == (*gemma_image_size(height, width, detail), 3)
+    assert (resized.height, resized.width) == (sent.height, sent.width) == (height, width)
+    np.testing.assert_array_equal(gemma_image_patches(resized), gemma_image_patches(sent))
+    assert gemma_image_patches(resized).shape[0] == gemma_image_tokens(height, width, detail)
+
+
 def test_patches_need_whole_blocks():
     with pytest.raises(ValueError, match=r"^the resized image is 48x50, not a multiple of 48 a side$"):
         gemma_patches(np.zeros((48, 50, 3), np.uint8))

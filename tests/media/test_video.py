@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spinf.errors import ApiError
-from spinf.media.images import gemma_image_patches
+from spinf.media.images import gemma_image_patches, gemma_resize
 from spinf.media.video import decode_video_part
 from tests.media.fixtures import data_url, image_bytes, noise_image, png_header_only
 
@@ -42,7 +42,14 @@ def test_frames_are_read_at_the_video_detail_default_low():
     assert clip.timestamps() == ("00:00 ", " 00:01 ", " 01:01 ")
     # 90 x 160 at low: f = sqrt(70 * 2304 / 14,400) = 3.35 -> 288 x 528 = 6 x 11 = 66 blocks, plus 2 markers.
     assert [gemma_image_patches(f.image).shape[0] for f in clip.frames] == [66, 66, 66]
-    assert clip.gemma_image_tokens() == 3 * 68
+    assert clip.gemma_frame_tokens() == 3 * 68
+
+
+def test_frames_are_resized_as_they_are_decoded_when_asked():
+    clip = decode_video_part(video([0, 1]), PATH, max_frames=8, max_pixels=50_000_000, resize=gemma_resize)
+    assert [f.image.pixels.shape for f in clip.frames] == [(288, 528, 3)] * 2
+    assert [(f.image.height, f.image.width) for f in clip.frames] == [(90, 160)] * 2
+    assert clip.gemma_frame_tokens() == 2 * 68
 
 
 def test_a_frame_detail_is_ignored_even_when_invalid():
