@@ -7,8 +7,8 @@ as a PNG; a BMP never reaches a decoder). ``Image.open`` reads only the header, 
 is ``image_too_large`` without allocating its pixels. Pillow's own bomb guard (``DecompressionBombError`` above
 twice ``Image.MAX_IMAGE_PIXELS``) stays in place as a second net, refused with the same code, and its warning is
 silenced because our limit decides. An animation is read as its first frame. Transparency is composited onto
-white (as transformers' Gemma 4 processor does), other modes converted to RGB. A truncated or corrupt file is
-``invalid_media`` (truncated images are never loaded half-way).
+white (as transformers' Gemma 4 processor does), 16-bit grayscale scaled to 8 bits, other modes converted to RGB.
+A truncated or corrupt file is ``invalid_media`` (truncated images are never loaded half-way).
 
 Gemma (engine spec A.14.2): `gemma_resize` resizes with Pillow's bicubic filter to `tokens.gemma_image_size`;
 `gemma_patches` cuts the result into ``[N, 48*48*3]`` float32 in [0, 1], HWC order inside a block, blocks in raster
@@ -92,6 +92,8 @@ def decode_image_bytes(data: bytes, path: str, *, max_pixels: int) -> np.ndarray
             if width * height > max_pixels:
                 raise _too_large(path, width, height, max_pixels)
             image.load()  # the first frame only: an animation is never seeked
+            if image.mode.startswith("I;16") or image.mode == "I":
+                return _gray16(image)
             return np.asarray(_rgb(image), dtype=np.uint8)
     except Image.DecompressionBombError as error:
         raise bad_request("image_too_large", path, f"the image is too large to decode: {error}") from error
@@ -108,6 +110,14 @@ def _too_large(path: str, width: int, height: int, max_pixels: int) -> ApiError:
         path,
         f"the image is {width}x{height} = {width * height:,} pixels; the limit (max_image_pixels) is {max_pixels:,}",
     )
+
+
+def _gray16(image: Image.Image) -> np.ndarray:
+    """A 16-bit grayscale PNG scaled to 8 bits (65,535 -> 255) and repeated to RGB; Pillow's own conversion
+    clips every value above 255 to white."""
+    wide = np.asarray(image).astype(np.float64)
+    gray = np.clip(np.rint(wide / 257), 0, 255).astype(np.uint8)
+    return np.repeat(gray[:, :, None], 3, axis=2)
 
 
 def _rgb(image: Image.Image) -> Image.Image:

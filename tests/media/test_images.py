@@ -87,6 +87,14 @@ def test_other_modes_become_rgb(mode):
     assert decoded.shape == (8, 8, 3) and decoded.dtype == np.uint8
 
 
+def test_16_bit_grayscale_is_scaled_to_8_bits():
+    wide = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)
+    decoded = decode_data_url(data_url(image_bytes(Image.fromarray(wide))), PATH, max_pixels=LIMIT)
+    assert decoded.shape == (64, 64, 3)
+    np.testing.assert_array_equal(decoded[:, :, 0], np.rint(wide / 257).astype(np.uint8))
+    assert (decoded[:, :, 0] == decoded[:, :, 2]).all()
+
+
 def test_the_url_subtype_need_not_match_the_format():
     pixels = noise_image(5, 5)
     decoded = decode_data_url(data_url(image_bytes(pixels), "jpeg"), PATH, max_pixels=LIMIT)
