@@ -6,8 +6,10 @@ The limits (api spec §4.3 and §9.4, engine spec A.14.4), reconciled:
   spec's D5: we refuse where the reference cuts). "Longer" is the decoded duration, more than
   ``max_audio_seconds * 16000`` samples after resampling; a container whose header already declares more is
   refused from the header, before anything is decoded (mp3 excepted: ffmpeg may estimate an mp3's duration from
-  its bitrate, which can overstate a VBR file's length). A header that declares less than the data holds changes
-  nothing: decoding stops as soon as the count passes the limit.
+  its bitrate, which can overstate a VBR file's length). Headers are never trusted for the bound itself: decoding
+  stops as soon as the count passes the limit. (A WAV header that declares more data than the file holds is
+  corrected by ffmpeg from the file's size, so ten hours declared over one second of data read as one second;
+  one that declares less is read up to what it declares.)
 * **Per input, cut:** the engine reads at most 600 s of audio per input (A.14.4, a fixed constant); audio past
   that, over all of an input's parts in order, is dropped by `cap_input_audio`. With the default limit a single
   part never reaches it; several parts, or a raised ``max_audio_seconds``, can. A part is decoded up to its limit
@@ -97,6 +99,10 @@ def _resampled(container: av.container.InputContainer) -> Iterator[np.ndarray]:
 
 
 def _mono(frame: av.AudioFrame) -> np.ndarray:
+    # The resampler checks later frames against the first, except when the first needed no work: then it passes
+    # every frame through as it is, so a stream that changes rate or format midway is caught here.
+    if frame.sample_rate != SAMPLE_RATE or frame.format.name != "flt":
+        raise ValueError(f"the stream changes to {frame.format.name} at {frame.sample_rate} Hz midway")
     packed = frame.to_ndarray().reshape(frame.samples, len(frame.layout.channels))  # [samples, channels]
     return packed.mean(axis=1, dtype=np.float32)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import time
 
 import av
@@ -70,6 +71,23 @@ def test_16_khz_mono_wav_is_read_sample_exact():
     clip = decoded(audio_bytes(samples, "wav"), "wav")
     # Stored as 16-bit PCM: equal to the input within one quantization step.
     np.testing.assert_allclose(clip.samples, samples[0], atol=1 / 32768)
+
+
+def test_a_16_khz_float_wav_passes_through_exactly():
+    # Already flt at 16 kHz: PyAV's resampler hands the frames through untouched.
+    pcm = np.linspace(-0.5, 0.5, 16_000, dtype="<f4")
+    fmt = struct.pack("<HHIIHH", 3, 1, 16_000, 64_000, 4, 32)  # format 3: IEEE float
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", pcm.nbytes) + pcm.tobytes()
+    clip = decoded(b"RIFF" + struct.pack("<I", len(body)) + body, "wav")
+    np.testing.assert_array_equal(clip.samples, pcm)
+
+
+def test_a_frame_that_changes_rate_midway_is_refused():
+    # Passed-through frames are not checked by the resampler; the mono step checks each one.
+    frame = av.AudioFrame.from_ndarray(np.zeros((1, 441), np.float32), "flt", "mono")
+    frame.sample_rate = 44_100
+    with pytest.raises(ValueError, match=r"^the stream changes to flt at 44100 Hz midway$"):
+        audio_module._mono(frame)
 
 
 def test_mono_is_the_mean_of_the_channels():
