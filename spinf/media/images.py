@@ -5,8 +5,9 @@ opened with Pillow restricted to those four formats, whatever subtype the URL na
 as a PNG; a BMP never reaches a decoder). ``Image.open`` reads only the header, so the size is checked against
 ``max_image_pixels`` **before** any pixel is decoded: a decompression bomb (a huge declared size in a tiny file)
 is ``image_too_large`` without allocating its pixels. Pillow's own bomb guard (``DecompressionBombError`` above
-twice ``Image.MAX_IMAGE_PIXELS``) stays in place as a second net, refused with the same code, and its warning is
-silenced because our limit decides. An animation is read as its first frame. Transparency is composited onto
+twice ``Image.MAX_IMAGE_PIXELS``, about 179 million pixels; left at Pillow's default, which is process-wide) stays
+in place as a second net, refused with the same code: a ``max_image_pixels`` set above it is capped there. Its
+warning is silenced because our limit decides. An animation is read as its first frame. Transparency is composited onto
 white (as transformers' Gemma 4 processor does), 16-bit grayscale scaled to 8 bits, other modes converted to RGB.
 A truncated or corrupt file is ``invalid_media`` (truncated images are never loaded half-way).
 
