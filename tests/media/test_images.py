@@ -304,6 +304,25 @@ def test_patches_equal_transformers(transformers_gemma4, height, width, detail):
     np.testing.assert_allclose(ours, np.asarray(out["pixel_values"][0][:count]), rtol=0, atol=1e-6)
 
 
+def test_sizes_equal_transformers_over_a_sweep(transformers_gemma4):
+    # 3,000 fixed random sizes from 1 to 20,000 pixels a side, at each detail: the same size as transformers',
+    # except where a side floors to 0; there one row of 48 both, the spec capping the other side at floor(soft / 9)
+    # blocks where transformers caps it at soft blocks.
+    sides = np.exp(np.random.default_rng(16).uniform(0, np.log(20_000), (3_000, 2))).astype(int)
+    same = fallbacks = 0
+    for height, width in sides.tolist():
+        for detail, soft in DETAIL_TOKENS.items():
+            theirs = transformers_gemma4.get_aspect_ratio_preserving_size(height, width, 16, 9 * soft, 3)
+            ours = gemma_image_size(height, width, detail)
+            if ours == theirs:
+                same += 1
+                continue
+            fallbacks += 1
+            assert min(ours) == min(theirs) == 48, (height, width, detail)
+            assert max(ours) == min(max(theirs), soft // 9 * 48), (height, width, detail)
+    assert same > 7_000 and fallbacks > 1_000
+
+
 @pytest.mark.parametrize("detail", ["low", "auto", "high"])
 def test_extreme_aspect_ratios_differ_from_transformers_as_the_spec_says(transformers_gemma4, detail):
     """The spec caps the one-row fallback at floor(soft / 9) blocks; transformers (5.x) at soft blocks."""
