@@ -32,7 +32,7 @@ import numpy as np
 
 from spinf.errors import ApiError, bad_request
 from spinf.media.payload import decode_base64, invalid_media
-from spinf.media.tokens import MAX_INPUT_AUDIO_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN, audio_segments
+from spinf.media.tokens import MAX_INPUT_AUDIO_SAMPLES, SAMPLE_RATE, SAMPLES_PER_TOKEN, audio_segments, audio_tokens
 
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "m4a", "webm")
 _DEMUXERS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "ogg": "ogg", "m4a": "mp4", "webm": "webm"}
@@ -87,7 +87,7 @@ def _resampled(container: av.container.InputContainer) -> Iterator[np.ndarray]:
     PyAV's resampler changes the rate and the sample format and keeps the channels; mono is their mean, as
     librosa and transformers' feature extractors take it (ffmpeg's own downmix weighs stereo by 1/sqrt(2) each,
     which can leave [-1, 1]). The samples stay packed, one plane: PyAV 18 crashes reading the planes of a planar
-    frame of 8 or more channels.
+    frame of 8 or more channels (seen with 18.1).
     """
     stream = container.streams.audio[0]
     resampler = av.AudioResampler(format="flt", rate=SAMPLE_RATE)
@@ -141,7 +141,7 @@ def cap_input_audio(clips: Iterable[AudioClip]) -> tuple[AudioClip, ...]:
 
 def audio_frames(samples: np.ndarray) -> np.ndarray:
     """The raw frames ``[tokens, 640]`` float32 of a clip, one per token, the last one zero-padded."""
-    num_tokens = -(-len(samples) // SAMPLES_PER_TOKEN)
+    num_tokens = audio_tokens(len(samples))
     frames = np.zeros(num_tokens * SAMPLES_PER_TOKEN, np.float32)
     frames[: len(samples)] = samples
     return frames.reshape(num_tokens, SAMPLES_PER_TOKEN)
