@@ -17,7 +17,7 @@ import attrs
 from spinf.errors import bad_request
 from spinf.media.images import DecodedImage, Resize, decode_image_part
 from spinf.media.payload import check_detail, invalid_media
-from spinf.media.tokens import MARKERS, gemma_image_tokens, video_timestamp
+from spinf.media.tokens import gemma_image_content_tokens, video_timestamp
 
 
 @attrs.frozen(eq=False)
@@ -40,7 +40,7 @@ class Video:
 
     def gemma_frame_tokens(self) -> int:
         """The frames' soft tokens and markers on the Gemma stack; the timestamps' text tokens come on top."""
-        return sum(gemma_image_tokens(f.image.height, f.image.width, self.detail) + MARKERS for f in self.frames)
+        return sum(gemma_image_content_tokens(f.image.height, f.image.width, self.detail) for f in self.frames)
 
 
 def decode_video_part(
