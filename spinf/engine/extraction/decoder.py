@@ -109,12 +109,41 @@ def kv_bytes_per_token(model) -> int:
 
 def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
     """The working set of decoding ``tasks`` together: the buffers' rows and the step's log-probs."""
-    groups = {(id(t.captured), t.start.prefix) for t in tasks}
-    prefix = sum(length for _, (_, length) in groups)
-    rows = sum(t.rows for t in tasks)
-    steps = max(t.steps for t in tasks)
-    buffered = prefix + sum(len(t.start.path) for t in tasks) + rows * steps
-    return buffered * per_token + rows * vocab * LOGIT_BYTES
+    size = _ChunkSize(per_token, vocab)
+    for task in tasks:
+        size.add(task)
+    return size.bytes
+
+
+class _ChunkSize:
+    """`chunk_bytes` kept as running sums, so packing slots into chunks adds each slot once."""
+
+    def __init__(self, per_token: int, vocab: int):
+        self.per_token, self.vocab = per_token, vocab
+        self.groups: set = set()
+        self.prefix = self.paths = self.rows = self.steps = 0
+
+    def add(self, task: SlotTask) -> None:
+        group = (id(task.captured), task.start.prefix)
+        if group not in self.groups:
+            self.groups.add(group)
+            self.prefix += task.start.prefix[1]
+        self.paths += len(task.start.path)
+        self.rows += task.rows
+        self.steps = max(self.steps, task.steps)
+
+    def with_task(self, task: SlotTask) -> int:
+        """The bytes the chunk would take with ``task`` added (nothing is changed)."""
+        group = (id(task.captured), task.start.prefix)
+        prefix = self.prefix + (0 if group in self.groups else task.start.prefix[1])
+        rows, steps = self.rows + task.rows, max(self.steps, task.steps)
+        buffered = prefix + self.paths + len(task.start.path) + rows * steps
+        return buffered * self.per_token + rows * self.vocab * LOGIT_BYTES
+
+    @property
+    def bytes(self) -> int:
+        buffered = self.prefix + self.paths + self.rows * self.steps
+        return buffered * self.per_token + self.rows * self.vocab * LOGIT_BYTES
 
 
 def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> list[list[int]]:
@@ -122,6 +151,7 @@ def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> li
     over the budget alone is a 413."""
     order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
     out: list[list[int]] = []
+    size = _ChunkSize(per_token, vocab)
     for i in order:
         alone = chunk_bytes([tasks[i]], per_token, vocab)
         if alone > budget:
@@ -132,10 +162,11 @@ def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> li
                 f"an extraction slot needs {alone / 2**30:.2f} GiB to decode; the decoder budget is "
                 f"{budget / 2**30:.2f} GiB",
             )
-        if out and chunk_bytes([tasks[j] for j in out[-1]] + [tasks[i]], per_token, vocab) <= budget:
-            out[-1].append(i)
-        else:
-            out.append([i])
+        if not out or size.with_task(tasks[i]) > budget:
+            out.append([])
+            size = _ChunkSize(per_token, vocab)
+        out[-1].append(i)
+        size.add(tasks[i])
     return out
 
 
