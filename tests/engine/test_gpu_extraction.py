@@ -1,19 +1,18 @@
 """Per-question invariance of extraction answers on the GPU (issue 14): bit for bit, whatever shares the decode.
 
 The tiny model on CUDA through the fused path (bf16 activations, Triton tree attention for the scoring pass and
-for every decode step, fp8s linears after a calibration): each slot's raw outcomes (every answer's tokens and fp32
-log-prob, every generated sequence) alone, with its input's other slots and many scored questions, among other
-inputs, with slots of other lengths in the same chunk, and in decodes shared with 63 concurrent calls through the
-engine loop.
+for every decode step, fp8s linears after test_gpu_invariance's calibration): each slot's raw outcomes (every
+answer's tokens and fp32 log-prob, every generated sequence) alone, with its input's other slots and many scored
+questions, among other inputs, with slots of other lengths in the same chunk, and in decodes shared with 63
+concurrent calls through the engine loop.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from spinf import Engine
 from spinf.engine.loop import Call
-from spinf.engine.quant import AmaxRecorder
+from tests.engine.test_gpu_invariance import cuda_engine
 from tests.engine.test_independence import CONTENT, other_questions
 
 pytestmark = pytest.mark.gpu
@@ -37,18 +36,7 @@ def body(queries: list[dict], inputs: list[tuple[str, str]]) -> dict:
 
 @pytest.fixture(scope="module", params=["bf16", "fp8s"])
 def gpu_engine(request, tiny_cache):
-    import torch
-
-    engine = Engine("tiny", device="cuda", cache_dir=tiny_cache)
-    engine.model.to(torch.bfloat16)  # the fused path runs bf16 activations
-    if request.param == "fp8s":
-        if torch.cuda.get_device_capability() < (8, 9):
-            pytest.skip("fp8 needs compute capability 8.9")
-        recorder = AmaxRecorder()
-        with engine.model.observing(recorder.observe):
-            engine.score(body(other_questions(30), [("a", CONTENT), ("b", OTHER)]))
-        engine.model.to_fp8s(recorder.scales())
-    return engine
+    return cuda_engine(request.param, tiny_cache)
 
 
 @pytest.fixture

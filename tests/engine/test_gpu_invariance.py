@@ -23,13 +23,14 @@ pytestmark = pytest.mark.gpu
 OTHER = "Where is my parcel? It was due on Monday and the tracking page has not changed since. " * 6
 
 
-@pytest.fixture(scope="module", params=["bf16", "fp8s"])
-def gpu_engine(request, tiny_cache):
+def cuda_engine(scheme: str, tiny_cache) -> Engine:
+    """The tiny model on CUDA in ``scheme``: bf16 activations, and for fp8s linears calibrated on a few questions
+    (test_gpu_extraction.py's engines too)."""
     import torch
 
     engine = Engine("tiny", device="cuda", cache_dir=tiny_cache)
     engine.model.to(torch.bfloat16)  # the fused path runs bf16 activations
-    if request.param == "fp8s":
+    if scheme == "fp8s":
         if torch.cuda.get_device_capability() < (8, 9):
             pytest.skip("fp8 needs compute capability 8.9")
         recorder = AmaxRecorder()
@@ -37,6 +38,11 @@ def gpu_engine(request, tiny_cache):
             engine.score(body(other_questions(30) + TARGETS, [("a", CONTENT), ("b", OTHER)]))
         engine.model.to_fp8s(recorder.scales())
     return engine
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp8s"])
+def gpu_engine(request, tiny_cache):
+    return cuda_engine(request.param, tiny_cache)
 
 
 def test_every_question_keeps_its_bits_in_five_compositions(gpu_engine):
