@@ -83,15 +83,17 @@ def wait_quiet(url: str, *, settle_s: float, quiet_s: float, timeout_s: float) -
     """Wait until, ``settle_s`` after now at the earliest, nothing is in flight and nothing was answered for
     ``quiet_s``; False when ``timeout_s`` passed first. A failed read of ``/metrics`` counts as not quiet."""
     start = time.monotonic()
-    last_change, last_answered = start, None
+    quiet_since, last_answered = None, None  # since the first read that found it quiet
     while (now := time.monotonic()) - start < timeout_s:
         try:
             in_flight, answered = read_load(url)
         except OSError:
             in_flight, answered = 1, None
         if in_flight or answered != last_answered:
-            last_change, last_answered = now, answered
-        elif now - start >= settle_s and now - last_change >= quiet_s:
+            quiet_since, last_answered = None, answered
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - start >= settle_s and now - quiet_since >= quiet_s:
             return True
         time.sleep(POLL_S)
     return False
