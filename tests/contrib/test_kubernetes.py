@@ -186,23 +186,24 @@ def test_without_a_token_the_drain_creates_the_marker_file(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_the_drain_script_returns_after_the_call_in_flight_on_a_real_server(tmp_path):
     server = ServerProcess(tmp_path / "server", "--trusted-token", "T")
+    answered: list[tuple[int, float]] = []
+
+    def call() -> None:
+        body, auth = score_body(sentences=80, questions=300), {"Authorization": "Bearer T"}
+        answer = httpx.post(f"{server.url}/v1/score", json=body, headers=auth, timeout=120)
+        answered.append((answer.status_code, time.monotonic()))
+
+    caller = threading.Thread(target=call)
     try:
-        answered: list[tuple[int, float]] = []
-
-        def call() -> None:
-            body, auth = score_body(sentences=80, questions=300), {"Authorization": "Bearer T"}
-            answer = httpx.post(f"{server.url}/v1/score", json=body, headers=auth, timeout=120)
-            answered.append((answer.status_code, time.monotonic()))
-
-        caller = threading.Thread(target=call)
+        command = [sys.executable, SCRIPT, "--url", server.url, "--settle-s", "0", "--quiet-s", "0.5"]
+        refused = subprocess.run([*command, "--token", "wrong"], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert httpx.get(f"{server.url}/readyz").status_code == 200
         caller.start()
         deadline = time.monotonic() + 30
         while prestop_drain.read_load(server.url)[0] == 0 and not answered and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not answered, answered  # seen in flight
-        command = [sys.executable, SCRIPT, "--url", server.url, "--settle-s", "0", "--quiet-s", "0.5"]
-        refused = subprocess.run([*command, "--token", "wrong"], capture_output=True, text=True, timeout=60)
-        assert refused.returncode == 2, refused.stderr
         started = time.monotonic()
         drained = subprocess.run([*command, "--token", "T"], capture_output=True, text=True, timeout=60)
         ended = time.monotonic()
@@ -213,4 +214,6 @@ def test_the_drain_script_returns_after_the_call_in_flight_on_a_real_server(tmp_
         assert httpx.get(f"{server.url}/readyz").json() == {"ready": False, "draining": True}
         assert prestop_drain.read_load(server.url)[0] == 0
     finally:
+        if caller.is_alive():
+            caller.join(timeout=120)
         assert server.stop() == 0, server.output()
