@@ -223,6 +223,9 @@ class TowerEmbedder(nn.Module):
         if not items:
             return weight.new_zeros((0, weight.shape[0]))
         grids = [_grid(item) for item in items]
+        longest = max(max(grid) for grid in grids) * self.cfg.pooling
+        if longest > self.cfg.position_embedding_size:
+            raise ValueError(f"an image {longest} patches a side is beyond the position table")
         blocks = torch.from_numpy(np.concatenate([item.blocks for item in items]))
         blocks = blocks.to(weight.device, non_blocking=True).split([rows * cols for rows, cols in grids])
         patches = torch.cat([self._recut(part, *grid) for part, grid in zip(blocks, grids, strict=True)])
@@ -234,7 +237,7 @@ class TowerEmbedder(nn.Module):
         for layer in self.layers:
             h = layer(h, rope, lengths)
         pooled = torch.cat([self._pool(part, *grid) for part, grid in zip(h.split(lengths), grids, strict=True)])
-        pooled = pooled * math.sqrt(self.cfg.hidden_size)  # fp32: the scale may leave bf16's comfortable range
+        pooled = pooled * math.sqrt(self.cfg.hidden_size)  # in fp32 until standardised, as transformers does
         if self.cfg.standardize:
             pooled = (pooled - self.std_bias.float()) * self.std_scale.float()
         return stable_mm(rms_norm(pooled.to(weight.dtype), None, self.cfg.eps), weight)

@@ -26,15 +26,16 @@ from spinf.media.items import VisionItem
 HIDDEN = TINY_TOWER_CONFIG["text_config"]["hidden_size"]
 VISION = TINY_TOWER_CONFIG["vision_config"]
 SOFT_TOKENS = (70, 140, 280, 560, 1120)  # the budgets transformers' processor accepts
-# (sent height, sent width, detail) -> the resized image: 8 x 8 blocks, 4 x 14, 48 x 1, 20 x 13, 14 x 19;
+# (sent height, sent width, detail) -> the resized image: 8 x 8 blocks, 4 x 14, 7 x 9, 48 x 1, 20 x 13 (the
+# 280-token budget; one image at it, as transformers' eager attention over its 2,520 patches takes seconds);
 # None: one 48-pixel block as it is.
 SIZES = {
     "one block": None,
     "square": (48, 48, "low"),
     "wide": (100, 300, "low"),
+    "landscape": (900, 1200, "low"),
     "one column": (1000, 30, "low"),
-    "tall, many blocks": (300, 200, "auto"),
-    "wide, many blocks": (900, 1200, "auto"),
+    "many blocks": (300, 200, "auto"),
 }
 
 
