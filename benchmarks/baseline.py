@@ -164,9 +164,10 @@ class Baseline:
         self.model = model
         self.batch = batch
         self.device = model.lm_head.weight.device
-        self.cap = model.config.final_logit_softcapping
+        text = model.config.get_text_config()  # a multimodal model (the tiny one, the 12B) nests it
+        self.cap = text.final_logit_softcapping
         self.cache_kw = _cache_keyword(model)
-        self.new_cache = lambda: DynamicCache(config=model.config)
+        self.new_cache = lambda: DynamicCache(config=text)
 
     def _tensor(self, data: list) -> torch.Tensor:
         """An int64 tensor on the device, copied from pinned memory without waiting for the GPU (a plain copy from

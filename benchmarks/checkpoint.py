@@ -44,6 +44,7 @@ from safetensors.torch import save_file
 from benchmarks.gemma12b import random_tensors
 from benchmarks.gemma31b import gemma4_config, random_vision_tensors, vision_weight_shapes
 from spinf.engine.calibrate import calibrate
+from spinf.engine.embedders import DEFAULT_TOKENS
 from spinf.engine.engine import Engine
 from spinf.engine.scales import SHIPPED_TABLE, write_table
 from spinf.settings import Limits
@@ -52,6 +53,7 @@ MODEL_ID = "bench/gemma12b-random"
 # the catalog model a folder is served as, and its manifest's name, by the text model's type
 SERVED = {
     "gemma4_unified_text": (MODEL_ID, "12B-shaped random checkpoint (benchmarks)"),
+    "gemma4_unified_media": ("bench/gemma12b-media-random", "12B-shaped random checkpoint with media embedders"),
     "gemma4_text": ("bench/gemma31b-random", "31B-shaped random checkpoint (benchmarks)"),
 }
 FOLDER_FORMAT = "benchmarks.checkpoint 1"  # part of the revision: bump when the files written change
@@ -73,8 +75,8 @@ id = "{id}"
 name = "{name}"
 status = "available"
 family = "gemma4"
-media = []
-
+media = {media}
+{image}
 [source]
 repo = "{id}"
 revision = "{revision}"
@@ -95,6 +97,7 @@ class Folder:
     write_s: float
     on_gpu: bool  # written for a GPU engine (bf16, served as `model_id`) or a CPU one (fp32, served by its path)
     model_id: str = MODEL_ID  # the catalog model it is served as on a GPU (`SERVED`)
+    media: bool = False  # with the 12B's media embedders
 
 
 @contextlib.contextmanager
@@ -108,46 +111,70 @@ def work_dir(path: Path | None) -> Iterator[Path]:
         yield Path(temporary)
 
 
-def unified_config(text_config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """``config.json`` of a text-only unified checkpoint (no vision or audio towers)."""
+# The 12B's media embedders (transformers' Gemma4UnifiedVisionConfig and AudioConfig defaults: the vision embedder
+# 3,840 wide, a 1,120-row positional table; audio frames of 640 samples) and its media token ids.
+VISION_12B = {
+    "model_type": "gemma4_unified_vision",
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "mm_embed_dim": 3840,
+    "mm_posemb_size": 1120,
+    "output_proj_dims": 3840,
+    "rms_norm_eps": 1e-06,
+}
+AUDIO_12B = {"model_type": "gemma4_unified_audio", "audio_embed_dim": 640, "rms_norm_eps": 1e-06}
+MEDIA_TOKENS_12B = DEFAULT_TOKENS  # the real ids, which a config.json may also leave out
+MEDIA_IMAGE_TABLE = '[image]\nscheme = "gemma"\nside = 48\ndetail_tokens = { low = 70, auto = 280, high = 1120 }\n'
+
+
+def unified_config(text_config: dict[str, Any], dtype: torch.dtype, media: bool = False) -> dict[str, Any]:
+    """``config.json`` of a unified checkpoint: text only, or with the 12B's media embedders (``media``)."""
     name = str(dtype).removeprefix("torch.")
     return {
         "model_type": "gemma4_unified",
         "architectures": ["Gemma4UnifiedForConditionalGeneration"],
         "text_config": {**text_config, "dtype": name},
-        "vision_config": None,
-        "audio_config": None,
+        "vision_config": VISION_12B if media else None,
+        "audio_config": AUDIO_12B if media else None,
+        **(MEDIA_TOKENS_12B if media else {}),
         "tie_word_embeddings": True,
         "dtype": name,
     }
 
 
-def checkpoint_config(text_config: dict[str, Any], dtype: torch.dtype, vision_config: dict | None = None) -> dict:
-    """``config.json`` for ``text_config``: a unified checkpoint (the 12B) or a ``gemma4`` one (the 31B)."""
+def checkpoint_config(
+    text_config: dict[str, Any], dtype: torch.dtype, vision_config: dict | None = None, media: bool = False
+) -> dict:
+    """``config.json`` for ``text_config``: a unified checkpoint (the 12B, with its media embedders when ``media``)
+    or a ``gemma4`` one (the 31B)."""
     if text_config["model_type"] == "gemma4_text":
         return gemma4_config(text_config, vision_config, dtype)
     if vision_config is not None:
         raise ValueError("a vision tower is written for a gemma4_text config only")
-    return unified_config(text_config, dtype)
+    return unified_config(text_config, dtype, media)
 
 
-def weight_shapes(text_config: dict[str, Any], vision_config: dict | None = None) -> dict[str, tuple[int, ...]]:
+def weight_shapes(
+    text_config: dict[str, Any], vision_config: dict | None = None, media: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Every tensor the folder holds, by its name in the files, in the order they are drawn and written."""
-    from spinf.engine.tiny import tiny_weight_shapes
+    from spinf.engine.tiny import media_weight_shapes, tiny_weight_shapes
 
     shapes = {PREFIX + k.removeprefix("model."): s for k, s in sorted(tiny_weight_shapes(text_config).items())}
     if vision_config is not None:
         shapes.update(sorted(vision_weight_shapes(vision_config, text_config["hidden_size"]).items()))
+    if media:
+        shapes.update(sorted(media_weight_shapes(text_config["hidden_size"], VISION_12B, AUDIO_12B).items()))
     return shapes
 
 
 def _shard_plan(
-    text_config: dict[str, Any], dtype: torch.dtype, shard_bytes: int, vision_config: dict | None = None
+    text_config: dict[str, Any], dtype: torch.dtype, shard_bytes: int, vision_config: dict | None = None, media=False
 ) -> list[list[str]]:
     """The checkpoint's names (in `weight_shapes` order) split into shards of about ``shard_bytes``."""
     size = torch.empty((), dtype=dtype).element_size()
     shards, current, total = [], [], 0
-    for key, shape in weight_shapes(text_config, vision_config).items():
+    for key, shape in weight_shapes(text_config, vision_config, media).items():
         nbytes = size * int(torch.Size(shape).numel())
         if current and total + nbytes > shard_bytes:
             shards.append(current)
@@ -165,13 +192,14 @@ def write_checkpoint(
     seed: int = 0,
     shard_bytes: int = SHARD_BYTES,
     vision_config: dict | None = None,
+    media: bool = False,
 ) -> Folder:
-    """The checkpoint folder of ``text_config`` (and ``vision_config``'s tower) under ``root``: bf16 for a GPU, fp32
-    for the CPU, drawn on ``device`` tensor by tensor; written unless a complete one is there already (a file
-    system without room for it is refused before anything is written)."""
+    """The checkpoint folder of ``text_config`` (and ``vision_config``'s tower, or with ``media`` the 12B's media
+    embedders) under ``root``: bf16 for a GPU, fp32 for the CPU, drawn on ``device`` tensor by tensor; written unless
+    a complete one is there already (a file system without room for it is refused before anything is written)."""
     on_gpu = device.type == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    config = checkpoint_config(text_config, dtype, vision_config)
+    config = checkpoint_config(text_config, dtype, vision_config, media)
     stamp = json.dumps([FOLDER_FORMAT, config, seed, shard_bytes], sort_keys=True).encode()
     revision = hashlib.sha1(stamp, usedforsecurity=False).hexdigest()
     folder = Path(root) / revision
@@ -181,11 +209,11 @@ def write_checkpoint(
         check_room(Path(root), text_config, dtype, vision_config)
         started = time.perf_counter()
         draw = {"device": device, "seed": seed, "shard_bytes": shard_bytes, "vision_config": vision_config}
-        _write(folder, config, text_config, dtype, **draw)
+        _write(folder, config, text_config, dtype, media=media, **draw)
         write_s = time.perf_counter() - started
     num_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    model_id = SERVED[text_config["model_type"]][0]
-    return Folder(folder, revision, num_bytes, write_s, on_gpu, model_id)
+    model_id = SERVED["gemma4_unified_media" if media else text_config["model_type"]][0]
+    return Folder(folder, revision, num_bytes, write_s, on_gpu, model_id, media)
 
 
 def check_room(root: Path, text_config: dict, dtype: torch.dtype, vision_config: dict | None = None) -> None:
@@ -200,22 +228,39 @@ def check_room(root: Path, text_config: dict, dtype: torch.dtype, vision_config:
         )
 
 
-def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, **draw: Any):
-    """`random_tensors` under the files' names, then the vision tower's (`weight_shapes` order)."""
+def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, media: bool = False, **draw: Any):
+    """`random_tensors` under the files' names, then the vision tower's or the media embedders' (`weight_shapes`
+    order)."""
     for key, tensor in random_tensors(text_config, dtype=dtype, **draw):
         yield PREFIX + key.removeprefix("model."), tensor
     if vision_config is not None:
         yield from random_vision_tensors(vision_config, text_config["hidden_size"], dtype=dtype, **draw)
+    if media:
+        from spinf.engine.tiny import media_weight_shapes
+
+        device = torch.device(draw["device"])
+        generator = torch.Generator(device=device).manual_seed(draw["seed"] + 1)
+        for key, shape in sorted(media_weight_shapes(text_config["hidden_size"], VISION_12B, AUDIO_12B).items()):
+            t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+            if key.endswith("pos_embedding"):
+                t.mul_(0.5)
+            elif key.endswith(".bias"):
+                t.mul_(0.1)
+            elif t.ndim == 1:  # LayerNorm weights
+                t.mul_(0.1).add_(1.0)
+            else:
+                t.mul_(1 / math.sqrt(shape[1]))
+            yield key, t.to(dtype)
 
 
 def drawn_shards(
-    text_config: dict, dtype: torch.dtype, vision_config: dict | None, shard_bytes: int, **draw: Any
+    text_config: dict, dtype: torch.dtype, vision_config: dict | None, shard_bytes: int, media=False, **draw: Any
 ) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """The checkpoint's shards as (file name, tensors by name), drawn one tensor at a time on ``draw["device"]``
     (`_tensors` order), as `_shard_plan` splits them."""
-    plan = _shard_plan(text_config, dtype, shard_bytes, vision_config)
+    plan = _shard_plan(text_config, dtype, shard_bytes, vision_config, media)
     names = [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
-    tensors = _tensors(text_config, dtype, vision_config, **draw)
+    tensors = _tensors(text_config, dtype, vision_config, media, **draw)
     for name, keys in zip(names, plan, strict=True):
         shard = {}
         for key in keys:
@@ -257,7 +302,9 @@ def write_manifest(root: Path, folder: Folder) -> Path:
     manifests = Path(root) / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     name = next(title for model_id, title in SERVED.values() if model_id == folder.model_id)
-    (manifests / "bench.toml").write_text(MANIFEST.format(id=folder.model_id, name=name, revision=folder.revision))
+    media, image = ('["image", "audio", "video"]', MEDIA_IMAGE_TABLE) if folder.media else ("[]", "")
+    text = MANIFEST.format(id=folder.model_id, name=name, revision=folder.revision, media=media, image=image)
+    (manifests / "bench.toml").write_text(text)
     return manifests
 
 

@@ -39,6 +39,9 @@ INDEX = "model.safetensors.index.json"
 LINEAR = re.compile(r"^(?P<prefix>.*)layers\.(?P<layer>\d+)\.(self_attn|mlp)\.(?P<proj>[a-z]+)_proj\.weight$")
 FUSED = {"q": "wqkv", "k": "wqkv", "v": "wqkv", "o": "wo", "gate": "w_gate_up", "up": "w_gate_up", "down": "w_down"}
 TEXT_PREFIXES = ("model.language_model.", "model.")
+# the media embedders' projections (engine spec A.14.1: media embeddings stay bf16): kept as they are, and named in
+# the config's ignore list as compressed-tensors names the linears it leaves alone
+MEDIA_LINEAR = re.compile(r"^(?P<module>model\.embed_(vision|audio)\..+)\.weight$")
 
 
 def _scheme_config(ignore: list[str]):
@@ -136,6 +139,7 @@ def write_shards(
     for shard, tensors in shards:
         linears = {key: tensors.pop(key) for key in list(tensors) if _text_linear(key)}
         ignored.update(key.removesuffix(".weight") for key in tensors if LINEAR.match(key))
+        ignored.update(m["module"] for key in tensors if (m := MEDIA_LINEAR.match(key)) and tensors[key].ndim == 2)
         if linears:
             state, compressor = compress_linears(linears, scales(list(linears)), [])
             tensors.update(state)

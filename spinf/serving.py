@@ -139,11 +139,14 @@ class EngineFacts:
     info: Mapping[str, object] = attrs.field(converter=lambda info: types.MappingProxyType(dict(info)))
     batch_invariant: bool
     weights: str
+    media: frozenset[str] | None = None  # the media kinds it reads (its embedders, --media); None: not said
 
     @classmethod
     def of(cls, engine: ServedEngine) -> EngineFacts:
         """The facts of ``engine``; call it in the executor thread (``engine.info()`` reads torch)."""
-        return cls(engine.info(), bool(engine.batch_invariant), getattr(engine, "weights", "config"))
+        features = getattr(engine, "features", None)
+        media = frozenset(features.media) if features is not None else None
+        return cls(engine.info(), bool(engine.batch_invariant), getattr(engine, "weights", "config"), media)
 
 
 @attrs.frozen

@@ -321,9 +321,9 @@ class ModelEntry:
 
     ``extraction`` and ``generation`` are the server's switches. A feature is on when its switch is and the model's
     capabilities name it; generation needs extraction too (``--no-extraction`` reports both off), and
-    ``capabilities`` lists the model's minus what the switches turn off. ``media`` is ``[]`` in the list and the
-    features whatever the model reads and ``--media`` says: this build loads no media embedders, so every media
-    part is refused.
+    ``capabilities`` lists the model's minus what the switches turn off. ``media`` (in the entry and its features)
+    is the kinds the model reads that ``--media`` keeps, in the manifest's order: before the engine is loaded the
+    manifest's kinds, then those the engine reads (its checkpoint may lack an embedder the manifest names).
     """
 
     resolved: object  # spinf.catalog.ResolvedModel
@@ -331,20 +331,23 @@ class ModelEntry:
     limits: dict
     extraction: bool = True
     generation: bool = True
+    media: frozenset[str] = frozenset()  # the server's --media
 
     def __call__(self, lifecycle: Lifecycle) -> dict:
         body = self.resolved.listing()
         body["id"] = self.served_model or body["id"]
         status = "error" if lifecycle.error else "available" if lifecycle.is_warm else "loading"
         capabilities = self.capabilities()
-        body.update(status=status, capabilities=capabilities, media=[], limits=dict(self.limits))
+        engine = lifecycle.engine
+        reads = engine.media if engine and engine.media is not None else self.media
+        media = [kind for kind in self.resolved.media if kind in reads]
+        body.update(status=status, capabilities=capabilities, media=media, limits=dict(self.limits))
         body["features"] = {
-            "media": [],
+            "media": list(media),
             "extraction": "extract" in capabilities,
             "generation": "generate" in capabilities,
         }
         # ours, beyond §7: a checkpoint outside the catalog carries no batch-invariance guarantee (§9.6, D2)
-        engine = lifecycle.engine
         body["batch_invariant"] = engine.batch_invariant if engine else self.resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
 
@@ -366,6 +369,7 @@ def models_entry_for(resolved, settings) -> ModelEntry:
         settings.limits.as_dict(),
         extraction=features.extraction,
         generation=features.generation,
+        media=frozenset(features.media),
     )
 
 

@@ -111,12 +111,9 @@ def test_a_setting_whose_feature_is_not_built_takes_only_its_default(name, top, 
         assert (settings.value(name), settings.origin(name)) == (setting.default, origin)
 
 
-def test_the_settings_not_built_yet_are_the_media_limits():
-    assert [s.name for s in SETTINGS if s.not_built] == [
-        "max_frames",
-        "max_audio_seconds",
-        "max_image_pixels",
-    ]
+def test_every_setting_is_built():
+    # the media limits were the last (issue 16); a setting whose feature is missing again goes in _NOT_BUILT
+    assert [s.name for s in SETTINGS if s.not_built] == []
 
 
 @pytest.mark.parametrize("name", list(SETTING))

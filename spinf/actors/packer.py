@@ -8,11 +8,17 @@ the packer takes what has arrived, marks the calls whose caller went away (the l
 answers what the last step finished. Each call is parsed with the pack catalog snapshot of the moment it is taken
 (``packs``, the pack syncer's), so a reload never changes a call in flight. The loop is touched by one thread at a
 time: the executor's during a step, the event loop's between steps.
+
+A call with media parts is parsed and its media decoded (`Engine.prepare`) in a worker thread first, up to
+``decoders`` at a time, so decoding images and audio never holds the event loop or the GPU thread; the loop takes it
+once decoded, while it runs the passes of the others.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,6 +27,7 @@ import outcome
 import trio
 
 from spinf.errors import ApiError
+from spinf.protocol.request import body_has_media
 from spinf.serving import ExecJob, ScoreWork, run_on_executor
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,7 @@ class Packer:
     status: Status
     on_run: Callable[[PassRun], None] = lambda run: None  # metrics hook
     packs: Callable[[], object] = lambda: None  # the pack catalog snapshot now (the syncer's); None: packs off
+    decoders: int = max(1, (os.cpu_count() or 2) // 2)  # worker threads decoding media at once
     _taken: dict = attrs.field(factory=dict)  # engine-loop call -> its ScoreWork, until answered or dropped
     _steps: int = 0
 
@@ -79,29 +87,54 @@ class Packer:
             except trio.EndOfChannel:
                 return
         loop = engine.loop
-        with self.inbox:
-            open_ = True
-            while open_ or loop.has_work:
-                if open_ and not loop.has_work:
-                    try:
-                        self._take(loop, await self.inbox.receive())
-                    except trio.EndOfChannel:
-                        open_ = False
-                        continue
-                open_ = self._take_arrived(loop) if open_ else False
-                for call, work in self._taken.items():
-                    if work.abandoned:
-                        call.abandoned = True
-                done = await run_on_executor(self.executor, loop.step)
-                self._answer(done)
-                self._after_step(engine)
+        # what the intake hands on: (work, call) with the call made and, when it has media, prepared
+        ready_send, ready = trio.open_memory_channel(math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._intake, engine, ready_send)
+            with ready:
+                open_ = True
+                while open_ or loop.has_work:
+                    if open_ and not loop.has_work:
+                        try:
+                            self._take(loop, *(await ready.receive()))
+                        except trio.EndOfChannel:
+                            open_ = False
+                            continue
+                    open_ = self._take_arrived(loop, ready) if open_ else False
+                    for call, work in self._taken.items():
+                        if work.abandoned:
+                            call.abandoned = True
+                    done = await run_on_executor(self.executor, loop.step)
+                    self._answer(done)
+                    self._after_step(engine)
 
-    def _take(self, loop, work: ScoreWork) -> None:
-        if work.abandoned:
-            work.drop()
-            return
+    async def _intake(self, engine, ready: trio.MemorySendChannel) -> None:
+        """Turns each admitted work into a call, in arrival order; a call with media goes to a worker thread to be
+        parsed and decoded first (`Engine.prepare`) and is handed on when done. Closes ``ready`` once the inbox is
+        closed and every call it took has been handed on."""
+        limiter = trio.CapacityLimiter(self.decoders)
+        async with ready, trio.open_nursery() as nursery:
+            with self.inbox:
+                async for work in self.inbox:
+                    if work.abandoned:
+                        work.drop()
+                        continue
+                    call = self._call(engine.loop, work)
+                    if body_has_media(work.body):
+                        nursery.start_soon(self._prepare, engine, work, call, limiter, ready.clone())
+                    else:
+                        ready.send_nowait((work, call))
+
+    @staticmethod
+    async def _prepare(engine, work, call, limiter, ready: trio.MemorySendChannel) -> None:
+        with ready:
+            if not work.abandoned:
+                await trio.to_thread.run_sync(engine.prepare, call, limiter=limiter)
+            ready.send_nowait((work, call))
+
+    def _call(self, loop, work: ScoreWork):
         from_admission = max(0.0, trio.current_time() - work.admitted_at)
-        call = loop.new_call(
+        return loop.new_call(
             work.body,
             work.request_id,
             chat=work.chat,
@@ -110,14 +143,19 @@ class Packer:
             queued_s=from_admission,
             packs=self.packs(),  # read once, when the call is taken: a reload later does not change this call
         )
+
+    def _take(self, loop, work: ScoreWork, call) -> None:
+        if work.abandoned:
+            work.drop()
+            return
         self._taken[call] = work
         loop.add(call)
 
-    def _take_arrived(self, loop) -> bool:
-        """Take every call already in the inbox; False once it is closed."""
+    def _take_arrived(self, loop, ready) -> bool:
+        """Take every call already handed on; False once the intake has closed."""
         while True:
             try:
-                self._take(loop, self.inbox.receive_nowait())
+                self._take(loop, *ready.receive_nowait())
             except trio.WouldBlock:
                 return True
             except trio.EndOfChannel:

@@ -45,8 +45,14 @@ class AttentionPlan:
     branch_rows: torch.Tensor  # [num_branch] int64, stream rows of the branch tokens
     path_index: torch.Tensor  # [num_branch, max_depth] int64
     path_mask: torch.Tensor  # [num_branch, max_depth] bool
+    # per row, the positions ``[start, end)`` of its image's placeholders (``(0, 0)`` for every other row): the
+    # rows a placeholder also sees under bidirectional image attention (engine spec A.14.6); None: no images
+    groups: torch.Tensor | None = None  # [num_tokens, 2] int64
     kernel: object | None = None  # on a GPU, the `spinf.engine.kernels.KernelPlan` of the same pass
     capture: Capture | None = None  # keys and values every layer keeps for the decoder (a pass with slots)
+    # the media embeddings of the pass: the stream rows of the placeholders and their rows [R, hidden], which
+    # replace those rows' token embeddings (engine spec A.14.1); None: no media
+    media: tuple[torch.Tensor, torch.Tensor] | None = None
     decode: DecodeKV | None = None  # a decode step: the rows are new tokens that attend to a decoder's buffers
 
     @classmethod
@@ -119,13 +125,28 @@ def _finite_max(scores: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(m), torch.zeros_like(m), m)
 
 
-def _prefix_attention(q, k, v, pos, window: int | None) -> torch.Tensor:
-    """Causal attention within one prefix (shapes set by the content alone). q [P, Hkv, G, d] -> same."""
-    scores = torch.einsum("qhgd,khd->hgqk", q, k)
+BIDIRECTIONAL_NONE, BIDIRECTIONAL_OR, BIDIRECTIONAL_IN_WINDOW = 0, 1, 2  # a layer's image attention (A.14.6)
+
+
+def prefix_visible(pos, window: int | None, groups=None, mode: int = BIDIRECTIONAL_NONE) -> torch.Tensor:
+    """Which keys each row of a prefix sees, [P, P]: causal and within the window; an image's placeholders also
+    see their whole image, beyond the window too (`BIDIRECTIONAL_OR`, the unified 12B on every layer) or only
+    within it (`BIDIRECTIONAL_IN_WINDOW`, the 31B's sliding layers)."""
     diff = pos[:, None] - pos[None, :]
-    visible = diff >= 0
-    if window is not None:
-        visible &= diff < window
+    causal = diff >= 0
+    near = diff < window if window is not None else torch.ones_like(causal)
+    if groups is None or mode == BIDIRECTIONAL_NONE:
+        return causal & near
+    same = (pos[None, :] >= groups[:, 0:1]) & (pos[None, :] < groups[:, 1:2])
+    if mode == BIDIRECTIONAL_OR:
+        return (causal & near) | same
+    return (causal | same) & near
+
+
+def _prefix_attention(q, k, v, pos, window: int | None, groups=None, mode: int = BIDIRECTIONAL_NONE) -> torch.Tensor:
+    """Attention within one prefix (shapes set by the content alone). q [P, Hkv, G, d] -> same."""
+    scores = torch.einsum("qhgd,khd->hgqk", q, k)
+    visible = prefix_visible(pos, window, groups, mode)
     probs = torch.softmax(scores.masked_fill(~visible, NEG_INF), dim=-1)
     return torch.einsum("hgqk,khd->qhgd", probs, v)
 
@@ -180,12 +201,18 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def tree_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, window: int | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: AttentionPlan,
+    window: int | None,
+    bidirectional: int = BIDIRECTIONAL_NONE,
 ) -> torch.Tensor:
     """Attention of every row of a pass. q [N, H, d]; k, v [N, Hkv, d] -> [N, H, d] (softmax scale 1).
 
     Branch rows go through in chunks of exactly ``ROW_CHUNK`` rows (the last one padded), so no GEMM or
-    reduction shape depends on how many other questions share the job or the pass.
+    reduction shape depends on how many other questions share the job or the pass. ``bidirectional`` is the
+    layer's image attention (`prefix_visible`), over ``plan.groups``.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
@@ -197,7 +224,10 @@ def tree_attention(
     for job in plan.jobs:
         prefix = slice(job.start, job.start + job.prefix_len)
         if job.prefix_len:
-            out[prefix] = _prefix_attention(qf[prefix], kf[prefix], vf[prefix], pos[prefix], window)
+            groups = None if plan.groups is None else plan.groups[prefix]
+            out[prefix] = _prefix_attention(
+                qf[prefix], kf[prefix], vf[prefix], pos[prefix], window, groups, bidirectional
+            )
         for offset, count in _chunks(job.num_branch):
             at = slice(first_branch + offset, first_branch + offset + count)
             rows = plan.branch_rows[at]

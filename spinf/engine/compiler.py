@@ -15,6 +15,7 @@ from spinf.engine.query_tokens import ENDING_CHARS, CompiledQuery, compile_query
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt, end_node
 from spinf.errors import ApiError, bad_request
+from spinf.media.items import AudioItem, content_pieces
 from spinf.protocol.queries import choose_queries
 from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
 
@@ -59,6 +60,8 @@ class CompiledInput:
     queries: list[CompiledQuery]
     prompts: list[list[Prompt]]  # per chosen query, per combination
     floors: list[list[Prompt | None]]  # the same shape; None where the floor is off
+    # the content's media items (`spinf.media.items`), each with the prefix row of its first placeholder
+    media: tuple[tuple[int, object], ...] = ()
 
 
 @attrs.define
@@ -87,6 +90,8 @@ class EngineShape:
     token_budget: int
     max_tokens: int
     capture_tokens: int = 0  # the most tokens one input's extraction slots may keep for decoding (0: no bound)
+    media_tokens: object = None  # the checkpoint's `spinf.engine.embedders.MediaTokens`; None: it reads no media
+    media_kinds: frozenset[str] = frozenset()  # the kinds whose embedders are loaded
 
     @property
     def engine_max(self) -> int:
@@ -137,7 +142,7 @@ class CompileStream:
     """
 
     def __init__(self, req: ScoreRequest, tk: TextTokenizer, shape: EngineShape, cache: CompileCache = NO_CACHE):
-        check_built(req)
+        check_built(req, shape)
         self.req, self.tk, self.shape, self.cache = req, tk, shape, cache
         self.inputs: list[CompiledInput] = []
         self.jobs: list[Job] = []
@@ -179,19 +184,52 @@ class CompileStream:
         return compiled
 
 
-def check_built(req: ScoreRequest) -> None:
-    """Refuses what the request's features let through but this build cannot run yet: media (no media embedders
-    are loaded, api spec §4.3)."""
+def check_built(req: ScoreRequest, shape: EngineShape) -> None:
+    """Refuses media the request's features let through but this engine loaded no embedder for (api spec §4.3:
+    ``unsupported_content``), and media parts not decoded yet (`spinf.media.items.decode_media` runs first)."""
     for i, inp in enumerate(req.inputs):
-        if any(isinstance(s, MediaPart) for s in inp.segments):
-            raise bad_request("unsupported_content", f"inputs.{i}", "this engine loaded no media embedders")
+        for seg in inp.segments:
+            if not isinstance(seg, MediaPart):
+                continue
+            if seg.kind not in shape.media_kinds:
+                raise bad_request("unsupported_content", f"inputs.{i}", f"this engine loaded no {seg.kind} embedder")
+            if seg.decoded is None:
+                raise ValueError(f"{seg.path}: the media part reached the compiler undecoded")
+
+
+def content_tokens(inp: InputSpec, tk: TextTokenizer, shape: EngineShape):
+    """The content's tokens (engine spec A.2, A.14), its media items each with the content row of its first
+    placeholder, and its last text run with the row where that run starts (None when the content ends with media,
+    which needs no join check). Text runs are tokenized one by one; an item is its start marker, one placeholder
+    per token and its end marker."""
+    if not any(isinstance(s, MediaPart) for s in inp.segments):
+        text = inp.text
+        return tk.tok(text), (), (0, text)
+    marks = shape.media_tokens
+    tokens: list[int] = []
+    media: list[tuple[int, object]] = []
+    last: tuple[int, str] | None = None
+    for piece in content_pieces(inp):
+        if isinstance(piece, str):
+            last = (len(tokens), piece)
+            tokens.extend(tk.tok(piece))
+            continue
+        if isinstance(piece, AudioItem):
+            start, placeholder, end = marks.boa, marks.audio, marks.eoa
+        else:
+            start, placeholder, end = marks.boi, marks.image if piece.kind == "image" else marks.video, marks.eoi
+        tokens.append(start)
+        media.append((len(tokens), piece))
+        tokens.extend([placeholder] * piece.num_tokens)
+        tokens.append(end)
+        last = None
+    return tuple(tokens), tuple(media), last
 
 
 def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
     req, tk, shape, floors, warnings = stream.req, stream.tk, stream.shape, stream.floors, stream.warnings
     inp = req.inputs[i]
-    text = inp.text
-    content = tk.tok(text)
+    content, media, last = content_tokens(inp, tk, shape)
     if len(content) > req.limits.max_content_tokens:
         raise bad_request(
             "content_too_long",
@@ -200,7 +238,10 @@ def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
         )
     queries = _chosen_queries(stream, i)
     _check_fits(req, i, tk, shape, content, queries)
-    cut, tail, merged = _join(text, content, queries, tk)
+    cut, tail, merged = None, "", True
+    if last is not None:  # content that ends with media needs no join check (api spec §4.8)
+        cut, tail, merged = _join(last[1], content[last[0] :], queries, tk)
+        cut = None if cut is None else last[0] + cut
     if not merged:
         warnings.append(
             {
@@ -218,7 +259,8 @@ def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
         prompts.append([Prompt(branch, cq, cq.spellings, cq.spec.group or "") for branch in branches])
         on = _floor_on(req, cq)
         input_floors.append([_floor(floors, cq, k, tk, stream.cache) if on else None for k in range(len(cq.combos))])
-    return CompiledInput(inp, content, prefix, queries, prompts, input_floors)
+    media = tuple((len(tk.bos) + row, item) for row, item in media)
+    return CompiledInput(inp, content, prefix, queries, prompts, input_floors, media)
 
 
 def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
@@ -365,15 +407,16 @@ def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job], cache
     """
     limit = shape.max_tokens if len(ci.content_tokens) > shape.token_budget // 2 else shape.token_budget
     ordered = sorted((p for per_query in ci.prompts for p in per_query), key=lambda p: (p.group != "", p.group))
-    job, reads = _build(ci.prefix, ordered, cache)
+    job, reads = _build(ci.prefix, ordered, cache, ci.media)
     if job.num_tokens <= limit:
         _keep(job, ordered, reads, jobs)
         return
     for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
-        _lay_out(ci.prefix, [p for p in ordered if p.group == group], limit, shape.engine_max, jobs, cache)
+        prompts = [p for p in ordered if p.group == group]
+        _lay_out(ci.prefix, prompts, limit, shape.engine_max, jobs, cache, ci.media)
 
 
-def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache) -> tuple[Job, list]:
+def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache, media: tuple = ()) -> tuple[Job, list]:
     """A job of ``prompts`` after ``prefix``, and each prompt's reads; the trie comes from the cache when the same
     branches and spellings were laid out before (a trie and its reads are never changed once built)."""
     key = tuple((p.branch, p.spellings, p.extracts) for p in prompts)
@@ -385,7 +428,7 @@ def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache) 
         found = (job.trie, job.reads, job.ends, reads)
         cache.tries.put(key, found)
     trie, job_reads, ends, reads = found
-    return Job(prefix, trie, job_reads, ends), reads
+    return Job(prefix, trie, job_reads, ends, media), reads
 
 
 def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
@@ -397,15 +440,18 @@ def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None
         p.end = None if end is None else (index, end)
 
 
-def _lay_out(prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job], cache: CompileCache) -> None:
-    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs."""
+def _lay_out(
+    prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job], cache: CompileCache, media=()
+) -> None:
+    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs; every job
+    re-sends the prefix with its ``media``."""
     if not prompts:
         return
-    job, reads = _build(prefix, prompts, cache)
+    job, reads = _build(prefix, prompts, cache, media)
     if job.num_tokens > limit and len(prompts) > 1:
         half = len(prompts) // 2
-        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache)
-        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache)
+        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache, media)
+        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache, media)
         return
     if job.num_tokens > engine_max:
         raise ApiError(

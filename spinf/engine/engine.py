@@ -23,6 +23,7 @@ import torch
 from spinf._version import __version__
 from spinf.engine import fp8_static, hostgc
 from spinf.engine.compiler import EngineShape
+from spinf.engine.embedders import load_embedders, read_media_config
 from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB, DEFAULT_DECODER_BUDGET_GIB, Extractor, cpu_context
 from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loading import load_gemma4_text
@@ -38,6 +39,7 @@ from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ApiError, ModelError
+from spinf.media.items import decode_media
 from spinf.packs.responses import add_pack_results
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
@@ -144,11 +146,12 @@ class Engine:
         self.device = torch.device(device)
         self.limits = limits or Limits()
         # the server's switches, narrowed to what the model does (api spec §7, §9.5); media kinds the model reads
-        # are checked apart (media_not_supported, then media_disabled), and what this build cannot run yet is
-        # refused by the compiler (spinf.engine.compiler.check_built)
+        # (its manifest's, and those its checkpoint has embedders for) are checked apart (media_not_supported, then
+        # media_disabled)
         switches = features or Features()
         capabilities = resolved.capabilities
-        self.media = frozenset(resolved.media)
+        media_config = read_media_config(self.folder)
+        self.media = frozenset(resolved.media) & (media_config.kinds if media_config else frozenset())
         extraction = switches.extraction and "extract" in capabilities
         self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
             media=switches.media & self.media,
@@ -183,8 +186,25 @@ class Engine:
             raise ModelError(f"{path}: {exc}") from exc
         # only a truncated model names its layer count in the fingerprint: its scores are another model's
         self.layers = layers and len(self.model.layers)
+        # the embedders of the media kinds switched on (--media none loads none: less memory)
+        self.embedders = None
+        if media_config is not None and self.features.media:
+            self.embedders = load_embedders(
+                self.folder,
+                media_config,
+                self.features.media,
+                self.model.cfg.hidden_size,
+                device=device,
+                dtype=self.model.embed.weight.dtype,
+            )
+            self.model.image_attention(media_config.bidirectional)
+        self.shape = attrs.evolve(
+            self.shape,
+            media_tokens=media_config.tokens if media_config else None,
+            media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
+        )
         # compile = false (--no-compile): every pass runs eagerly, no CUDA graph is captured (a GPU's only compile)
-        self.scorer = Scorer(self.model, self.device, graphs=compile)
+        self.scorer = Scorer(self.model, self.device, graphs=compile, embedders=self.embedders)
         self.degraded: str | None = None
         # Device memory while idle: taken here, then once more when the first call succeeds (in the server, the
         # first warm-up shape), since a first pass allocates what the process keeps (see IDLE_SLACK_BYTES).
@@ -315,7 +335,26 @@ class Engine:
         )
 
     def _parse_call(self, call: Call) -> ScoreRequest:
-        return self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs)
+        """The loop's parse (timed as compile time by the loop): the request `prepare` made, or made now."""
+        if call.request is None:
+            call.request = self._decoded(call)
+        return call.request
+
+    def _decoded(self, call: Call) -> ScoreRequest:
+        return decode_media(self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs))
+
+    def prepare(self, call: Call) -> None:
+        """Parses ``call`` and decodes its media (api spec §4.9 step 1) before the loop takes it, setting
+        ``call.request``, or ``call.refused`` to what refused it (the `ApiError` of a bad body). The server runs
+        this in a worker thread for a call with media, so decoding never holds the event loop or the GPU thread;
+        the loop parses every other call itself."""
+        began = time.perf_counter()
+        try:
+            call.request = self._decoded(call)
+        except Exception as refusal:  # an ApiError, or a bug that fails this call only (the loop fails it)
+            call.refused = refusal
+        finally:
+            call.compile_s += time.perf_counter() - began
 
     def _respond(self, scored: Scored) -> dict:
         """The response body of api spec §5.1 for a call the loop finished."""

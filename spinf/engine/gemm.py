@@ -40,4 +40,21 @@ def gpu_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (padded @ weight.t())[:rows]
 
 
-__all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "gpu_mm", "row_stable_mm"]
+# The media embedders' products (spinf.engine.embedders) run on blocks of exactly this many rows on a GPU: one shape
+# per weight, so no row's bits depend on how many items a pass embeds (their shapes were not among those measured).
+GPU_BLOCK_ROWS = 1024
+
+
+def stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in blocks of a fixed row count, the last one padded: `row_stable_mm` on the CPU, blocks of
+    ``GPU_BLOCK_ROWS`` on a GPU."""
+    if x.device.type != "cuda":
+        return row_stable_mm(x, weight)
+    rows = x.shape[0]
+    padded = -(-rows // GPU_BLOCK_ROWS) * GPU_BLOCK_ROWS
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros((padded - rows, x.shape[1]))])
+    return torch.cat([block @ weight.t() for block in x.split(GPU_BLOCK_ROWS)])[:rows]
+
+
+__all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "GPU_BLOCK_ROWS", "gpu_mm", "row_stable_mm", "stable_mm"]

@@ -1,4 +1,4 @@
-"""The layout of one pass: jobs back to back as flat per-token arrays (pure Python, no torch).
+"""The layout of one pass: jobs back to back as flat per-token arrays (Python and numpy, no torch).
 
 Within a job the prefix comes first (positions ``0 … P-1``), then the trie's nodes in pre-order; a node at depth
 ``d`` gets position ``P + d``, so siblings reuse positions and every prompt sees exactly its solo positions
@@ -9,6 +9,7 @@ root first, then itself); tree attention reads nothing else of the branch part o
 from __future__ import annotations
 
 import attrs
+import numpy as np
 
 from spinf.engine.trie import PREFIX_END, Job
 
@@ -25,6 +26,13 @@ class PassLayout:
     read_index: dict[tuple[int, int, int], tuple[int, int]]  # (job, node, token) -> (read row no., column no.)
     end_rows: list[int] = attrs.field(factory=list)  # stream rows where an extraction slot starts
     end_index: dict[tuple[int, int], int] = attrs.field(factory=dict)  # (job, node) -> its place in end_rows
+    # the prefixes' media items (`spinf.media.items`), each with the stream row of its first placeholder
+    media: list[tuple[int, object]] = attrs.field(factory=list)
+
+    def vision_spans(self) -> list[tuple[int, int]]:
+        """The stream rows ``[start, end)`` of each image's (or video frame's) placeholders: the groups whose rows
+        may attend to each other (engine spec A.14.6)."""
+        return [(row, row + item.num_tokens) for row, item in self.media if item.embedder == "vision"]
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +104,7 @@ def build_pass(jobs: list[Job]) -> PassLayout:
     read_index: dict[tuple[int, int, int], tuple[int, int]] = {}
     end_rows: list[int] = []
     end_index: dict[tuple[int, int], int] = {}
+    media: list[tuple[int, object]] = []
     for j, job in enumerate(jobs):
         start, prefix_len = len(token_ids), len(job.prefix)
         if not prefix_len and (PREFIX_END in job.ends or any(node == PREFIX_END for node, _ in job.reads)):
@@ -104,6 +113,7 @@ def build_pass(jobs: list[Job]) -> PassLayout:
         base, n = start + prefix_len, len(local.tokens)
         token_ids.extend(job.prefix)
         positions.extend(range(prefix_len))
+        media.extend((start + row, item) for row, item in job.media)
         token_ids.extend(local.tokens)
         positions.extend([prefix_len + d for d in local.depths])
         parents.extend([-1 if p < 0 else base + p for p in local.parents])
@@ -119,5 +129,28 @@ def build_pass(jobs: list[Job]) -> PassLayout:
             end_index[(j, node)] = len(end_rows)
             end_rows.append(base - 1 if row < 0 else base + row)
     return PassLayout(
-        token_ids, positions, spans, branch_rows, parents, read_rows, read_columns, read_index, end_rows, end_index
+        token_ids,
+        positions,
+        spans,
+        branch_rows,
+        parents,
+        read_rows,
+        read_columns,
+        read_index,
+        end_rows,
+        end_index,
+        media,
     )
+
+
+def vision_groups(layout: PassLayout) -> np.ndarray | None:
+    """Per stream row, the positions ``[start, end)`` of its image's placeholders, ``(0, 0)`` elsewhere
+    (`AttentionPlan.groups`); None for a pass without images."""
+    spans = layout.vision_spans()
+    if not spans:
+        return None
+    groups = np.zeros((layout.num_tokens, 2), dtype=np.int64)
+    positions = layout.positions
+    for start, end in spans:
+        groups[start:end] = (positions[start], positions[start] + end - start)
+    return groups

@@ -40,7 +40,7 @@ def _open_shards(folder: Path) -> list[Path]:
     return [single]
 
 
-def _read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+def read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
     """The tensors under ``prefix``, memory-mapped; a shard safetensors refuses is a `ModelError` naming it (the
     catalog's completeness check catches most before this, but not a file changed since or a folder given here)."""
     tensors = {}
@@ -112,7 +112,7 @@ def load_gemma4_text(
     prequantized = fp8_static.is_fp8_static(folder)
     if prequantized and scales is not None:
         raise ModelError(f"{folder}: an fp8-static checkpoint brings its own input scales; a scale table is not used")
-    raw = _read_tensors(folder, prefix)
+    raw = read_tensors(folder, prefix)
     raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
 
     def placed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

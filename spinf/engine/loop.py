@@ -175,6 +175,8 @@ class EngineLoop:
             if call.stream is None:
                 call.started_at = began
                 call.queued_s += began - call.added_at
+                if call.refused is not None:
+                    raise call.refused
                 call.stream = CompileStream(self._parse(call), self.tokenizer, self.shape, self.compile_cache)
                 call.jobs, call.steps = call.stream.jobs, iter(call.stream)
             step = next(call.steps, None)

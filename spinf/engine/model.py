@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spinf.engine.attention import AttentionPlan, decode_attention, tree_attention
+from spinf.engine.attention import (
+    BIDIRECTIONAL_IN_WINDOW,
+    BIDIRECTIONAL_NONE,
+    BIDIRECTIONAL_OR,
+    AttentionPlan,
+    decode_attention,
+    tree_attention,
+)
 from spinf.engine.config import LayerSpec, TextConfig
 from spinf.engine.gemm import gpu_mm, row_stable_mm
 from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
@@ -80,6 +87,7 @@ class DecoderLayer(nn.Module):
         self.observer: Callable[[str, torch.Tensor], None] | None = None  # calibration: sees each linear's input
         self.eps = cfg.rms_norm_eps
         self.window = cfg.sliding_window if spec.is_sliding else None
+        self.bidirectional = BIDIRECTIONAL_NONE  # how an image's placeholders attend (`Gemma4Text.image_attention`)
         q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_sizes = (q_out, kv_out) if spec.k_eq_v else (q_out, kv_out, kv_out)
         self.gate_up_sizes = (cfg.intermediate_size, cfg.intermediate_size)
@@ -106,11 +114,15 @@ class DecoderLayer(nn.Module):
         v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
         k, v = self._kv_source(k, v, plan)
         if plan.kernel is not None:
-            a = kernels().tree_attention_kernel(q, k, v, plan.kernel, self.window).reshape(n, -1)
+            a = (
+                kernels()
+                .tree_attention_kernel(q, k, v, plan.kernel, self.window, bidirectional=self.bidirectional)
+                .reshape(n, -1)
+            )
         elif plan.decode is not None:
             a = decode_attention(q, k, v, plan, self.window).reshape(n, -1)
         else:
-            a = tree_attention(q, k, v, plan, self.window).reshape(n, -1)
+            a = tree_attention(q, k, v, plan, self.window, self.bidirectional).reshape(n, -1)
         h = h + rms_norm(self.linear("wo", a), self.post_attn_norm, self.eps)
         gate, up = self.linear("w_gate_up", rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
@@ -163,7 +175,9 @@ class DecoderLayer(nn.Module):
             eps=eps,
         )
         k, v = self._kv_source(k, v, plan)
-        a = k_.tree_attention_kernel(q, k, v, plan.kernel, self.window, out_scale=self._input_scale("wo"))
+        a = k_.tree_attention_kernel(
+            q, k, v, plan.kernel, self.window, out_scale=self._input_scale("wo"), bidirectional=self.bidirectional
+        )
         h, x = k_.add_norm(
             h,
             self._gemm("wo", a.view(n, -1)),
@@ -269,6 +283,9 @@ class Gemma4Text(nn.Module):
         h = self.embed(token_ids)
         # Gemma scales embeddings by sqrt(hidden) rounded to the model dtype, as transformers does
         h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
+        if plan.media is not None:  # media placeholders take their embeddings, unscaled (A.14.1)
+            rows, embedded = plan.media
+            h = h.index_copy(0, rows, embedded.to(h.dtype))
         if plan.kernel is not None and self.runs_fused():  # each layer hands the next its normed input
             x = None
             for i, layer in enumerate(self.layers):
@@ -279,6 +296,19 @@ class Gemma4Text(nn.Module):
         for layer in self.layers:
             h = layer(h, ropes[layer.spec.is_sliding], plan)
         return h
+
+    def image_attention(self, mode: int) -> None:
+        """How an image's placeholders attend to each other (engine spec A.14.6; `spinf.engine.embedders`): on every
+        layer beyond the window too (the unified 12B), on sliding layers within the window (the 31B), or causally."""
+        from spinf.engine.embedders import BIDIRECTIONAL_ALL, BIDIRECTIONAL_SLIDING
+
+        for layer in self.layers:
+            if mode == BIDIRECTIONAL_ALL:
+                layer.bidirectional = BIDIRECTIONAL_OR
+            elif mode == BIDIRECTIONAL_SLIDING and layer.spec.is_sliding:
+                layer.bidirectional = BIDIRECTIONAL_IN_WINDOW
+            else:
+                layer.bidirectional = BIDIRECTIONAL_NONE
 
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer

@@ -113,6 +113,23 @@ def input_result(ci: CompiledInput, values: Values, deferred: list, slot_entry=N
     return {"input_id": ci.spec.id, "queries": queries}, warnings
 
 
+def media_counts(compiled: CompiledRequest) -> dict:
+    """``usage.content``'s media counts (api spec §5.7): images and video frames with their placeholders and 2
+    markers each, audio segments likewise, and the audio's length (the 600 s each input reads, A.14.4)."""
+    counts = {"images": 0, "image_tokens": 0, "video_frames": 0, "video_tokens": 0, "audio_seconds": 0.0}
+    counts["audio_tokens"] = 0
+    audio_ms = 0.0
+    for ci in compiled.inputs:
+        for _, item in ci.media:
+            kind = {"image": "images", "video": "video_frames"}.get(item.kind)
+            if kind is not None:
+                counts[kind] += 1
+            counts[f"{item.kind}_tokens"] += item.num_tokens + 2
+            audio_ms += getattr(item, "milliseconds", 0.0)
+    counts["audio_seconds"] = round(audio_ms / 1000, 3)
+    return counts
+
+
 def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
     """The ``usage`` block: every count defined by the request alone (api spec §5.7); ``decoded`` holds each
     extraction prompt's outcome by prompt id (`spinf.engine.extraction.decoder.Decoded`).
@@ -121,6 +138,8 @@ def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
     least `MIN_BILLED_TOKENS`. It is informational here, present because real clients read it (D10).
     """
     content = sum(len(ci.content_tokens) for ci in compiled.inputs)
+    media = media_counts(compiled)
+    text = content - media["image_tokens"] - media["video_tokens"] - media["audio_tokens"]
     query_tokens = sum(_query_tokens(cq) for ci in compiled.inputs for cq in ci.queries)
     floor_tokens = sum(len(p.branch) + p.query.extra_option_tokens for p in compiled.floors.values())
     # usage.scoring counts the scored queries ({?}); extraction slots are counted in usage.extraction (api spec §5.7)
@@ -136,21 +155,12 @@ def usage(compiled: CompiledRequest, decoded: dict | None = None) -> dict:
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {
             "content_tokens": content,
-            "text_tokens": content,
+            "text_tokens": text,
             "query_tokens": query_tokens,
             "floor_tokens": floor_tokens,
         },
         "inputs": len(compiled.inputs),
-        "content": {
-            "tokens": content,
-            "text_tokens": content,
-            "images": 0,
-            "image_tokens": 0,
-            "video_frames": 0,
-            "video_tokens": 0,
-            "audio_seconds": 0.0,
-            "audio_tokens": 0,
-        },
+        "content": {"tokens": content, "text_tokens": text, **media},
         "scoring": {
             "queries": len(distinct),
             "combinations": sum(len(cq.combos) for cq in distinct.values()),

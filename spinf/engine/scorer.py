@@ -21,7 +21,7 @@ import torch
 
 from spinf.engine.attention import AttentionPlan, Capture, JobSpan
 from spinf.engine.extraction.decoder import Captured, SlotStart
-from spinf.engine.layout import PassLayout, build_pass
+from spinf.engine.layout import PassLayout, build_pass, vision_groups
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.trie import Job
 
@@ -48,12 +48,14 @@ def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
         t = torch.tensor(data, dtype=dtype)
         return (t.reshape(shape) if shape else t).to(device)
 
+    groups = vision_groups(layout)
     return AttentionPlan(
         positions=as_tensor(layout.positions, torch.long),
         jobs=tuple(JobSpan(*span) for span in layout.spans),
         branch_rows=as_tensor(layout.branch_rows, torch.long),
         path_index=as_tensor(index, torch.long, (len(index), depth)),
         path_mask=as_tensor(mask, torch.bool, (len(mask), depth)),
+        groups=None if groups is None else torch.from_numpy(groups).to(device),
     )
 
 
@@ -80,10 +82,12 @@ def one_cpu_thread(device: torch.device):
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
-    def __init__(self, model: Gemma4Text, device: torch.device, *, graphs: bool = True):
-        """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting)."""
+    def __init__(self, model: Gemma4Text, device: torch.device, *, graphs: bool = True, embedders=None):
+        """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting);
+        ``embedders`` the loaded `spinf.engine.embedders.MediaEmbedders` (None: no media)."""
         self.model = model
         self.device = device
+        self.embedders = embedders
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         heads = model.cfg.num_heads
         self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
@@ -162,7 +166,8 @@ class Scorer:
         if self.device.type != "cuda":
             pass_started = time.perf_counter()
             with one_cpu_thread(self.device):
-                plan = attrs.evolve(attention_plan(layout, self.device), capture=capture)
+                media = self.embedded(layout)
+                plan = attrs.evolve(attention_plan(layout, self.device), capture=capture, media=media)
                 token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
                 hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
                 rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
@@ -176,11 +181,11 @@ class Scorer:
         done[0].record()
         arrays = plan_arrays(layout, self._tile_rows)
         token_ids = np.asarray(layout.token_ids, dtype=np.int64)
-        # graphs hold the fused path only, and keep no keys and values for slots
-        graphed = self.graphs is not None and self.model.runs_fused() and capture is None
+        # graphs hold the fused path only, and keep no keys and values for slots and no media embeddings
+        graphed = self.graphs is not None and self.model.runs_fused() and capture is None and not layout.media
         hidden = self.graphs.run(token_ids, arrays) if graphed else None
         if hidden is None:
-            hidden = self._eager(token_ids, arrays, capture)
+            hidden = self._eager(token_ids, arrays, capture, self.embedded(layout))
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
         pick_rows = np.asarray(flat_rows, dtype=np.int64)
         bounds = np.searchsorted(pick_rows, np.arange(0, len(layout.read_rows) + HEAD_ROWS, HEAD_ROWS)).tolist()
@@ -194,13 +199,33 @@ class Scorer:
         done[1].record()
         return Launched(picked, done, captured)
 
-    def _eager(self, token_ids: np.ndarray, arrays, capture: Capture | None = None) -> torch.Tensor:
+    def _eager(self, token_ids: np.ndarray, arrays, capture: Capture | None = None, media=None) -> torch.Tensor:
         from spinf.engine.kernels.attention import device_plan, to_device
 
         kernel = device_plan(arrays, self.device)
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
-        plan = AttentionPlan(kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, capture=capture)
+        plan = AttentionPlan(
+            kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, capture=capture, media=media
+        )
         return self.model(to_device(token_ids, self.device), plan)
+
+    def embedded(self, layout: PassLayout) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pass's media embeddings (`AttentionPlan.media`): every distinct item embedded once (a split input
+        re-sends its items in each job), its rows placed at each of its placeholders."""
+        if not layout.media:
+            return None
+        if self.embedders is None:
+            raise RuntimeError("a pass with media reached a scorer without media embedders")
+        distinct: dict[int, int] = {}
+        items = []
+        for _, item in layout.media:
+            if id(item) not in distinct:
+                distinct[id(item)] = len(items)
+                items.append(item)
+        embedded = self.embedders.embed(items)
+        rows = np.concatenate([np.arange(row, row + item.num_tokens) for row, item in layout.media])
+        parts = [embedded[distinct[id(item)]] for _, item in layout.media]
+        return torch.from_numpy(rows).to(self.device), torch.cat(parts)
 
     def decode_plan(self, positions: torch.Tensor, kv) -> object:
         """The Triton kernel's plan of a decode step (`spinf.engine.attention.DecodeKV`), built on the device.

@@ -1,10 +1,11 @@
 """The built-in tiny model ``spinf/tiny-gemma4``: random weights, a real tokenizer, generated on first use.
 
-This module owns the tiny model's snapshot: its architecture (``TINY_CONFIG``, a 6-layer Gemma 4 text model
-of about 0.85M parameters), how its weights are drawn, the revision id that names them, and writing the files
-into the Hugging Face hub cache layout (``models--spinf--tiny-gemma4/snapshots/<revision>/`` plus
-``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network: the
-catalog, which never imports torch, reports a missing snapshot and where it goes (`TinySnapshotMissing`), and
+This module owns the tiny model's snapshot: its architecture (``TINY_CONFIG``, a 6-layer Gemma 4 text model of about
+0.85M parameters, inside the 12B's "unified" layout with small random media embedders beside it: ``TINY_VISION`` and
+``TINY_AUDIO``, engine spec A.14 and B.19), how its weights are drawn, the revision id that names them, and writing
+the files into the Hugging Face hub cache layout (``models--spinf--tiny-gemma4/snapshots/<revision>/`` plus
+``refs/main``) so that the ordinary loading path serves it like any downloaded model, with no network: the catalog,
+which never imports torch, reports a missing snapshot and where it goes (`TinySnapshotMissing`), and
 `find_or_generate` writes it there. Tests and the quickstart use it. The weights are drawn here from the config
 alone, without instantiating transformers, so the bytes depend neither on transformers' version nor on its
 initialisers.
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 TINY_MODEL_ID = "spinf/tiny-gemma4"
 _REPO_FOLDER = "models--" + TINY_MODEL_ID.replace("/", "--")
 # Part of the revision: bump it whenever the weights or files written for the same config change.
-GENERATOR_VERSION = "spinf tiny-gemma4 generator 1"
+GENERATOR_VERSION = "spinf tiny-gemma4 generator 2"
 
 TINY_CONFIG: dict[str, Any] = {
     "model_type": "gemma4_unified_text",
@@ -75,7 +76,44 @@ TINY_CONFIG: dict[str, Any] = {
     "dtype": "float32",
 }
 
+# The media embedders of the unified layout (transformers' Gemma4UnifiedVisionConfig / AudioConfig): the real
+# 48-pixel patches and positional table size (an image at high detail may be 1,120 blocks long on one side), a small
+# embedding width; audio frames of 640 samples.
+TINY_VISION: dict[str, Any] = {
+    "model_type": "gemma4_unified_vision",
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "mm_embed_dim": 32,
+    "mm_posemb_size": 1120,
+    "output_proj_dims": 32,
+    "rms_norm_eps": 1e-06,
+}
+TINY_AUDIO: dict[str, Any] = {"model_type": "gemma4_unified_audio", "audio_embed_dim": 640, "rms_norm_eps": 1e-06}
+# The media tokens of the packaged tokenizer (ids 6 to 11). It has no video soft token of its own: video frames use the
+# image soft token, which reads the same (both go through the vision embedder).
+TINY_MEDIA_TOKENS: dict[str, int] = {
+    "boi_token_id": 6,
+    "eoi_token_id": 7,
+    "image_token_id": 8,
+    "video_token_id": 8,
+    "boa_token_id": 9,
+    "eoa_token_index": 10,
+    "audio_token_id": 11,
+}
+SNAPSHOT_CONFIG: dict[str, Any] = {
+    "model_type": "gemma4_unified",
+    "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+    "text_config": {k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "dtype")},
+    "vision_config": TINY_VISION,
+    "audio_config": TINY_AUDIO,
+    **TINY_MEDIA_TOKENS,
+    "tie_word_embeddings": True,
+    "dtype": "float32",
+}
+TEXT_PREFIX = "model.language_model."  # where the unified layout keeps the text model's weights
+
 _SEED = 0
+_MEDIA_SEED = 1  # the embedders' own stream, so the text weights are those of the text-only generator 1
 # Wide enough that next-token distributions are far from flat once the embedding is scaled by sqrt(hidden)
 # on the way in and reused as the (tied) output head.
 _EMBEDDING_STD = 0.35
@@ -112,7 +150,7 @@ def _revision(config_json: bytes, tokenizer_json: bytes) -> str:
     return digest.hexdigest()
 
 
-TINY_REVISION = _revision(_json_bytes(TINY_CONFIG), _tokenizer_bytes())
+TINY_REVISION = _revision(_json_bytes(SNAPSHOT_CONFIG), _tokenizer_bytes())
 
 
 def tiny_weight_shapes(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, tuple[int, ...]]:
@@ -154,8 +192,60 @@ def _layer_shapes(config: Mapping[str, Any], prefix: str, full_attention: bool) 
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
+def media_weight_shapes(
+    hidden: int, vision: Mapping[str, Any] | None = TINY_VISION, audio: Mapping[str, Any] | None = TINY_AUDIO
+) -> dict[str, tuple[int, ...]]:
+    """The state-dict keys and shapes of the unified layout's media embedders (``model.embed_vision.``: LayerNorm,
+    patch projection, LayerNorm, factorized positional table, LayerNorm, projection into the text width;
+    ``model.embed_audio.``: the projection of raw 640-sample frames), written out by hand."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    if vision is not None:
+        patch = (vision["patch_size"] * vision["pooling_kernel_size"]) ** 2 * 3
+        width = vision["mm_embed_dim"]
+        shapes["model.embed_vision.pos_embedding"] = (vision["mm_posemb_size"], 2, width)
+        for name, size in (("patch_ln1", patch), ("patch_ln2", width), ("pos_norm", width)):
+            shapes[f"model.embed_vision.{name}.weight"] = (size,)
+            shapes[f"model.embed_vision.{name}.bias"] = (size,)
+        shapes["model.embed_vision.patch_dense.weight"] = (width, patch)
+        shapes["model.embed_vision.patch_dense.bias"] = (width,)
+        shapes["model.embed_vision.multimodal_embedder.embedding_projection.weight"] = (
+            hidden,
+            vision["output_proj_dims"],
+        )
+    if audio is not None:
+        shapes["model.embed_audio.embedding_projection.weight"] = (hidden, audio["audio_embed_dim"])
+    return shapes
+
+
+def snapshot_weight_shapes() -> dict[str, tuple[int, ...]]:
+    """Every tensor of the snapshot: the text model under ``model.language_model.``, the media embedders beside it."""
+    text = {TEXT_PREFIX + key.removeprefix("model."): shape for key, shape in tiny_weight_shapes().items()}
+    return {**text, **media_weight_shapes(TINY_CONFIG["hidden_size"])}
+
+
+def snapshot_state_dict() -> dict[str, torch.Tensor]:
+    """The snapshot's float32 weights: `tiny_state_dict` renamed into the unified layout, and the media embedders
+    drawn from a stream of their own in sorted key order."""
+    weights = {TEXT_PREFIX + key.removeprefix("model."): value for key, value in tiny_state_dict().items()}
+    generator = torch.Generator(device="cpu").manual_seed(_MEDIA_SEED)
+    for key, shape in sorted(media_weight_shapes(TINY_CONFIG["hidden_size"]).items()):
+        weights[key] = _draw_media(key, shape, generator)
+    return weights
+
+
+def _draw_media(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    normal = torch.randn(shape, generator=generator, dtype=torch.float32)
+    if key.endswith("pos_embedding"):
+        return normal * 0.5  # beside LayerNorm-ed patch states of unit scale: positions matter
+    if key.endswith(".bias"):
+        return normal * 0.1
+    if "_ln" in key or "_norm" in key:  # LayerNorm weights sit around 1
+        return 1.0 + normal * 0.1
+    return normal / math.sqrt(shape[1])
+
+
 def tiny_state_dict(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, torch.Tensor]:
-    """The tiny model's float32 weights, drawn from one seeded CPU generator in sorted key order.
+    """The tiny text model's float32 weights, drawn from one seeded CPU generator in sorted key order.
 
     The revision does not hash these bytes (it names them by config, tokenizer and ``GENERATOR_VERSION``), so
     they rely on torch's CPU normal sampler giving the same stream for a seed; should a torch release change
@@ -183,9 +273,9 @@ def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch
 def snapshot_files() -> dict[str, bytes]:
     """Every file of the snapshot, by name; the same bytes on every call."""
     return {
-        "config.json": _json_bytes(TINY_CONFIG),
+        "config.json": _json_bytes(SNAPSHOT_CONFIG),
         "generation_config.json": _json_bytes(_GENERATION_CONFIG),
-        "model.safetensors": save_safetensors(tiny_state_dict(), metadata={"format": "pt"}),
+        "model.safetensors": save_safetensors(snapshot_state_dict(), metadata={"format": "pt"}),
         "special_tokens_map.json": _json_bytes(_SPECIAL_TOKENS),
         "tokenizer.json": _tokenizer_bytes(),
         "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),

@@ -69,6 +69,8 @@ class Job:
     trie: TokenTrie = attrs.field(factory=TokenTrie)
     reads: set[tuple[int, int]] = attrs.field(factory=set)
     ends: set[int] = attrs.field(factory=set)
+    # the prefix's media items (`spinf.media.items`), each with the prefix row of its first placeholder
+    media: tuple[tuple[int, object], ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -14,6 +14,7 @@ import attrs
 from spinf.engine.compiler import CompiledRequest, CompileStream, Prompt
 from spinf.engine.results import Floor, FloorKey
 from spinf.engine.trie import Job
+from spinf.protocol.types import ScoreRequest
 
 Values = dict[tuple[int, int, int], float]
 
@@ -57,6 +58,8 @@ class Call(Work):
     queued_s: float = 0.0  # waited before the loop got it (the server's admission queue)
     packs: object = None  # the pack catalog (`spinf.packs.catalog.Catalog`) the call is parsed with; None: packs off
     response: dict | None = None
+    request: ScoreRequest | None = None  # the parsed body with its media decoded (`Engine.prepare`); None: not yet
+    refused: BaseException | None = None  # what `Engine.prepare` refused the body with; the loop fails the call
     # the loop's own state for the call
     stream: CompileStream | None = None
     steps: Iterable | None = None

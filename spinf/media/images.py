@@ -142,20 +142,32 @@ def _bicubic(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(Image.fromarray(pixels).resize((width, height), Image.Resampling.BICUBIC))
 
 
-def gemma_patches(resized: np.ndarray) -> np.ndarray:
-    """``[N, 48*48*3]`` float32 in [0, 1] of resized pixels: blocks in raster order, HWC inside a block."""
+def gemma_blocks(resized: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 48x48 blocks of resized pixels as ``[N, 48*48*3]`` uint8 (raster order, HWC inside a block) and each
+    block's ``(column, row)`` ``[N, 2]`` int64: what the vision embedder reads, before the scaling to [0, 1]."""
     height, width = resized.shape[:2]
     if height % BLOCK or width % BLOCK:
         raise ValueError(f"the resized image is {height}x{width}, not a multiple of {BLOCK} a side")
     rows, cols = height // BLOCK, width // BLOCK
     blocks = resized.reshape(rows, BLOCK, cols, BLOCK, 3).transpose(0, 2, 1, 3, 4)  # [rows, cols, 48, 48, 3]
-    return blocks.reshape(rows * cols, BLOCK * BLOCK * 3).astype(np.float32) / np.float32(255)
+    grid = np.stack(np.meshgrid(np.arange(cols), np.arange(rows), indexing="xy"), axis=-1).reshape(-1, 2)
+    return np.ascontiguousarray(blocks.reshape(rows * cols, BLOCK * BLOCK * 3)), grid.astype(np.int64)
 
 
-def gemma_image_patches(image: DecodedImage) -> np.ndarray:
-    """An image's Gemma patches ``[N, 48*48*3]`` at its detail; N is its token count.
+def gemma_patches(resized: np.ndarray) -> np.ndarray:
+    """``[N, 48*48*3]`` float32 in [0, 1] of resized pixels: blocks in raster order, HWC inside a block."""
+    return gemma_blocks(resized)[0].astype(np.float32) / np.float32(255)
+
+
+def gemma_image_resized(image: DecodedImage) -> np.ndarray:
+    """An image's pixels at its Gemma size for its detail.
 
     The target size comes from the size the image was sent at: the Gemma size of an already resized image is
     not always itself (its blocks fit the budget with room to spare), so resized pixels are never resized again.
     """
-    return gemma_patches(_bicubic(image.pixels, *gemma_image_size(image.height, image.width, image.detail)))
+    return _bicubic(image.pixels, *gemma_image_size(image.height, image.width, image.detail))
+
+
+def gemma_image_patches(image: DecodedImage) -> np.ndarray:
+    """An image's Gemma patches ``[N, 48*48*3]`` at its detail; N is its token count."""
+    return gemma_patches(gemma_image_resized(image))

@@ -31,6 +31,26 @@ MAX_SEARCHED_TOKENS = 64
 # The media kind of each non-text part type (the media gates and §4.10's pack media check).
 MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
 _EXTRACTION_FIELDS = ("max_tokens", "top_k", "calibration", "generate")
+
+
+def body_has_media(body: object) -> bool:
+    """Whether a raw body (checked or not) has a content part of a media type anywhere in its messages: the
+    server decodes such a call in a worker thread before the engine loop takes it. A quick look, no checks."""
+    if not isinstance(body, dict):
+        return False
+    messages = [body.get("messages")]
+    inputs = body.get("inputs")
+    if isinstance(inputs, list):
+        messages += [item.get("messages") for item in inputs if isinstance(item, dict)]
+    for listed in messages:
+        for message in listed if isinstance(listed, list) else ():
+            content = message.get("content") if isinstance(message, dict) else None
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, dict) and part.get("type") in MEDIA_KINDS:
+                    return True
+    return False
+
+
 # A JSON escape of a UTF-16 surrogate; only when one occurs is the decoded value searched for a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe

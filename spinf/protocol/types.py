@@ -97,11 +97,13 @@ class QuerySpec:
 
 @attrs.frozen
 class MediaPart:
-    """A non-text content part (image, audio, video), kept for the media issue; its param path included."""
+    """A non-text content part (image, audio, video) and its param path; ``decoded`` is what the media decoders made
+    of its payload (`spinf.media.items.decode_media`), None until they ran."""
 
     kind: str
     path: str
     payload: Mapping
+    decoded: object = None
 
 
 @attrs.frozen
@@ -121,7 +123,7 @@ class InputSpec:
 
     @property
     def text(self) -> str:
-        """The content's text when it has no media (the only kind of content scored before the media issue)."""
+        """The content's text, media left out."""
         return "".join(s for s in self.segments if isinstance(s, str))
 
 

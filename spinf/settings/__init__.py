@@ -18,9 +18,9 @@ exist only as documented environment names and their TOML keys: ``cache_dirs`` (
 colon-separated) and ``packs_official`` (``SPINF_PACKS_OFFICIAL``); ``SPINF_ENGINE_TOKEN`` is an extra name for
 ``trusted_token``, and loses to ``SPINF_TRUSTED_TOKEN`` when both are set.
 
-No setting is accepted and then ignored. A setting whose feature this build does not have yet (the media limits)
-takes only its default: any other value, in any layer, is refused with
-``Setting.not_built`` as the reason. The reference's engine settings that this design has no use for are
+No setting is accepted and then ignored. A setting whose feature this build does not have yet (none today, see
+``_NOT_BUILT``) takes only its default: any other value, in any layer, is refused with ``Setting.not_built`` as the
+reason. The reference's engine settings that this design has no use for are
 ``REMOVED``: each still has its name, so setting it (its flag, ``SPINF_<NAME>`` or its TOML key) refuses the start
 with the reason, where any other unknown ``SPINF_*`` variable is not read (docs/configuration.md, "Not settings
 here").
@@ -160,12 +160,8 @@ _LIMIT_HELP = {
     "max_image_pixels": "pixels per image or video frame",
 }
 
-_NO_MEDIA = "this build reads no media yet (every media part is refused), so no request reaches this limit"
-_NOT_BUILT = {
-    "max_frames": _NO_MEDIA,
-    "max_audio_seconds": _NO_MEDIA,
-    "max_image_pixels": _NO_MEDIA,
-}
+# name -> why a setting can only take its default in this build (refused otherwise, see the module docstring)
+_NOT_BUILT: dict[str, str] = {}
 
 SETTINGS: tuple[Setting, ...] = (
     _row("model", _E, Text(empty=False), DEFAULT_MODEL, "a catalog id or alias, a checkpoint folder or a Hub id"),

@@ -16,7 +16,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from spinf.engine import kernels  # noqa: E402
-from spinf.engine.attention import tree_attention  # noqa: E402
+from spinf.engine.attention import BIDIRECTIONAL_IN_WINDOW, BIDIRECTIONAL_OR, tree_attention  # noqa: E402
 from spinf.engine.config import LayerSpec  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.model import apply_rope, rms_norm, rope_inv_freq  # noqa: E402
@@ -39,15 +39,48 @@ def random_job(rng: random.Random, prefix_len: int, prompts: int, depth: int) ->
     return job
 
 
-def run_both(jobs, heads: int, kv_heads: int, dim: int, window: int | None, seed: int = 0, config=None):
+def run_both(
+    jobs, heads: int, kv_heads: int, dim: int, window: int | None, seed: int = 0, config=None, bidirectional=0
+):
     layout = build_pass(jobs)
     n = layout.num_tokens
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(n, h, dim, generator=gen).to(ATTENTION_DTYPE) for h in (heads, kv_heads, kv_heads))
-    reference = tree_attention(q, k, v, attention_plan(layout, torch.device("cpu")), window)
+    reference = tree_attention(q, k, v, attention_plan(layout, torch.device("cpu")), window, bidirectional)
     plan = kernels.kernel_plan(layout, DEVICE, [kernels.tile_rows(dim, heads // kv_heads, config)])
-    got = kernels.tree_attention_kernel(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, window, config)
+    got = kernels.tree_attention_kernel(
+        q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), plan, window, config, bidirectional=bidirectional
+    )
     return layout, reference, got.cpu()
+
+
+class _Image:
+    """A media item of the layout's kind: ``num_tokens`` placeholders read by the vision embedder."""
+
+    embedder = "vision"
+
+    def __init__(self, num_tokens: int):
+        self.num_tokens = num_tokens
+
+
+@pytest.mark.parametrize("bidirectional", [BIDIRECTIONAL_OR, BIDIRECTIONAL_IN_WINDOW])
+@pytest.mark.parametrize("window", [None, 8])
+def test_image_placeholders_attend_to_their_whole_image(bidirectional, window):
+    # Two jobs with images in their prefixes (one longer than a key tile and the window), branch rows after.
+    rng = random.Random(3)
+    first, second = random_job(rng, 60, 4, 3), random_job(rng, 30, 3, 2)
+    first.media = ((1, _Image(40)), (43, _Image(5)))
+    second.media = ((2, _Image(20)),)
+    layout, reference, got = run_both([first, second], 4, 2, 32, window, bidirectional=bidirectional)
+    torch.testing.assert_close(got, reference, atol=2e-5, rtol=0)
+    causal = tree_attention(*_qkv(layout, 4, 2, 32), attention_plan(layout, torch.device("cpu")), window)
+    assert not torch.equal(causal[1:41], reference[1:41])  # the image rows did see keys after themselves
+
+
+def _qkv(layout, heads, kv_heads, dim, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    n = layout.num_tokens
+    return tuple(torch.randn(n, h, dim, generator=gen).to(ATTENTION_DTYPE) for h in (heads, kv_heads, kv_heads))
 
 
 SHAPES = [

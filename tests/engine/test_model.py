@@ -22,7 +22,7 @@ def test_the_tiny_config_has_the_real_models_features(tiny_engine):
     cfg, prefix = read_text_config(tiny_engine.folder)
     sliding = [spec for spec in cfg.layers if spec.is_sliding]
     full = [spec for spec in cfg.layers if not spec.is_sliding]
-    assert prefix == "model." and cfg.sliding_window == 32 and cfg.final_logit_softcapping == 30.0
+    assert prefix == "model.language_model." and cfg.sliding_window == 32 and cfg.final_logit_softcapping == 30.0
     assert {(s.head_dim, s.num_kv_heads, s.k_eq_v) for s in sliding} == {(32, 2, False)}
     assert {(s.head_dim, s.num_kv_heads, s.k_eq_v, s.rope_fraction) for s in full} == {(64, 1, True, 0.25)}
 

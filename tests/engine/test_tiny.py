@@ -19,11 +19,14 @@ from tokenizers import Tokenizer
 
 from spinf.catalog import resolve_model
 from spinf.engine.tiny import (
+    SNAPSHOT_CONFIG,
+    TEXT_PREFIX,
     TINY_CONFIG,
     TINY_REVISION,
     ensure_tiny_snapshot,
     find_or_generate,
-    tiny_weight_shapes,
+    snapshot_weight_shapes,
+    tiny_state_dict,
 )
 
 VOCAB_SIZE = 8192
@@ -95,7 +98,7 @@ def test_the_engine_generates_the_snapshot_where_the_catalog_says_then_finds_it(
 
 
 def test_config_and_tokenizer_files(snapshot: Path) -> None:
-    assert json.loads((snapshot / "config.json").read_text()) == TINY_CONFIG
+    assert json.loads((snapshot / "config.json").read_text()) == SNAPSHOT_CONFIG
     generation = json.loads((snapshot / "generation_config.json").read_text())
     assert generation == {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
     packaged = resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json"
@@ -104,7 +107,7 @@ def test_config_and_tokenizer_files(snapshot: Path) -> None:
 
 def test_model_loads_with_no_missing_or_unexpected_keys(snapshot: Path) -> None:
     model, info = transformers.AutoModelForCausalLM.from_pretrained(snapshot, output_loading_info=True)
-    assert type(model).__name__ == "Gemma4UnifiedForCausalLM"
+    assert type(model).__name__ == "Gemma4UnifiedForConditionalGeneration"  # the 12B's layout, media embedders too
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     assert info["mismatched_keys"] == set() and info["error_msgs"] == []
 
@@ -112,25 +115,32 @@ def test_model_loads_with_no_missing_or_unexpected_keys(snapshot: Path) -> None:
 def test_weight_shapes_match_transformers(snapshot: Path) -> None:
     config = transformers.AutoConfig.from_pretrained(snapshot)
     reference = transformers.AutoModelForCausalLM.from_config(config)
-    assert reference.lm_head.weight is reference.model.embed_tokens.weight
+    assert reference.lm_head.weight is reference.model.language_model.embed_tokens.weight
     # The state dict lists the tied head too; a checkpoint stores that tensor once, under the embedding's name.
     expected = {key: tuple(tensor.shape) for key, tensor in reference.state_dict().items() if key != "lm_head.weight"}
-    assert tiny_weight_shapes() == expected
+    assert snapshot_weight_shapes() == expected
     with safe_open(snapshot / "model.safetensors", framework="pt") as weights:
         assert weights.metadata() == {"format": "pt"}
         stored = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
         assert {weights.get_slice(key).get_dtype() for key in weights.keys()} == {"F32"}
     assert stored == expected
-    assert "lm_head.weight" not in stored and "model.layers.2.self_attn.v_proj.weight" not in stored
+    assert "lm_head.weight" not in stored and TEXT_PREFIX + "layers.2.self_attn.v_proj.weight" not in stored
+    assert {key for key in stored if not key.startswith(TEXT_PREFIX)} == {
+        key for key in expected if key.startswith(("model.embed_vision.", "model.embed_audio."))
+    }
 
 
 def test_weights_follow_the_recipe(model: transformers.PreTrainedModel) -> None:
     weights = model.state_dict()
     for index in range(TINY_CONFIG["num_hidden_layers"]):
-        assert weights[f"model.layers.{index}.layer_scalar"].tolist() == [1.0]
-    embedding_std = weights["model.embed_tokens.weight"].std().item()
+        assert weights[f"{TEXT_PREFIX}layers.{index}.layer_scalar"].tolist() == [1.0]
+    embedding_std = weights[f"{TEXT_PREFIX}embed_tokens.weight"].std().item()
     assert 0.33 < embedding_std < 0.37
-    assert abs(weights["model.norm.weight"].mean().item() - 1.0) < 0.1
+    assert abs(weights[f"{TEXT_PREFIX}norm.weight"].mean().item() - 1.0) < 0.1
+    # the text weights are the text-only generator's (the media embedders draw from a stream of their own), so
+    # recorded text scores carry over
+    for key, value in tiny_state_dict().items():
+        assert torch.equal(weights[TEXT_PREFIX + key.removeprefix("model.")], value), key
 
 
 def test_generation_is_deterministic(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ PACK = {
 BASES = {
     "rich": RICH,
     "messages-form": {"messages": MESSAGES, "scoring": {"queries": [SCORED]}, "inputs": None},
-    # The tiny model reads no media and there is no pack catalog: these are refused, whatever their fields say.
+    # The parser is told of no model media and no pack catalog here: these are refused, whatever their fields say.
     "media": {"inputs": [{"id": "m", "messages": [{"content": MEDIA}]}], "scoring": {"queries": [SCORED]}},
     "packs": {"inputs": [{"id": "p", "messages": []}], "scoring": {"queries": [], "packs": [PACK]}},
 }

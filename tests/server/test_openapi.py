@@ -116,7 +116,7 @@ tiny_models_entry = models_entry_for(
     SimpleNamespace(
         limits=Limits(),
         engine=SimpleNamespace(served_model=""),
-        features=SimpleNamespace(extraction=True, generation=True),
+        features=SimpleNamespace(extraction=True, generation=True, media=frozenset({"image", "audio", "video"})),
     ),
 )
 

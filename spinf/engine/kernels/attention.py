@@ -6,8 +6,10 @@ program takes a tile of query rows of one job and the query heads (all, or a fix
 
 1. **Content part.** Keys are the job's prefix, visited in tiles of ``BN`` keys numbered from the job's first row,
    in ascending order. A query row sees key ``i`` when ``i <= pos`` (causal inside the prefix; a branch row's
-   position is past the prefix, so it sees all of it) and, on sliding layers, ``pos - i < window``. The tiles a row
-   visits, and the keys in each, depend on the content and the row's position alone.
+   position is past the prefix, so it sees all of it) and, on sliding layers, ``pos - i < window``. An image's
+   placeholders also see their whole image (engine spec A.14.6, ``BIDIR``): beyond the window too
+   (`BIDIRECTIONAL_OR`), or within it (`BIDIRECTIONAL_IN_WINDOW`), from a table of each row's image span. The
+   tiles a row visits, and the keys in each, depend on the content and the row's position alone.
 2. **Path part.** A branch row's path (its ancestors root first, then itself) in tiles of ``BP`` path steps numbered
    from the root: step ``s`` is the path's node at depth ``s``, so the steps a tile holds, and where, depend on the
    row's own path alone. The tile's branch rows come in *segments*: runs of rows each the child of the one before
@@ -28,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from spinf.engine.layout import PassLayout
+from spinf.engine.attention import BIDIRECTIONAL_NONE
+from spinf.engine.layout import PassLayout, vision_groups
 
 NO_WINDOW = 1 << 30
 # (M, HG, BN, BP, warps, stages) per head dimension, fixed, never tuned at run time. A program takes M (query row,
@@ -85,6 +88,7 @@ def _tree_attention_kernel(
     path_ptr,
     tiles_ptr,
     segs_ptr,
+    groups_ptr,
     q_row,
     k_row,
     v_row,
@@ -100,6 +104,7 @@ def _tree_attention_kernel(
     BP: tl.constexpr,
     PRECISION: tl.constexpr,
     QUANT: tl.constexpr,
+    BIDIR: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1) // (GROUP // HG)
@@ -123,8 +128,16 @@ def _tree_attention_kernel(
     acc = tl.zeros([M, D], tl.float32)
 
     # content part: prefix keys in BN-tiles counted from the job's first row
-    lo = tl.maximum(tl.min(tl.where(live, q_pos, 1 << 30), axis=0) - window + 1, 0)
-    hi = tl.minimum(tl.max(tl.where(live, q_pos, 0), axis=0) + 1, prefix_len)
+    first_key = q_pos - window + 1
+    last_key = q_pos + 1  # one past
+    if BIDIR != 0:  # an image's placeholders: its span [g_lo, g_hi) of key positions; (0, 0) for any other row
+        g_lo = tl.load(groups_ptr + rows * 2, mask=live, other=0)
+        g_hi = tl.load(groups_ptr + rows * 2 + 1, mask=live, other=0)
+        last_key = tl.maximum(last_key, g_hi)
+        if BIDIR == 1:  # BIDIRECTIONAL_OR: beyond the window too
+            first_key = tl.where(g_hi > g_lo, tl.minimum(first_key, g_lo), first_key)
+    lo = tl.maximum(tl.min(tl.where(live, first_key, 1 << 30), axis=0), 0)
+    hi = tl.minimum(tl.max(tl.where(live, last_key, 0), axis=0), prefix_len)
     for block in range(lo // BN, tl.cdiv(hi, BN)):
         keys = block * BN + tl.arange(0, BN)
         in_prefix = keys < prefix_len
@@ -134,7 +147,14 @@ def _tree_attention_kernel(
         v = tl.load(
             v_ptr + (job + keys)[:, None] * v_row + kv_head * D + dims[None, :], mask=in_prefix[:, None], other=0.0
         )
-        seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
+        near = q_pos[:, None] - keys[None, :] < window
+        if BIDIR == 1:
+            same = (keys[None, :] >= g_lo[:, None]) & (keys[None, :] < g_hi[:, None])
+            seen = in_prefix[None, :] & (((keys[None, :] <= q_pos[:, None]) & near) | same)
+        elif BIDIR == 2:
+            seen = in_prefix[None, :] & (keys[None, :] < last_key[:, None]) & near
+        else:
+            seen = in_prefix[None, :] & (keys[None, :] <= q_pos[:, None]) & near
         m, total, acc = _softmax_step(q, k, v, seen, m, total, acc, PRECISION)
 
     # path part: per segment, its last row's path in BP-step tiles counted from the root; a row sees the steps up
@@ -184,6 +204,7 @@ class KernelPlan:
     paths: torch.Tensor  # [N, depth] int32
     tiles: dict[int, torch.Tensor]  # BM -> [T, 6] int32
     segments: dict[int, torch.Tensor]  # BM -> [S, 4] int32
+    groups: torch.Tensor | None = None  # [N, 2] int32, each row's image span (`AttentionPlan.groups`); None: none
 
 
 def _tiles(
@@ -223,6 +244,7 @@ class PlanArrays:
     positions: np.ndarray  # [N] int32
     paths: np.ndarray  # [N, depth] int32
     tables: dict[int, tuple[np.ndarray, np.ndarray]]  # BM -> (tiles [T, 6], segments [S, 4]) int32
+    groups: np.ndarray | None = None  # [N, 2] int32 image spans; None: a pass without images
 
 
 def plan_arrays(layout: PassLayout, sizes) -> PlanArrays:
@@ -247,7 +269,8 @@ def plan_arrays(layout: PassLayout, sizes) -> PlanArrays:
             paths[at, :level] = paths[parent[at], :level]
         paths[at, level] = at
     tables = {bm: _tiles(spans, row_job, parent, path_len, bm) for bm in sorted(set(sizes))}
-    return PlanArrays(positions.astype(np.int32), paths, tables)
+    groups = vision_groups(layout)
+    return PlanArrays(positions.astype(np.int32), paths, tables, None if groups is None else groups.astype(np.int32))
 
 
 def kernel_plan(layout: PassLayout, device: torch.device, sizes) -> KernelPlan:
@@ -262,6 +285,7 @@ def device_plan(arrays: PlanArrays, device: torch.device) -> KernelPlan:
         paths=to_device(arrays.paths, device),
         tiles={bm: to_device(t, device) for bm, (t, _) in arrays.tables.items()},
         segments={bm: to_device(s, device) for bm, (_, s) in arrays.tables.items()},
+        groups=None if arrays.groups is None else to_device(arrays.groups, device),
     )
 
 
@@ -281,12 +305,14 @@ def tree_attention_kernel(
     window: int | None,
     config: tuple[int, ...] | None = None,
     out_scale: float | None = None,
+    bidirectional: int = BIDIRECTIONAL_NONE,
 ) -> torch.Tensor:
     """Attention of every row of a pass (softmax scale 1). q [N, H, D]; k, v [N, Hkv, D] -> [N, H, D] in q's dtype.
 
     q, k and v may be strided views (rows apart by any stride, heads contiguous). ``config`` (M, HG, BN, BP,
     warps, stages) replaces the fixed one for measurements; the plan must have tiles for its rows per program. With
-    ``out_scale`` the output comes quantized to e4m3 (the o projection's fp8s input).
+    ``out_scale`` the output comes quantized to e4m3 (the o projection's fp8s input). ``bidirectional`` is the
+    layer's image attention, over ``plan.groups`` (nothing without them).
     """
     n, heads, dim = q.shape
     kv_heads = k.shape[1]
@@ -313,6 +339,7 @@ def tree_attention_kernel(
         plan.paths,
         tiles,
         plan.segments[bm],
+        plan.positions if plan.groups is None else plan.groups,  # not read without BIDIR
         q.stride(0),
         k.stride(0),
         v.stride(0),
@@ -328,6 +355,7 @@ def tree_attention_kernel(
         BP=bp,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not tf32
         QUANT=out_scale is not None,
+        BIDIR=BIDIRECTIONAL_NONE if plan.groups is None else bidirectional,
         num_warps=warps,
         num_stages=stages,
     )

@@ -32,11 +32,15 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32)
         self.model.eval()
         self.bos = self.hf_tok("", add_special_tokens=True).input_ids
-        vocab = self.model.config.vocab_size
+        vocab = self.model.config.get_text_config().vocab_size
         self.texts = [self.decode([i]) for i in range(vocab)]
         special = {i for i, t in self.hf_tok.added_tokens_decoder.items() if t.special}
         self.special = special | set(self.hf_tok.all_special_ids)
-        eos = {self.model.config.eos_token_id, self.model.generation_config.eos_token_id, self.hf_tok.eos_token_id}
+        eos = {
+            self.model.config.get_text_config().eos_token_id,
+            self.model.generation_config.eos_token_id,
+            self.hf_tok.eos_token_id,
+        }
         for name in END_NAMES:
             i = self.hf_tok.convert_tokens_to_ids(name)
             if i is not None and i != self.hf_tok.unk_token_id:

@@ -1,0 +1,139 @@
+"""A request's media decoded into what the engine reads: vision items (an image or a video frame as its 48-pixel
+blocks) and audio items (one segment of at most 750 frames), in content order with the video timestamps between.
+
+`decode_media` runs first of the engine's checks (api spec §4.9 step 1): every input's media parts, in input order,
+so a media refusal comes before any per-input check. It runs in a worker thread (the server's packer hands a call
+with media to one before the engine loop takes it), never on the event loop or the GPU thread, and keeps only the
+model-sized data of each part: an image's blocks as uint8 (at most 1,120 x 6,912 bytes), not its sent pixels.
+
+`content_pieces` lays a decoded input out as the compiler tokenizes it (engine spec A.2, A.14): text runs as
+strings (adjacent ones merged, so a video's timestamps join the text around them), then each media item, which
+the compiler writes as start marker + placeholders + end marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+import numpy as np
+
+from spinf.media.audio import audio_frames, cap_input_audio, decode_audio_part
+from spinf.media.images import decode_image_part, gemma_blocks, gemma_image_resized, gemma_resize
+from spinf.media.tokens import SAMPLE_RATE, SAMPLES_PER_TOKEN, audio_segments
+from spinf.media.video import decode_video_part
+from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
+
+
+@attrs.frozen(eq=False)
+class VisionItem:
+    """One image or video frame for the vision embedder: ``blocks`` [N, 48*48*3] uint8 (raster order, HWC inside a
+    block), ``positions`` [N, 2] (column, row). Its placeholders attend to each other as A.14.6 says."""
+
+    blocks: np.ndarray
+    positions: np.ndarray
+    kind: str  # "image" or "video" (a frame)
+    embedder = "vision"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.blocks)
+
+
+@attrs.frozen(eq=False)
+class AudioItem:
+    """One audio segment for the audio embedder: ``frames`` [n, 640] float32 (n <= 750, the last frame of the clip
+    zero-padded) and the milliseconds of sound it holds."""
+
+    frames: np.ndarray
+    milliseconds: float
+    kind = "audio"
+    embedder = "audio"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.frames)
+
+
+MediaItem = VisionItem | AudioItem
+
+
+def has_media(req: ScoreRequest) -> bool:
+    return any(isinstance(s, MediaPart) for inp in req.inputs for s in inp.segments)
+
+
+def decode_media(req: ScoreRequest) -> ScoreRequest:
+    """``req`` with every media part's ``decoded`` set: a tuple of `VisionItem`, `AudioItem` and, for a video, the
+    timestamp strings before its frames. Refusals (`ApiError`, api spec §4.3) come in input and part order."""
+    if not has_media(req) or all(s.decoded is not None for inp in req.inputs for s in _parts(inp)):
+        return req
+    return attrs.evolve(req, inputs=tuple(_decoded_input(inp, req) for inp in req.inputs))
+
+
+def _parts(inp: InputSpec) -> Iterator[MediaPart]:
+    return (s for s in inp.segments if isinstance(s, MediaPart))
+
+
+def _decoded_input(inp: InputSpec, req: ScoreRequest) -> InputSpec:
+    limits = req.limits
+    decoded: dict[int, tuple] = {}
+    clips = {}
+    for k, seg in enumerate(inp.segments):
+        if not isinstance(seg, MediaPart):
+            continue
+        if seg.kind == "image":
+            image = decode_image_part(seg.payload, seg.path, max_pixels=limits.max_image_pixels, resize=gemma_resize)
+            decoded[k] = (_vision(gemma_image_resized(image), "image"),)
+        elif seg.kind == "video":
+            video = decode_video_part(
+                seg.payload,
+                seg.path,
+                max_frames=limits.max_frames,
+                max_pixels=limits.max_image_pixels,
+                resize=gemma_resize,
+            )
+            pieces: list = []
+            for stamp, frame in zip(video.timestamps(), video.frames, strict=True):
+                pieces += [stamp, _vision(gemma_image_resized(frame.image), "video")]
+            decoded[k] = tuple(pieces)
+        else:
+            clips[k] = decode_audio_part(seg.payload, seg.path, max_seconds=limits.max_audio_seconds)
+    for k, clip in zip(clips, cap_input_audio(clips.values()), strict=True):  # A.14.4: 600 s per input
+        decoded[k] = tuple(_audio_segments(clip.samples))
+    segments = tuple(
+        attrs.evolve(seg, decoded=decoded[k]) if isinstance(seg, MediaPart) else seg
+        for k, seg in enumerate(inp.segments)
+    )
+    return attrs.evolve(inp, segments=segments)
+
+
+def _vision(resized: np.ndarray, kind: str) -> VisionItem:
+    blocks, positions = gemma_blocks(resized)
+    return VisionItem(blocks, positions, kind)
+
+
+def _audio_segments(samples: np.ndarray) -> Iterator[AudioItem]:
+    """A clip's segments of at most `MAX_SEGMENT_TOKENS` frames (30 s) each, the last frame zero-padded (A.14.4)."""
+    frames = audio_frames(samples)
+    at = 0
+    for count in audio_segments(len(samples)):
+        part = frames[at : at + count]
+        sound = min(len(samples), (at + count) * SAMPLES_PER_TOKEN) - at * SAMPLES_PER_TOKEN
+        yield AudioItem(part, sound * 1000 / SAMPLE_RATE)
+        at += count
+
+
+def content_pieces(inp: InputSpec) -> list[str | MediaItem]:
+    """The input's content as text runs and media items in reading order (api spec §4.3: images already at the
+    front, audio and videos in place, a video's timestamps merged into the text around them)."""
+    pieces: list[str | MediaItem] = []
+    for seg in inp.segments:
+        parts = seg.decoded if isinstance(seg, MediaPart) else (seg,)
+        if parts is None:
+            raise ValueError(f"{seg.path}: the media part was not decoded (decode_media runs before compiling)")
+        for part in parts:
+            if isinstance(part, str) and pieces and isinstance(pieces[-1], str):
+                pieces[-1] += part
+            elif not (isinstance(part, str) and not part):
+                pieces.append(part)
+    return pieces
