@@ -127,6 +127,14 @@ MEDIA_TOKENS_12B = DEFAULT_TOKENS  # the real ids, which a config.json may also 
 MEDIA_IMAGE_TABLE = '[image]\nscheme = "gemma"\nside = 48\ndetail_tokens = { low = 70, auto = 280, high = 1120 }\n'
 
 
+def media_tokens(text_config: dict[str, Any]) -> dict[str, int]:
+    """The 12B's media token ids, or the tiny model's where the vocabulary is too small for them (`scaled`)."""
+    from spinf.engine.tiny import TINY_MEDIA_TOKENS
+
+    fits = text_config["vocab_size"] > max(MEDIA_TOKENS_12B.values())
+    return MEDIA_TOKENS_12B if fits else TINY_MEDIA_TOKENS
+
+
 def unified_config(text_config: dict[str, Any], dtype: torch.dtype, media: bool = False) -> dict[str, Any]:
     """``config.json`` of a unified checkpoint: text only, or with the 12B's media embedders (``media``)."""
     name = str(dtype).removeprefix("torch.")
@@ -136,7 +144,7 @@ def unified_config(text_config: dict[str, Any], dtype: torch.dtype, media: bool 
         "text_config": {**text_config, "dtype": name},
         "vision_config": VISION_12B if media else None,
         "audio_config": AUDIO_12B if media else None,
-        **(MEDIA_TOKENS_12B if media else {}),
+        **(media_tokens(text_config) if media else {}),
         "tie_word_embeddings": True,
         "dtype": name,
     }
