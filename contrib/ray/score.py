@@ -161,8 +161,11 @@ class Pool:
 
 def _scored(rows: list[dict], request: dict, pool: Pool):
     """The dataset of output rows, one per input row, in input order."""
+    import ray.cloudpickle
     import ray.data
 
+    # The actors and tasks get this module's code by value: the workers need the spinf package, not this checkout.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # ours counts inputs and draws on one line
@@ -295,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_PREFIX}: {exc}", file=sys.stderr)
         # 1: a refused batch or a run that could not go on; 2: a bad file or setting, a model that cannot load
         return 1 if isinstance(exc, BulkError) and not isinstance(exc, BulkInputError) else 2
+    except ray.exceptions.RayError as exc:  # an actor that cannot start (its engine did not load), a lost cluster
+        print(f"{_PREFIX}: the Ray job failed: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{_PREFIX}: interrupted; run the same command with --resume to score the rest", file=sys.stderr)
         return _INTERRUPTED
