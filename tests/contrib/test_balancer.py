@@ -190,7 +190,7 @@ class Load:
 
 class _Post(threading.Thread):
     def __init__(self, url: str, body: dict):
-        super().__init__()
+        super().__init__(daemon=True)  # a failed test does not wait for it at exit
         self.url, self.body, self.status = url, body, None
 
     def run(self) -> None:
@@ -271,6 +271,14 @@ def test_drain_restart_and_sigterm_behind_haproxy_lose_no_call(tmp_path):
         _run_for(load, 3)
         load.stop()
         stats = balancer.stats()
+
+        # no replica left: the balancer's own 503, in the API's envelope and with a Retry-After
+        for k in (0, 2):
+            assert replicas[k].stop() == 0
+            balancer.wait_status(f"replica{k}", "DOWN")
+        none_left = httpx.post(f"{balancer.url}/v1/score", json=BODIES[0], headers=headers, timeout=30)
+        assert (none_left.status_code, none_left.headers.get("Retry-After")) == (503, "10")
+        assert none_left.json()["error"]["code"] == "model_unavailable"
     finally:
         if load is not None:
             load.stop()
