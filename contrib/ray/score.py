@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -63,7 +62,6 @@ from spinf.bulk.remote import http_scorers
 from spinf.bulk.run import BulkStats, _score_batch
 from spinf.errors import SpinfError
 
-logger = logging.getLogger(__name__)
 _PREFIX = "contrib.ray.score"
 _INTERRUPTED = 130
 
@@ -280,7 +278,11 @@ def _pool(args: argparse.Namespace) -> Pool:
 def main(argv: list[str] | None = None) -> int:
     import ray
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for flag, value in (("--batch-size", args.batch_size), ("--actors", args.actors)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     bar = ProgressBar(sys.stderr) if not args.no_progress and sys.stderr.isatty() else None
     try:
