@@ -240,7 +240,7 @@ def test_drain_restart_and_sigterm_behind_haproxy_lose_no_call(tmp_path):
 
         # replica 0: drained (out of rotation once haproxy sees /readyz fail, its calls finished), stopped, restarted
         # (still draining: the marker outlives the process), put back
-        drained, restarted = replicas[0], None
+        drained = replicas[0]
         assert prestop_drain.main(["--url", drained.url, "--token", TRUSTED, "--settle-s", "3", "--quiet-s", "1"]) == 0
         assert balancer.stats()["replica0"]["status"] == "DOWN"
         assert drained.stop() == 0
