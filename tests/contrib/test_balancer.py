@@ -242,7 +242,7 @@ def test_drain_restart_and_sigterm_behind_haproxy_lose_no_call(tmp_path):
         # (still draining: the marker outlives the process), put back
         drained = replicas[0]
         assert prestop_drain.main(["--url", drained.url, "--token", TRUSTED, "--settle-s", "3", "--quiet-s", "1"]) == 0
-        assert balancer.stats()["replica0"]["status"] == "DOWN"
+        balancer.wait_status("replica0", "DOWN", timeout_s=5)  # it is already: no call came for a second
         assert drained.stop() == 0
         drained.start()
         drained.wait("/livez")
