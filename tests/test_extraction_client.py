@@ -174,7 +174,7 @@ def test_the_client_sees_the_slot_limits_as_errors(client):
 def test_models_and_boot_report_extraction(client, server):
     (entry,) = client.models()["models"]
     assert entry["capabilities"] == ["score", "extract", "generate"]
-    assert entry["features"] == {"media": [], "extraction": True, "generation": True}
+    assert entry["features"] == {"media": ["image", "audio", "video"], "extraction": True, "generation": True}
     assert entry["limits"]["max_extractions_per_input"] == 10
     boot = httpx.get(f"{server.url}/readyz", timeout=10).json()["boot"]
     assert boot["warmup_s"] > 0 and boot["warmup_extract_s"] > 0  # --warmup short: the extraction call ran
@@ -325,7 +325,11 @@ def test_no_extraction_refuses_every_slot_and_warms_up_no_decoding(switched):
     assert error_of(found["generated"]) == (400, "extraction_disabled", "scoring.queries.0.template")
     assert error_of(found["chat"]) == (400, "extraction_disabled", "scoring.queries.0.template")
     assert found["entry"]["capabilities"] == ["score"]
-    assert found["entry"]["features"] == {"media": [], "extraction": False, "generation": False}
+    assert found["entry"]["features"] == {
+        "media": ["image", "audio", "video"],
+        "extraction": False,
+        "generation": False,
+    }
     assert found["boot"]["warmup_s"] > 0 and "warmup_extract_s" not in found["boot"]
 
 
@@ -335,5 +339,9 @@ def test_no_generation_refuses_generated_slots_only(switched):
     assert found["chat"].status_code == 200 and found["chat"].json()["choices"] == []
     assert error_of(found["generated"]) == (400, "generation_disabled", "scoring.queries.0.generate")
     assert found["entry"]["capabilities"] == ["score", "extract"]
-    assert found["entry"]["features"] == {"media": [], "extraction": True, "generation": False}
+    assert found["entry"]["features"] == {
+        "media": ["image", "audio", "video"],
+        "extraction": True,
+        "generation": False,
+    }
     assert found["boot"]["warmup_extract_s"] > 0  # the searched slots are still warmed up

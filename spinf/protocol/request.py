@@ -46,7 +46,8 @@ def body_has_media(body: object) -> bool:
         for message in listed if isinstance(listed, list) else ():
             content = message.get("content") if isinstance(message, dict) else None
             for part in content if isinstance(content, list) else ():
-                if isinstance(part, dict) and part.get("type") in MEDIA_KINDS:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind in MEDIA_KINDS:
                     return True
     return False
 

@@ -353,12 +353,28 @@ def test_model_not_served(tiny_engine):
         assert tiny_engine.score(body(query(), model=name))["model"] == name
 
 
-def test_media_not_supported(tiny_engine):
+def test_media_not_supported(tmp_path):
+    from spinf import Engine
+    from spinf.engine.tiny_tower import write_tiny_tower
+
+    tower = Engine(str(write_tiny_tower(tmp_path / "tower")), device="cpu")  # the 31B's layout reads no audio
+    sound = {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}
+    parts = {"id": "b", "messages": [{"content": [{"type": "text", "text": "Hear:"}, sound]}]}
+    refused(tower, body(query(), inputs=[inp(), parts]), "media_not_supported", "inputs.1.messages")
+    message_form = {"messages": parts["messages"], "scoring": {"queries": [query()]}}
+    refused(tower, message_form, "media_not_supported", "inputs.0.messages")
+
+
+def test_media_disabled_and_bad_media(tiny_engine, tiny_cache):
+    from spinf import Engine
+    from spinf.settings import Features
+
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     parts = {"id": "b", "messages": [{"content": [{"type": "text", "text": "See:"}, image]}]}
-    refused(tiny_engine, body(query(), inputs=[inp(), parts]), "media_not_supported", "inputs.1.messages")
-    message_form = {"messages": parts["messages"], "scoring": {"queries": [query()]}}
-    refused(tiny_engine, message_form, "media_not_supported", "inputs.0.messages")
+    no_images = Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, features=Features(media={"audio"}))
+    assert no_images.embedders.vision is None and no_images.embedders.audio is not None  # only what is on
+    refused(no_images, body(query(), inputs=[inp(), parts]), "media_disabled", "inputs.1.messages")
+    refused(tiny_engine, body(query(), inputs=[inp(), parts]), "invalid_media", "inputs.1.messages.0.content.1")
 
 
 @pytest.mark.parametrize("part", [{"type": "file", "file": {"data": "AA=="}}, {"type": "text"}])

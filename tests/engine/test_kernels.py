@@ -72,9 +72,9 @@ def test_image_placeholders_attend_to_their_whole_image(bidirectional, window):
     first.media = ((1, _Image(40)), (43, _Image(5)))
     second.media = ((2, _Image(20)),)
     layout, reference, got = run_both([first, second], 4, 2, 32, window, bidirectional=bidirectional)
-    torch.testing.assert_close(got, reference, atol=2e-5, rtol=0)
+    torch.testing.assert_close(got.float(), reference.float(), atol=2e-2, rtol=2e-2)  # bf16 on a GPU
     causal = tree_attention(*_qkv(layout, 4, 2, 32), attention_plan(layout, torch.device("cpu")), window)
-    assert not torch.equal(causal[1:41], reference[1:41])  # the image rows did see keys after themselves
+    assert (causal[1:41].float() - reference[1:41].float()).abs().max() > 0.1  # they saw keys after themselves
 
 
 def _qkv(layout, heads, kv_heads, dim, seed=0):

@@ -78,16 +78,25 @@ def drain_file(tmp_path, monkeypatch):
 
 
 async def test_media_is_gated_by_the_media_setting(build):
-    """A kind left on reaches the engine, which loaded no media embedders; a kind switched off is media_disabled."""
-    async with serving(*build()) as client:
-        assert (await refusal(client, body(content=[IMAGE])))[:3] == (400, "unsupported_content", "inputs.0")
-        assert (await client.get("/v1/models")).json()["models"][0]["media"] == []  # none is served yet
-    async with serving(*build("--media", "audio")) as client:
+    """A kind left on reaches the media decoders (these parts' data is no image or audio file: invalid_media); a kind
+    switched off is media_disabled, and its embedder is not loaded."""
+    part = "inputs.0.messages.0.content.1"
+    settings, engine = build()
+    async with serving(settings, engine) as client:
+        assert (await refusal(client, body(content=[IMAGE])))[:3] == (400, "invalid_media", part)
+        assert (await client.get("/v1/models")).json()["models"][0]["media"] == ["image", "audio", "video"]
+    settings, engine = build("--media", "audio")
+    assert engine.embedders.vision is None and engine.embedders.audio is not None
+    async with serving(settings, engine) as client:
         assert (await refusal(client, body(content=[IMAGE])))[:3] == (400, "media_disabled", "inputs.0.messages")
-        assert (await refusal(client, body(content=[AUDIO])))[:3] == (400, "unsupported_content", "inputs.0")
-    async with serving(*build("--no-media")) as client:
+        assert (await refusal(client, body(content=[AUDIO])))[:3] == (400, "invalid_media", part)
+        assert (await client.get("/v1/models")).json()["models"][0]["media"] == ["audio"]
+    settings, engine = build("--no-media")
+    assert engine.embedders is None  # --no-media loads no embedder
+    async with serving(settings, engine) as client:
         assert (await refusal(client, body(content=[AUDIO])))[:3] == (400, "media_disabled", "inputs.0.messages")
         assert (await client.post("/v1/score", json=body())).status_code == 200
+        assert (await client.get("/v1/models")).json()["models"][0]["media"] == []
 
 
 async def models_entry(client: httpx.AsyncClient) -> tuple[list[str], dict]:
@@ -106,7 +115,7 @@ async def test_extraction_and_generation_are_gated_by_their_settings(build):
             assert (result["kind"], result.get("generate", False)) == ("text", generated)
         assert await models_entry(client) == (
             ["score", "extract", "generate"],
-            {"media": [], "extraction": True, "generation": True},
+            {"media": ["image", "audio", "video"], "extraction": True, "generation": True},
         )
     async with serving(*build("--no-extraction")) as client:
         assert await refusal(client, body(EXTRACTED, bad_template)) == (
@@ -114,7 +123,8 @@ async def test_extraction_and_generation_are_gated_by_their_settings(build):
             "extraction slots are switched off",
         )
         assert (await client.post("/v1/score", json=body())).status_code == 200
-        assert await models_entry(client) == (["score"], {"media": [], "extraction": False, "generation": False})
+        media = ["image", "audio", "video"]
+        assert await models_entry(client) == (["score"], {"media": media, "extraction": False, "generation": False})
     async with serving(*build("--no-generation")) as client:
         assert (await refusal(client, body(GENERATED)))[:3] == (
             400,
@@ -124,7 +134,7 @@ async def test_extraction_and_generation_are_gated_by_their_settings(build):
         assert (await client.post("/v1/score", json=body(EXTRACTED))).status_code == 200
         assert await models_entry(client) == (
             ["score", "extract"],
-            {"media": [], "extraction": True, "generation": False},
+            {"media": ["image", "audio", "video"], "extraction": True, "generation": False},
         )
 
 

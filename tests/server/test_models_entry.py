@@ -1,7 +1,8 @@
 """The ``/v1/models`` entry (api spec §7) as `spinf.supervisor.models_entry_for` builds it from the layered settings:
 capabilities are the manifest's minus what the switches turn off, the features follow them (``--no-extraction``
-turns generation off too), and media stays ``[]`` (this build loads no media embedders). The served entry over a
-real socket is checked in tests/server/test_openapi.py and tests/test_extraction_client.py."""
+turns generation off too), and media is the model's kinds that ``--media`` keeps (the manifest's until the engine
+is loaded, then the engine's). The served entry over a real socket is checked in tests/server/test_openapi.py,
+tests/test_extraction_client.py and tests/test_media_client.py."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def entry(model: str, *flags: str, **env: str) -> dict:
 def test_capabilities_and_features_follow_the_switches(flags, capabilities, extraction, generation):
     found = entry("spinf/tiny-gemma4", *flags)
     assert found["capabilities"] == capabilities
-    assert found["features"] == {"media": [], "extraction": extraction, "generation": generation}
+    media = ["image", "audio", "video"]
+    assert found["features"] == {"media": media, "extraction": extraction, "generation": generation}
 
 
 def test_the_switches_from_the_environment_count_too():
@@ -47,10 +49,12 @@ def test_a_score_only_model_reports_score_only_whatever_the_switches():
     assert found["features"] == {"media": [], "extraction": False, "generation": False}
 
 
-def test_media_stays_empty_though_the_model_reads_media():
-    assert resolve_model("spinf/gemma-4-12b-fp8").media  # the manifest names kinds
-    found = entry("spinf/gemma-4-12b-fp8", "--media", "image")
-    assert found["media"] == [] and found["features"]["media"] == []
+def test_media_is_the_models_kinds_that_the_media_setting_keeps():
+    assert resolve_model("spinf/gemma-4-12b-fp8").media == ["image", "audio", "video"]
+    found = entry("spinf/gemma-4-12b-fp8", "--media", "image,audio")
+    assert found["media"] == found["features"]["media"] == ["image", "audio"]
+    assert entry("spinf/gemma-4-31b-fp8", "--media", "audio,video")["media"] == ["video"]  # the 31B reads no audio
+    assert entry("spinf/gemma-4-12b-fp8", "--no-media")["media"] == []
     assert list(found)[:9] == [
         "id",
         "name",
