@@ -149,8 +149,9 @@ def main(argv=None) -> None:
         lines.append(text)
 
     if args.cap_gib and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, index)
         say(f"GPU memory capped at {args.cap_gib:g} GiB of {total / 2**30:.1f} GiB")
     with work_dir(args.work) as root:
         folder = write_checkpoint(root, config, device=device, media=True)
