@@ -122,6 +122,19 @@ def parts_time(engine, call: dict, repeats: int, device: torch.device) -> tuple[
     return statistics.median(decode_s), statistics.median(embed_s)
 
 
+def decode_alone(call: dict, repeats: int) -> float:
+    """The median seconds of decoding ``call``'s media in a process that has loaded nothing else yet."""
+    from spinf.protocol.request import parse_score_request
+
+    request = parse_score_request(call, model_media=frozenset({"image", "audio", "video"}))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        decode_media(request)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -153,6 +166,14 @@ def main(argv=None) -> None:
         total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, index)
         say(f"GPU memory capped at {args.cap_gib:g} GiB of {total / 2**30:.1f} GiB")
+    images = body([[photo(k), {"type": "text", "text": SENTENCE}] for k in range(args.inputs)], args.questions)
+    text = body([[{"type": "text", "text": SENTENCE}] for _ in range(args.inputs)], args.questions)
+    sound = body([[clip(args.seconds, k)] for k in range(args.clips)], args.questions)
+    alone = {"photos": decode_alone(images, args.repeats), "audio": decode_alone(sound, args.repeats)}
+    say(
+        f"decoding before anything else is loaded: the photos {alone['photos'] * 1000:.1f} ms, the audio "
+        f"{alone['audio'] * 1000:.1f} ms"
+    )
     with work_dir(args.work) as root:
         folder = write_checkpoint(root, config, device=device, media=True)
         quant = "fp32"
@@ -170,9 +191,6 @@ def main(argv=None) -> None:
         say("| call | questions | content tokens (media) | processed tokens | ms | questions/s | decode ms (share) "
             "| embed ms (share) |")  # fmt: skip
         say("|---|---|---|---|---|---|---|---|")
-        images = body([[photo(k), {"type": "text", "text": SENTENCE}] for k in range(args.inputs)], args.questions)
-        text = body([[{"type": "text", "text": SENTENCE}] for _ in range(args.inputs)], args.questions)
-        sound = body([[clip(args.seconds, k)] for k in range(args.clips)], args.questions)
         for name, call, media in (
             (f"{args.inputs} × one photo (auto) + a sentence", images, True),
             (f"{args.inputs} × the sentence alone", text, False),
