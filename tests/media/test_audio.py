@@ -267,3 +267,14 @@ def test_frames_are_640_samples_the_last_zero_padded(samples, tokens):
 def test_the_decode_helper_takes_bytes():
     clip = decode_audio_bytes(audio_bytes(tone(0.1), "wav"), "wav", PATH, max_seconds=1)
     assert len(clip.samples) == 1_600 and clip.path == PATH
+
+
+@pytest.mark.parametrize(("channels", "fmt"), [(1, "wav"), (2, "wav"), (2, "flac")])
+def test_a_16_khz_stream_read_without_the_resampler_gives_the_resamplers_floats(channels, fmt, monkeypatch):
+    from spinf.media import audio as module
+
+    samples = np.stack([tone(1.3, freq=200 + 100 * c) for c in range(channels)]).astype(np.float32)
+    data = audio_bytes(samples, fmt)
+    direct = module.decode_audio_bytes(data, fmt, "p", max_seconds=600).samples
+    monkeypatch.setattr(module, "_DIRECT", {})  # every stream through PyAV's resampler
+    assert np.array_equal(direct, module.decode_audio_bytes(data, fmt, "p", max_seconds=600).samples)
