@@ -27,6 +27,14 @@ class Metrics:
         self.processed = Counter("spinf_processed_tokens", "Sum of usage.processed_tokens", registry=r)
         self.prompt = Counter("spinf_prompt_tokens", "Sum of usage.prompt_tokens", registry=r)
         self.completion = Counter("spinf_completion_tokens", "Sum of usage.completion_tokens", registry=r)
+        self.questions = Counter(
+            "spinf_questions", "Questions answered: usage.scoring.prompts plus usage.extraction.slots", registry=r
+        )
+        self.media = Counter("spinf_media_items", "Images and video frames read", ["kind"], registry=r)
+        self.audio = Counter("spinf_audio_seconds", "Seconds of audio read (usage.content.audio_seconds)", registry=r)
+        self.device_bytes = Gauge(
+            "spinf_gpu_memory_bytes", "Device memory the engine holds after its last step (GPU only)", registry=r
+        )
         self.pass_seconds = Histogram("spinf_pass_seconds", "Duration of each forward pass", registry=r)
         self.warm = Gauge("spinf_warm", "1 once loaded and warm", registry=r)
         self.load_failed = Gauge("spinf_load_failed", "1 if the load or the warm-up failed", registry=r)
@@ -51,6 +59,13 @@ class Metrics:
         self.processed.inc(usage.get("processed_tokens", 0))
         self.prompt.inc(usage.get("prompt_tokens", 0))
         self.completion.inc(usage.get("completion_tokens", 0))
+        scoring, extraction = usage.get("scoring") or {}, usage.get("extraction") or {}
+        self.questions.inc(scoring.get("prompts", 0) + extraction.get("slots", 0))
+        content = usage.get("content") or {}
+        for kind, key in (("image", "images"), ("video_frame", "video_frames")):
+            if content.get(key):
+                self.media.labels(kind=kind).inc(content[key])
+        self.audio.inc(content.get("audio_seconds", 0.0))
 
     def run(self, run) -> None:
         """One engine-loop step: the device time of each pass it read back, and the floor cache's counts."""
@@ -61,6 +76,8 @@ class Metrics:
         self.floor_misses.inc(run.floor_misses - misses)
         self.floor_entries.set(run.floor_entries)
         self._floors_seen = (run.floor_hits, run.floor_misses)
+        if run.device_bytes is not None:
+            self.device_bytes.set(run.device_bytes)
 
     def render(self, lifecycle: Lifecycle, in_flight: InFlight) -> str:
         self.queue_depth.set(self.queued())

@@ -212,3 +212,18 @@ def test_a_server_started_with_no_media_refuses_every_media_part(tmp_path, cache
         assert process.stop() == 0
     assert entry["media"] == entry["features"]["media"] == []
     assert (refused.value.code, refused.value.param) == ("media_disabled", "inputs.0.messages")
+
+
+def test_metrics_count_the_questions_and_the_media_read(server, client):
+    def metric(text: str, name: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = httpx.get(f"{server.url}/metrics", timeout=10).text
+    photo = client_media.image(Image.fromarray(noise_image(96, 96)), "low")
+    client.score(content=[text("A photo and a sound:"), photo, audio_part(0.5)], queries=QUERIES)
+    after = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert metric(after, "spinf_questions_total") - metric(before, "spinf_questions_total") == len(QUERIES)
+    image = 'spinf_media_items_total{kind="image"}'
+    assert metric(after, image) - metric(before, image) == 1
+    assert metric(after, "spinf_audio_seconds_total") - metric(before, "spinf_audio_seconds_total") == 0.5

@@ -52,6 +52,7 @@ class PassRun:
     floor_hits: int = 0
     floor_misses: int = 0
     floor_entries: int = 0
+    device_bytes: int | None = None  # device memory the engine holds after the step; None on the CPU
 
 
 @attrs.define
@@ -180,7 +181,9 @@ class Packer:
         passes, engine.loop.pass_log[:] = tuple(engine.loop.pass_log), []
         if passes:
             loop = engine.loop.statistics()
-            self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries))
+            scorer = getattr(engine, "scorer", None)
+            held = scorer.allocated_bytes() if scorer is not None else None
+            self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries, held))
         if engine.degraded:
             self.status.degrade(engine.degraded)
 
