@@ -1,0 +1,335 @@
+"""The Qwen3.5 text decoder over one packed pass of jobs with tries, in plain torch (CPU, fp32; engine spec B.14).
+
+Every layer is a token mixer and a SiLU MLP, each behind an RMSNorm that multiplies by ``(1 + w)``. The mixer is a
+**full-attention layer** (every 4th in the published models) or a **Gated DeltaNet** (GDN):
+
+* Full attention: q (with a per-head output gate beside it in ``q_proj``), k, v; q/k RMSNorm per head; rope on the
+  first ``rotary_dim`` dims of each head (text has t = h = w, so the 3-D sections reduce to plain rope); tree
+  attention over the pass (`spinf.engine.attention.tree_attention`), then ``· sigmoid(gate)``.
+* GDN: ``in_proj`` gives q/k/v (through a 4-tap causal depthwise convolution and SiLU), z (the output gate), b
+  (``beta = sigmoid(b)``) and a (the decay ``g = -exp(A_log) · softplus(a + dt_bias)``). Per value head, with q and k
+  L2-normed and q scaled by ``dk^-1/2``, the gated delta rule walks the tokens:
+  ``S ← exp(g) S;  S ← S + k ⊗ beta (v − kᵀS);  o = qᵀS``; the output is ``rmsnorm(o) · w · silu(z)``.
+
+On a packed tree the GDN cannot be masked: a branch starts from its parent's final state (B.14.2). `pass_plan` cuts
+the stream into segments (a new one where a token's path predecessor is not the previous row, where the predecessor
+has several children, or where there is none); each segment starts from the kept final state of the segment that
+ends at its predecessor, and the convolution reads each token's path predecessors through an index table with a
+zero row. The recurrence runs token by token on fixed ``[heads, dk, dv]`` shapes, so a path's numbers never depend
+on where its trie forks or what else shares the pass (C.1); the products run in fixed 128-row blocks
+(`row_stable_mm`) and elementwise transcendental functions on widths padded to whole vector blocks (`_pointwise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spinf.engine.attention import AttentionPlan, tree_attention
+from spinf.engine.gemm import row_stable_mm
+from spinf.engine.layout import PassLayout
+from spinf.engine.loading import read_tensors
+from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
+from spinf.engine.scorer import attention_plan
+from spinf.errors import ModelError
+
+# Elementwise exp/sigmoid/softplus/cos run vectorised in blocks and finish a tensor's last elements with scalar code
+# that can differ in the last bit: computed on widths padded to this many columns, no row ever reaches the tail.
+VECTOR_BLOCK = 64
+
+
+def _pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for an elementwise ``fn`` on a 2-D ``x``, computed with the columns padded to `VECTOR_BLOCK`."""
+    width = x.shape[-1]
+    pad = -width % VECTOR_BLOCK
+    return fn(F.pad(x, (0, pad)) if pad else x.contiguous())[..., :width]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset: float = 1.0) -> torch.Tensor:
+    """RMSNorm over the last dim in fp32, times ``offset + weight`` (Qwen3.5's norms: 1; the GDN's gated norm: 0).
+
+    A square root and a division (correctly rounded in every code path) rather than ``rsqrt``, as in
+    `spinf.engine.model.rms_norm`."""
+    xf = x.float()
+    out = xf * (1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+    if weight is not None:
+        out = out * (offset + weight.float())
+    return out.type_as(x)
+
+
+def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) + eps))
+
+
+@attrs.frozen
+class Qwen35Plan:
+    """What the layers need about a pass, beside the tree-attention plan.
+
+    ``taps[r]`` lists the rows the convolution reads for row ``r``, oldest first and ``r`` itself last, as indices
+    into the stream with one zero row in front (0: no such predecessor). ``segments`` are ``(first row, end row,
+    source)`` in stream order, ``source`` the segment whose final state the segment starts from (-1: zero state);
+    ``kept`` the segments some other segment starts from."""
+
+    attention: AttentionPlan
+    taps: torch.Tensor  # [num_tokens, kernel] int64
+    segments: tuple[tuple[int, int, int], ...]
+    kept: frozenset[int]
+
+
+def predecessors(layout: PassLayout) -> np.ndarray:
+    """Per stream row, its path predecessor (the previous token of its own path), -1 for none."""
+    pred = np.arange(-1, layout.num_tokens - 1, dtype=np.int64)
+    branch_parent = dict(zip(layout.branch_rows, layout.parents, strict=True))
+    for start, prefix_len, num_branch in layout.spans:
+        pred[start] = -1
+        base = start + prefix_len
+        for row in range(base, base + num_branch):
+            parent = branch_parent[row]
+            pred[row] = parent if parent >= 0 else (base - 1 if prefix_len else -1)
+    return pred
+
+
+def segments(pred: np.ndarray) -> tuple[tuple[tuple[int, int, int], ...], frozenset[int]]:
+    """The recurrence's segments of a stream with path predecessors ``pred`` (see `Qwen35Plan`)."""
+    children = np.bincount(pred[pred >= 0], minlength=len(pred))
+    out: list[list[int]] = []
+    segment_of = np.full(len(pred), -1, dtype=np.int64)
+    for row, p in enumerate(pred.tolist()):
+        if p < 0 or p != row - 1 or children[p] > 1:
+            source = int(segment_of[p]) if p >= 0 else -1
+            if source >= 0 and out[source][1] != p + 1:
+                raise ValueError(f"row {row}: its predecessor {p} does not end a segment (not a pre-order layout)")
+            out.append([row, row + 1, source])
+        else:
+            out[-1][1] = row + 1
+        segment_of[row] = len(out) - 1
+    kept = frozenset(s for _, _, s in out if s >= 0)
+    return tuple((a, b, s) for a, b, s in out), kept
+
+
+def pass_plan(layout: PassLayout, kernel: int) -> Qwen35Plan:
+    """The plan of a pass for a model whose convolution has ``kernel`` taps."""
+    pred = predecessors(layout)
+    taps = [np.arange(1, layout.num_tokens + 1, dtype=np.int64)]  # +1: row 0 of the padded stream is zeros
+    back = pred
+    for _ in range(kernel - 1):
+        taps.append(back + 1)
+        back = np.where(back >= 0, pred[np.maximum(back, 0)], -1)
+    segs, kept = segments(pred)
+    return Qwen35Plan(
+        attention=attention_plan(layout, torch.device("cpu")),
+        taps=torch.from_numpy(np.stack(taps[::-1], axis=1).copy()),
+        segments=segs,
+        kept=kept,
+    )
+
+
+def delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor, plan: Qwen35Plan
+) -> torch.Tensor:
+    """The gated delta rule along each segment, token by token. q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``),
+    beta [N, Hv] -> [N, Hv, dv]. Each step has the same shapes whatever the pass, and a segment starts from exactly
+    the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone."""
+    _, heads, dk = k.shape
+    dv = v.shape[-1]
+    out = torch.empty_like(v)
+    kept: dict[int, torch.Tensor] = {}
+    for index, (first, end, source) in enumerate(plan.segments):
+        state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv))
+        for t in range(first, end):
+            k_t = k[t].unsqueeze(1)  # [Hv, 1, dk]
+            state = state * decay[t].view(heads, 1, 1)
+            delta = (v[t] - torch.bmm(k_t, state).squeeze(1)) * beta[t].view(heads, 1)  # [Hv, dv]
+            state = state + torch.bmm(k_t.transpose(1, 2), delta.unsqueeze(1))
+            out[t] = torch.bmm(q[t].unsqueeze(1), state).squeeze(1)
+        if index in plan.kept:
+            kept[index] = state
+    return out
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: Qwen35Config):
+        super().__init__()
+        self.cfg = cfg
+        heads = cfg.linear_num_value_heads
+        self.sizes = (cfg.conv_dim, cfg.value_dim, heads, heads)  # qkv, z, b, a in the fused input projection
+        self.w_in = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.conv = nn.Parameter(torch.empty(cfg.conv_dim, cfg.linear_conv_kernel_dim))
+        self.dt_bias = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(heads))
+        self.norm = nn.Parameter(torch.empty(cfg.linear_value_head_dim))
+        self.w_out = nn.Parameter(torch.empty(cfg.hidden_size, cfg.value_dim))
+
+    def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
+        cfg, n = self.cfg, x.shape[0]
+        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        qkv, z, b, a = row_stable_mm(x, self.w_in).split(self.sizes, dim=-1)
+        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
+        mixed = stream[plan.taps[:, 0]] * self.conv[:, 0]
+        for tap in range(1, self.conv.shape[1]):
+            mixed = mixed + stream[plan.taps[:, tap]] * self.conv[:, tap]
+        q, k, v = _pointwise(F.silu, mixed).split((cfg.key_dim, cfg.key_dim, cfg.value_dim), dim=-1)
+        repeat = heads // cfg.linear_num_key_heads  # each q/k head serves this many consecutive value heads
+        q = l2_norm(q.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1) * dk**-0.5
+        k = l2_norm(k.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1)
+        beta = _pointwise(torch.sigmoid, b)
+        g = -torch.exp(self.A_log.float()) * _pointwise(F.softplus, a + self.dt_bias)
+        o = delta_rule(q, k, v.reshape(n, heads, dv), _pointwise(torch.exp, g), beta, plan)
+        gate = _pointwise(F.silu, z).reshape(n, heads, dv)
+        o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
+        return row_stable_mm(o.reshape(n, -1), self.w_out)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Qwen35Config):
+        super().__init__()
+        self.cfg = cfg
+        q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.sizes = (2 * q_out, kv_out, kv_out)  # q with its gate (per head: query, then gate), k, v
+        self.wqkv = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.q_norm = nn.Parameter(torch.empty(cfg.head_dim))
+        self.k_norm = nn.Parameter(torch.empty(cfg.head_dim))
+        self.wo = nn.Parameter(torch.empty(cfg.hidden_size, q_out))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Qwen35Plan) -> torch.Tensor:
+        cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
+        qg, k, v = row_stable_mm(x, self.wqkv).split(self.sizes, dim=-1)
+        q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
+        q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
+        k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
+        a = tree_attention(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention, None).reshape(n, -1)
+        return row_stable_mm(a * _pointwise(torch.sigmoid, gate.reshape(n, -1)), self.wo)
+
+
+def rope_inv_freq(cfg: Qwen35Config) -> torch.Tensor:
+    """The rotary pairs' inverse frequencies (the exponent runs over the rotary dims only)."""
+    exponents = torch.arange(0, cfg.rotary_dim, 2, dtype=torch.int64).float() / cfg.rotary_dim
+    return 1.0 / (cfg.rope_theta**exponents)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rope on the first ``cos.shape[-1]`` dims of each head. x [N, heads, d]; cos, sin [N, rotary]."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    turned = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    return torch.cat((x_rot * cos[:, None] + turned * sin[:, None], x_pass), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen35Config, kind: str):
+        super().__init__()
+        self.is_attention = kind == FULL
+        self.mixer = Attention(cfg) if self.is_attention else GatedDeltaNet(cfg)
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size))
+        self.post_norm = nn.Parameter(torch.empty(cfg.hidden_size))
+        self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
+        self.w_down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+
+    def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
+        x = rms_norm(h, self.input_norm, self.eps)
+        h = h + (self.mixer(x, rope, plan) if self.is_attention else self.mixer(x, plan))
+        gate, up = row_stable_mm(rms_norm(h, self.post_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
+        return h + row_stable_mm(_pointwise(F.silu, gate) * up, self.w_down)
+
+
+class Qwen35Text(nn.Module):
+    """The decoder stack with an untied LM head; `forward` gives hidden states of a packed pass."""
+
+    def __init__(self, cfg: Qwen35Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind) for kind in cfg.layer_types)
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size))
+        self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def plan(self, layout: PassLayout) -> Qwen35Plan:
+        return pass_plan(layout, self.cfg.linear_conv_kernel_dim)
+
+    def forward(self, token_ids: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] (before the final norm) of one pass."""
+        h = F.embedding(token_ids, self.embed)
+        freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        rope = (_pointwise(torch.cos, angles), _pointwise(torch.sin, angles))
+        for layer in self.layers:
+            h = layer(h, rope, plan)
+        return h
+
+    def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows."""
+        x = rms_norm(hidden_rows.float(), self.final_norm, self.cfg.rms_norm_eps)
+        return torch.log_softmax(row_stable_mm(x, self.lm_head.float()), dim=-1)
+
+    def pass_logprobs(self, layout: PassLayout) -> torch.Tensor:
+        """The pass's full-vocabulary log-probs at its read rows, [len(layout.read_rows), vocab]."""
+        hidden = self(torch.tensor(layout.token_ids, dtype=torch.long), self.plan(layout))
+        return self.read_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long)])
+
+
+def _layer_state(raw: Mapping[str, torch.Tensor], prefix: str, attention: bool) -> dict[str, torch.Tensor]:
+    """One layer's tensors in `DecoderLayer`'s names, the projections fused."""
+
+    def take(name: str) -> torch.Tensor:
+        key = prefix + name
+        if key not in raw:
+            raise ModelError(f"the checkpoint has no tensor {key}")
+        return raw[key]
+
+    state = {
+        "input_norm": take("input_layernorm.weight"),
+        "post_norm": take("post_attention_layernorm.weight"),
+        "w_gate_up": torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]),
+        "w_down": take("mlp.down_proj.weight"),
+    }
+    if attention:
+        parts = ("q_proj", "k_proj", "v_proj")
+        mixer = {
+            "wqkv": torch.cat([take(f"self_attn.{p}.weight") for p in parts]),
+            "q_norm": take("self_attn.q_norm.weight"),
+            "k_norm": take("self_attn.k_norm.weight"),
+            "wo": take("self_attn.o_proj.weight"),
+        }
+    else:
+        parts = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        mixer = {
+            "w_in": torch.cat([take(f"linear_attn.{p}.weight") for p in parts]),
+            "conv": take("linear_attn.conv1d.weight").squeeze(1),
+            "dt_bias": take("linear_attn.dt_bias"),
+            "A_log": take("linear_attn.A_log"),
+            "norm": take("linear_attn.norm.weight"),
+            "w_out": take("linear_attn.out_proj.weight"),
+        }
+    return state | {f"mixer.{name}": value for name, value in mixer.items()}
+
+
+def load_qwen35(folder: str | Path, dtype: torch.dtype = torch.float32) -> Qwen35Text:
+    """The text model of the Qwen3.5 checkpoint in ``folder`` (float weights), built on ``meta`` and assigned."""
+    folder = Path(folder)
+    cfg, prefix = read_qwen35_config(folder)
+    raw = read_tensors(folder, prefix)
+    head = read_tensors(folder, "lm_head.").get("weight")
+    if head is None and not cfg.tie_word_embeddings:
+        raise ModelError(f"{folder}: the checkpoint has no lm_head.weight and does not tie its embeddings")
+    state = {
+        "embed": raw["embed_tokens.weight"],
+        "final_norm": raw["norm.weight"],
+        "lm_head": raw["embed_tokens.weight"] if head is None else head,
+    }
+    for i, kind in enumerate(cfg.layer_types):
+        layer = _layer_state(raw, f"layers.{i}.", kind == FULL)
+        state |= {f"layers.{i}.{name}": value for name, value in layer.items()}
+    with torch.device("meta"):
+        model = Qwen35Text(cfg)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=True)
+    model.inv_freq = rope_inv_freq(cfg)  # a buffer, not in the checkpoint: made on the CPU, not left on meta
+    return model.requires_grad_(False).eval()
