@@ -1,0 +1,135 @@
+"""The Qwen3.5 hybrid decoder on packed tries against transformers' forward of each prompt alone, and bit-for-bit
+per-question invariance on the CPU (engine spec B.14.2, C.1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spinf.engine.layout import build_pass
+from spinf.engine.qwen35.config import FULL, LINEAR, read_qwen35_config
+from spinf.engine.qwen35.model import load_qwen35, pass_plan
+from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG, write_tiny_qwen35
+from spinf.engine.scorer import one_cpu_thread
+from spinf.engine.trie import Job, add_prompt
+
+TOLERANCE = 1e-4  # fp32 rounding: our token-by-token recurrence against transformers' chunked one
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_qwen35(tmp_path_factory.mktemp("tiny-qwen35"))
+
+
+@pytest.fixture(scope="module")
+def models(folder):
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    return load_qwen35(folder), reference.eval()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_cpu_thread(torch.device("cpu")), torch.inference_mode():
+        yield
+
+
+def tokens(seed: int, n: int) -> tuple[int, ...]:
+    return tuple(torch.randint(3, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+def job_of(prefix: tuple[int, ...], branches: list[tuple[int, ...]]) -> tuple[Job, list[tuple[int, int]]]:
+    """A job whose prompts are ``branches``, each read (token 5) at its end: the job and each prompt's read."""
+    job = Job(prefix)
+    return job, [add_prompt(job, branch, [(5,)])[0][0] for branch in branches]
+
+
+def prompt_logprobs(model, jobs: list[tuple[Job, list[tuple[int, int]]]]) -> list[list[torch.Tensor]]:
+    """One pass of ``jobs``: per job, each prompt's full next-token log-probs at its end."""
+    layout = build_pass([job for job, _ in jobs])
+    rows = model.pass_logprobs(layout)
+    return [[rows[layout.read_index[(j, *read)][0]] for read in reads] for j, (_, reads) in enumerate(jobs)]
+
+
+def reference_logprobs(reference, sequence: tuple[int, ...]) -> torch.Tensor:
+    return torch.log_softmax(reference(torch.tensor([sequence])).logits[0, -1].float(), dim=-1)
+
+
+def forked(seed: int, prefix_len: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """A prefix and prompts sharing stems, with forks at several depths, a prompt ending inside another one and an
+    empty prompt (read at the prefix's end)."""
+    stem, other = tokens(seed + 1, 6), tokens(seed + 2, 3)
+    branches = [
+        stem + tokens(seed + 3, 4),
+        stem + tokens(seed + 4, 1),
+        stem[:2] + tokens(seed + 5, 7),
+        stem[:4],
+        stem + tokens(seed + 3, 4)[:2] + tokens(seed + 6, 3),
+        other,
+        other + tokens(seed + 7, 2),
+        (),
+    ]
+    return tokens(seed, prefix_len), branches
+
+
+def test_the_tiny_checkpoint_loads_in_transformers_with_every_key(folder):
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    cfg, prefix = read_qwen35_config(folder)
+    assert prefix == "model.language_model." and type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert cfg.layer_types.count(LINEAR) == 4 and cfg.layer_types.count(FULL) == 2 and not cfg.tie_word_embeddings
+    assert (cfg.rotary_dim, cfg.conv_dim, cfg.vocab_size) == (8, 128, TINY_TEXT_CONFIG["vocab_size"])
+    ours = load_qwen35(folder)
+    assert torch.equal(ours.layers[0].mixer.A_log, model.model.layers[0].linear_attn.A_log)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "one prompt",
+        "forks",
+        "long content",
+        "deep branch",
+        "no prefix",
+    ],
+)
+def test_every_prompt_matches_transformers_alone(models, case):
+    ours, reference = models
+    prefix, branches = {
+        "one prompt": (tokens(1, 20), [tokens(2, 6)]),
+        "forks": forked(10, 30),
+        "long content": forked(20, 300),
+        "deep branch": (tokens(30, 90), [tokens(31, 80), tokens(31, 80)[:70] + tokens(32, 5)]),
+        "no prefix": ((), [tokens(40, 5), tokens(40, 5)[:2] + tokens(41, 3)]),
+    }[case]
+    (got,) = prompt_logprobs(ours, [job_of(prefix, branches)])
+    for branch, row in zip(branches, got, strict=True):
+        expected = reference_logprobs(reference, prefix + branch)
+        assert (row - expected).abs().max().item() <= TOLERANCE, (case, branch)
+
+
+def test_a_prompts_logprobs_are_the_same_bits_alone_among_siblings_and_among_other_jobs(models):
+    ours, _ = models
+    prefix, branches = forked(50, 40)
+    branches = [b for b in branches if b]  # a job of the empty prompt alone would read at a prefix of no branches
+    alone = [prompt_logprobs(ours, [job_of(prefix, [branch])])[0][0] for branch in branches]
+    (together,) = prompt_logprobs(ours, [job_of(prefix, branches)])
+    reordered = branches[::-1]
+    others = [job_of(*forked(60, 25)), job_of(tokens(70, 7), [tokens(71, 3)])]
+    mixed = prompt_logprobs(ours, [others[0], job_of(prefix, reordered), others[1]])[1][::-1]
+    for branch, solo, sibling, packed in zip(branches, alone, together, mixed, strict=True):
+        assert torch.equal(solo, sibling), branch
+        assert torch.equal(solo, packed), branch
+
+
+def test_segments_start_at_forks_and_read_their_parents_final_state():
+    prefix, branches = (7, 8, 9), [(1, 2, 3), (1, 2, 4), (1, 5), (6,)]
+    job, _ = job_of(prefix, branches)
+    layout = build_pass([job_of((3, 4), [(5,)])[0], job])
+    plan = pass_plan(layout, kernel=4)
+    # rows: job 0 = 0..2 (one segment); job 1 = prefix 3..5, then 1@6, 2@7, 3@8, 4@9, 5@10, 6@11
+    # (each of the nodes 9, 1 and 2 has two children, so a segment ends at each of them)
+    expected = ((0, 3, -1), (3, 6, -1), (6, 7, 1), (7, 8, 2), (8, 9, 3), (9, 10, 3), (10, 11, 2), (11, 12, 1))
+    assert plan.segments == expected and plan.kept == frozenset({1, 2, 3})
+    # the convolution of token 5 (row 10) reads 9 (row 5), 1 (row 6), itself; of row 3 only itself (+1: zero row)
+    assert plan.taps[10].tolist() == [5, 6, 7, 11] and plan.taps[3].tolist() == [0, 0, 0, 4]
