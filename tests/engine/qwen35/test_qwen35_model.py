@@ -3,16 +3,19 @@ per-question invariance on the CPU (engine spec B.14.2, C.1)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
 
 from spinf.engine.layout import build_pass
-from spinf.engine.qwen35.config import FULL, LINEAR, read_qwen35_config
+from spinf.engine.qwen35.config import FULL, LINEAR, parse_qwen35_config, read_qwen35_config
 from spinf.engine.qwen35.model import load_qwen35, pass_plan
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
+from spinf.errors import ModelError
 
 TOLERANCE = 1e-4  # fp32 rounding: our token-by-token recurrence against transformers' chunked one
 
@@ -133,3 +136,28 @@ def test_segments_start_at_forks_and_read_their_parents_final_state():
     assert plan.segments == expected and plan.kept == frozenset({1, 2, 3})
     # the convolution of token 5 (row 10) reads 9 (row 5), 1 (row 6), itself; of row 3 only itself (+1: zero row)
     assert plan.taps[10].tolist() == [5, 6, 7, 11] and plan.taps[3].tolist() == [0, 0, 0, 4]
+
+
+@pytest.mark.parametrize("raw", [{}, TINY_TEXT_CONFIG], ids=["defaults", "tiny"])
+def test_the_config_reads_what_transformers_reads(raw):
+    theirs = Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    ours = parse_qwen35_config(raw)
+    rope = theirs.rope_parameters
+    assert ours.layer_types == tuple(theirs.layer_types)
+    assert ours.rotary_dim == int(theirs.head_dim * rope["partial_rotary_factor"])
+    assert ours.rope_theta == rope["rope_theta"]
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "head_dim", "rms_norm_eps", "tie_word_embeddings"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    for name in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel_dim"):
+        assert getattr(ours, f"linear_{name}") == getattr(theirs, f"linear_{name}"), name
+    assert (ours.num_heads, ours.num_kv_heads) == (theirs.num_attention_heads, theirs.num_key_value_heads)
+
+
+def test_the_config_refuses_what_the_decoder_does_not_run(tmp_path):
+    with pytest.raises(ModelError, match=r"^Qwen3.5 attention with biases \(attention_bias\) is not supported$"):
+        parse_qwen35_config({"attention_bias": True})
+    with pytest.raises(ModelError, match=r"layer_types"):
+        parse_qwen35_config({"num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    with pytest.raises(ModelError, match=r"is not a Qwen3.5 model"):
+        read_qwen35_config(tmp_path)
