@@ -18,6 +18,9 @@ ends at its predecessor, and the convolution reads each token's path predecessor
 zero row. The recurrence runs token by token on fixed ``[heads, dk, dv]`` shapes, so a path's numbers never depend
 on where its trie forks or what else shares the pass (C.1); the products run in fixed 128-row blocks
 (`row_stable_mm`) and elementwise transcendental functions on widths padded to whole vector blocks (`_pointwise`).
+
+Not yet here: int4 GPTQ weights and their modes, the decider readout, GPU kernels (the chunked and recurrent delta
+rule by segment index), extraction and generation, Qwen images' 3-D positions, and the engine's wiring.
 """
 
 from __future__ import annotations
