@@ -23,7 +23,7 @@ def damaged(tiny_engine, tmp_path):
     """A copy of the tiny checkpoint whose shard header names a dtype safetensors does not know."""
     folder = tmp_path / "damaged"
     shutil.copytree(tiny_engine.folder, folder)
-    rewrite_header(folder / "model.safetensors", "model.embed_tokens.weight", dtype="Q32")
+    rewrite_header(folder / "model.safetensors", "model.language_model.embed_tokens.weight", dtype="Q32")
     return folder
 
 

@@ -168,7 +168,10 @@ async def test_the_packer_parses_each_call_with_the_snapshot_of_the_moment_it_ta
     current = {"catalog": snapshots[0]}
     packer = Packer(None, None, None, None, packs=lambda: current["catalog"])
     loop = RecordingLoop()
-    packer._take(loop, work("before"))
+    # the packer's intake makes each call as the work arrives (before decoding its media, if any)
+    before = work("before")
+    packer._take(loop, before, packer._call(loop, before))
     current["catalog"] = snapshots[1]  # a reload swapped the snapshot
-    packer._take(loop, work("after"))
+    after = work("after")
+    packer._take(loop, after, packer._call(loop, after))
     assert loop.made == [("before", snapshots[0]), ("after", snapshots[1])]
