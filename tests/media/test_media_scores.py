@@ -294,3 +294,35 @@ def test_an_image_through_the_31b_tower_scores_as_transformers_reads_it(tower_fo
     with pytest.raises(ApiError) as refused:
         score(engine, [audio])
     assert (refused.value.code, refused.value.param) == ("media_not_supported", "inputs.0.messages")
+
+
+# Token counts (A.14.2, A.14.4, api spec §4.3) as usage reports them, against the formulas written out here.
+
+SIZES = [(1, 1), (47, 48), (48, 48), (49, 49), (96, 97), (1, 5000), (5000, 1), (333, 777), (3000, 4000), (721, 1283)]
+
+
+def spec_image_tokens(h: int, w: int, detail: str) -> int:
+    soft = SOFT[detail]
+    f = math.sqrt(soft * 2304 / (h * w))
+    th, tw = math.floor(f * h / 48) * 48, math.floor(f * w / 48) * 48
+    if th == 0:
+        th, tw = 48, min((w // h) * 48, (soft // 9) * 48)
+    elif tw == 0:
+        th, tw = min((h // w) * 48, (soft // 9) * 48), 48
+    return (th // 48) * (tw // 48) + 2
+
+
+@pytest.mark.parametrize("detail", ["low", "auto", "high"])
+def test_image_token_counts_follow_the_formula_over_sizes_and_edges(tiny_engine, detail):
+    for h, w in SIZES:
+        usage = score(tiny_engine, [image_part(noise_image(h, w, seed=h + w), detail)])["usage"]["content"]
+        assert usage["image_tokens"] == spec_image_tokens(h, w, detail), (h, w)
+
+
+@pytest.mark.parametrize("samples", [1, 639, 640, 641, 750 * 640, 750 * 640 + 1, 1500 * 640 + 320])
+def test_audio_token_counts_follow_the_formula_at_the_rounding_edges(tiny_engine, samples):
+    pcm = np.zeros(samples, np.int16)
+    usage = score(tiny_engine, [wav_part(pcm)])["usage"]["content"]
+    tokens = -(-samples // 640)  # 40 ms each, the last frame zero-padded
+    segments = -(-tokens // 750)
+    assert (usage["audio_tokens"], usage["audio_seconds"]) == (tokens + 2 * segments, round(samples / 16, 0) / 1000)
