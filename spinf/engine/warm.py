@@ -22,6 +22,10 @@ here (`RawJobs`) and run through the engine loop like every caller's work, so ea
 the tokenizer. ``none``: nothing; the first requests pay. On the CPU there is no graph and no Triton: the same steps
 run and check the memory.
 
+An engine with media embedders also runs one media call after the two scoring calls (`media_body`): a small image
+and, when audio is read, half a second of silence, so the embedders' first use and the attention kernel's
+image-span variant are paid before ready (on the CPU too: its shapes are checked the same way).
+
 After the scoring steps, an engine that can extract (``engine.extractor`` set: the model's capabilities and the
 ``extraction`` switch allow it) and a mode other than ``none`` run one extraction call (`extract_body`): a searched
 ``{*}``, a ``{n}``, a ``{$}`` and, when generation is on, a greedy and a sampled generated slot, a few tokens each,
@@ -91,6 +95,35 @@ def bodies(mode: str) -> list[dict]:
     return [{"messages": [{"content": SENTENCE * n}], "scoring": {"queries": queries[:n]}} for n in (1, 40)]
 
 
+def media_body(mode: str, kinds: frozenset[str]) -> dict | None:
+    """The media call of ``short`` and ``full`` for an engine whose embedders read ``kinds``: a 96 x 64 PNG (low
+    detail) when it reads images, half a second of 16 kHz silence when it reads audio, and one question; None
+    under ``none`` or without media."""
+    check_mode(mode)
+    if mode == "none" or not kinds & {"image", "audio"}:
+        return None
+    import base64
+    import io
+    import struct
+
+    from PIL import Image
+
+    parts: list[dict] = [{"type": "text", "text": SENTENCE}]
+    if "image" in kinds:
+        buffer = io.BytesIO()
+        Image.new("RGB", (96, 64), (200, 120, 40)).save(buffer, "PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        parts.append({"type": "image_url", "image_url": {"url": url, "detail": "low"}})
+    if "audio" in kinds:
+        pcm = bytes(16_000)  # 8,000 samples of 16-bit silence
+        fmt = struct.pack("<HHIIHH", 1, 1, 16_000, 32_000, 2, 16)
+        wav = b"RIFF" + struct.pack("<I", 36 + len(pcm)) + b"WAVEfmt " + struct.pack("<I", 16) + fmt
+        wav += b"data" + struct.pack("<I", len(pcm)) + pcm
+        parts.append({"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}})
+    question = {"id": "w", "template": "\n\nIs the customer unhappy? Answer:{?}", "options": [" yes", " no"]}
+    return {"messages": [{"content": parts}], "scoring": {"queries": [question]}}
+
+
 def extract_body(mode: str, *, max_slots: int, generation: bool) -> dict | None:
     """The extraction call of ``short`` and ``full``, for an engine that can extract: one input per slot (so any
     ``max_extractions_per_input`` of 1 or more admits it), each slot a few tokens long; the generated slots only
@@ -151,6 +184,10 @@ def steps(engine: Engine, mode: str) -> list[Step]:
     the scoring calls, the built passes, then the extraction call when the engine can extract."""
     filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
     calls = [Step(functools.partial(engine.score, body)) for body in bodies(mode)]
+    embedders = getattr(engine, "embedders", None)
+    media = media_body(mode, engine.features.media & embedders.kinds) if embedders is not None else None
+    if media is not None:
+        calls.append(Step(functools.partial(engine.score, media)))
     built = passes(mode, engine.shape.token_budget)
     found = calls + [Step(functools.partial(run_pass, engine.loop, jobs(plan, filler))) for plan in built]
     if engine.extractor is not None:

@@ -51,12 +51,12 @@ def test_short_runs_its_calls_only_and_none_nothing(engine, monkeypatch):
 def test_full_begins_with_the_calls_of_short_and_both_end_with_the_extraction_call(engine):
     short, full = engine.warmup_steps("short"), engine.warmup_steps("full")
     calls = [(s.run.func, s.run.args) for s in short]
-    assert calls[:2] == [(s.run.func, s.run.args) for s in full[:2]] and calls[-1] == (
+    assert calls[:3] == [(s.run.func, s.run.args) for s in full[:3]] and calls[-1] == (
         full[-1].run.func,
         full[-1].run.args,
     )
-    assert [s.run.func for s in short] == [engine.score] * 3
-    assert [s.part for s in short] == ["warmup_s", "warmup_s", "warmup_extract_s"]
+    assert [s.run.func for s in short] == [engine.score] * 4  # two scoring calls, the media call, extraction
+    assert [s.part for s in short] == ["warmup_s", "warmup_s", "warmup_s", "warmup_extract_s"]
     assert [s.part for s in full] == ["warmup_s"] * (len(full) - 1) + ["warmup_extract_s"]
     assert len(full) == len(short) + len(all_buckets()) + 1
 
@@ -85,7 +85,19 @@ def test_an_engine_that_cannot_extract_has_no_extraction_step(tiny_cache):
         "spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, token_budget=2048, features=Features(extraction=False)
     )
     assert off.extractor is None
-    assert [s.part for s in off.warmup_steps("short")] == ["warmup_s", "warmup_s"]
+    assert [s.part for s in off.warmup_steps("short")] == ["warmup_s", "warmup_s", "warmup_s"]
+
+
+def test_the_media_call_reads_what_the_embedders_read(engine, tiny_cache):
+    body = warm.media_body("short", frozenset({"image", "audio", "video"}))
+    usage = engine.score(body)["usage"]["content"]
+    assert (usage["images"], usage["audio_seconds"]) == (1, 0.5)
+    only_audio = Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, features=Features(media={"audio"}))
+    kinds = [p["type"] for p in warm.media_body("short", only_audio.features.media)["messages"][0]["content"]]
+    assert kinds == ["text", "input_audio"]
+    assert warm.media_body("none", frozenset({"image"})) is None and warm.media_body("short", frozenset()) is None
+    no_media = Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, features=Features(media=frozenset()))
+    assert len(no_media.warmup_steps("short")) == len(engine.warmup_steps("short")) - 1
 
 
 @pytest.mark.parametrize("budget", [128, 1024, 2048, 16_000, 16_384])

@@ -67,7 +67,7 @@ def test_none_is_ready_without_a_pass_and_its_first_call_pays(booted):
 
 def test_short_and_full_run_their_shapes_and_full_runs_more(booted):
     short, full = booted["short"], booted["full"]
-    assert short["steps"] == 3 and short["passes"] >= 1  # two scoring calls and the extraction call
+    assert short["steps"] == 4 and short["passes"] >= 1  # two scoring calls, the media call and the extraction call
     assert full["steps"] == short["steps"] + 9  # the eight graph buckets and the token budget
     assert full["passes"] >= short["passes"] + 9
     for boot in (short["boot"], full["boot"]):
