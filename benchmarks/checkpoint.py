@@ -244,21 +244,11 @@ def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, 
     if vision_config is not None:
         yield from random_vision_tensors(vision_config, text_config["hidden_size"], dtype=dtype, **draw)
     if media:
-        from spinf.engine.tiny import media_weight_shapes
+        from spinf.engine.tiny import draw_media, media_weight_shapes
 
-        device = torch.device(draw["device"])
-        generator = torch.Generator(device=device).manual_seed(draw["seed"] + 1)
+        generator = torch.Generator(device=torch.device(draw["device"])).manual_seed(draw["seed"] + 1)
         for key, shape in sorted(media_weight_shapes(text_config["hidden_size"], VISION_12B, AUDIO_12B).items()):
-            t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-            if key.endswith("pos_embedding"):
-                t.mul_(0.5)
-            elif key.endswith(".bias"):
-                t.mul_(0.1)
-            elif t.ndim == 1:  # LayerNorm weights
-                t.mul_(0.1).add_(1.0)
-            else:
-                t.mul_(1 / math.sqrt(shape[1]))
-            yield key, t.to(dtype)
+            yield key, draw_media(key, shape, generator).to(dtype)
 
 
 def drawn_shards(

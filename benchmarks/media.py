@@ -39,7 +39,7 @@ from PIL import Image  # noqa: E402
 
 from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.checkpoint import calibrate_folder, open_engine, work_dir, write_checkpoint  # noqa: E402
-from benchmarks.extraction import QUESTIONS  # noqa: E402
+from benchmarks.extraction import QUESTIONS, timed  # noqa: E402
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, scaled  # noqa: E402
 from benchmarks.gpu_fast import calibration_corpus  # noqa: E402
 from benchmarks.results import RESULTS, append_section, cpu_machine  # noqa: E402
@@ -86,20 +86,6 @@ def clip(seconds: float, seed: int) -> dict:
 def body(contents: list[list[dict]], n_questions: int) -> dict:
     inputs = [{"id": f"i{k}", "messages": [{"role": "user", "content": c}]} for k, c in enumerate(contents)]
     return {"inputs": inputs, "scoring": {"queries": queries(n_questions)}}
-
-
-def timed(engine, call: dict, repeats: int, device: torch.device) -> tuple[float, dict]:
-    engine.score(call, trusted=True)
-    times, response = [], None
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        response = engine.score(call, trusted=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), response
 
 
 def parts_time(engine, call: dict, repeats: int, device: torch.device) -> tuple[float, float]:

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spinf.engine.attention import BIDIRECTIONAL_IN_WINDOW, BIDIRECTIONAL_NONE, BIDIRECTIONAL_OR
 from spinf.engine.gemm import stable_mm
 from spinf.errors import ModelError
 
 LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which the vision embedder's three LayerNorms keep
-BIDIRECTIONAL_NONE, BIDIRECTIONAL_ALL, BIDIRECTIONAL_SLIDING = 0, 1, 2
 # The media token ids a Gemma 4 config.json may leave out: transformers' defaults for both layouts (the real ids)
 DEFAULT_TOKENS = {
     "boi_token_id": 255_999,
@@ -61,8 +61,9 @@ class MediaTokens:
 class MediaConfig:
     """What a checkpoint reads: ``kinds`` (``image`` and ``video`` with a vision embedder, ``audio`` with an audio
     embedder), the tokens, the embedders' configs, and ``bidirectional``: how the placeholders of one image attend
-    to each other, `BIDIRECTIONAL_ALL` on every layer (the unified 12B), `BIDIRECTIONAL_SLIDING` on sliding layers
-    and within their window (the 31B), `BIDIRECTIONAL_NONE` causal (a text config without
+    to each other, as `spinf.engine.attention` names it: `BIDIRECTIONAL_OR` on every layer, beyond the window too (the
+    unified 12B), `BIDIRECTIONAL_IN_WINDOW` on sliding layers and within their window (the 31B), `BIDIRECTIONAL_NONE`
+    causal (a text config without
     ``use_bidirectional_attention = "vision"``)."""
 
     tokens: MediaTokens
@@ -105,7 +106,7 @@ def read_media_config(folder: str | Path) -> MediaConfig | None:
     text = raw.get("text_config") or {}
     mode = BIDIRECTIONAL_NONE
     if text.get("use_bidirectional_attention") == "vision":
-        mode = BIDIRECTIONAL_ALL if layout == "unified" else BIDIRECTIONAL_SLIDING
+        mode = BIDIRECTIONAL_OR if layout == "unified" else BIDIRECTIONAL_IN_WINDOW
     return MediaConfig(tokens, kinds, vision, audio, mode, layout)
 
 

@@ -298,17 +298,12 @@ class Gemma4Text(nn.Module):
         return h
 
     def image_attention(self, mode: int) -> None:
-        """How an image's placeholders attend to each other (engine spec A.14.6; `spinf.engine.embedders`): on every
-        layer beyond the window too (the unified 12B), on sliding layers within the window (the 31B), or causally."""
-        from spinf.engine.embedders import BIDIRECTIONAL_ALL, BIDIRECTIONAL_SLIDING
-
+        """How an image's placeholders attend to each other (engine spec A.14.6, `MediaConfig.bidirectional`): on every
+        layer beyond the window too (`BIDIRECTIONAL_OR`, the unified 12B), on sliding layers within the window
+        (`BIDIRECTIONAL_IN_WINDOW`, the 31B), or causally."""
         for layer in self.layers:
-            if mode == BIDIRECTIONAL_ALL:
-                layer.bidirectional = BIDIRECTIONAL_OR
-            elif mode == BIDIRECTIONAL_SLIDING and layer.spec.is_sliding:
-                layer.bidirectional = BIDIRECTIONAL_IN_WINDOW
-            else:
-                layer.bidirectional = BIDIRECTIONAL_NONE
+            on = mode == BIDIRECTIONAL_OR or (mode == BIDIRECTIONAL_IN_WINDOW and layer.spec.is_sliding)
+            layer.bidirectional = mode if on else BIDIRECTIONAL_NONE
 
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer

@@ -229,12 +229,13 @@ def snapshot_state_dict() -> dict[str, torch.Tensor]:
     weights = {TEXT_PREFIX + key.removeprefix("model."): value for key, value in tiny_state_dict().items()}
     generator = torch.Generator(device="cpu").manual_seed(_MEDIA_SEED)
     for key, shape in sorted(media_weight_shapes(TINY_CONFIG["hidden_size"]).items()):
-        weights[key] = _draw_media(key, shape, generator)
+        weights[key] = draw_media(key, shape, generator)
     return weights
 
 
-def _draw_media(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    normal = torch.randn(shape, generator=generator, dtype=torch.float32)
+def draw_media(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """One media-embedder weight in float32 on the generator's device (the benchmarks' 12B-sized ones too)."""
+    normal = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
     if key.endswith("pos_embedding"):
         return normal * 0.5  # beside LayerNorm-ed patch states of unit scale: positions matter
     if key.endswith(".bias"):
