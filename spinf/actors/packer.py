@@ -16,8 +16,8 @@ once decoded, while it runs the passes of the others.
 
 from __future__ import annotations
 
+import collections
 import logging
-import math
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -39,7 +39,7 @@ class Status(Protocol):
 
 @attrs.frozen
 class PackerStats:
-    waiting: int  # calls in the loop, not yet answered
+    waiting: int  # calls taken and not yet answered (in the loop or being decoded)
     steps: int
 
 
@@ -74,6 +74,9 @@ class Packer:
     packs: Callable[[], object] = lambda: None  # the pack catalog snapshot now (the syncer's); None: packs off
     decoders: int = max(1, (os.cpu_count() or 2) // 2)  # worker threads decoding media at once
     _taken: dict = attrs.field(factory=dict)  # engine-loop call -> its ScoreWork, until answered or dropped
+    _preparing: int = 0  # calls with media in a worker thread
+    _prepared: collections.deque = attrs.field(factory=collections.deque)  # (work, call) decoded, not yet taken
+    _idle: trio.CancelScope | None = None  # the wait for work, while there is nothing to run
     _steps: int = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -88,20 +91,19 @@ class Packer:
             except trio.EndOfChannel:
                 return
         loop = engine.loop
-        # what the intake hands on: (work, call) with the call made and, when it has media, prepared
-        ready_send, ready = trio.open_memory_channel(math.inf)
+        limiter = trio.CapacityLimiter(self.decoders)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._intake, engine, ready_send)
-            with ready:
+            with self.inbox:
                 open_ = True
-                while open_ or loop.has_work:
-                    if open_ and not loop.has_work:
-                        try:
-                            self._take(loop, *(await ready.receive()))
-                        except trio.EndOfChannel:
-                            open_ = False
-                            continue
-                    open_ = self._take_arrived(loop, ready) if open_ else False
+                while open_ or loop.has_work or self._preparing or self._prepared:
+                    if not loop.has_work and not self._prepared:
+                        open_ = await self._wait(engine, nursery, limiter, open_)
+                    if open_:
+                        open_ = self._take_arrived(engine, nursery, limiter)
+                    while self._prepared:
+                        self._take(loop, *self._prepared.popleft())
+                    if not loop.has_work:  # what arrived was abandoned, or is still being decoded
+                        continue
                     for call, work in self._taken.items():
                         if work.abandoned:
                             call.abandoned = True
@@ -109,29 +111,54 @@ class Packer:
                     self._answer(done)
                     self._after_step(engine)
 
-    async def _intake(self, engine, ready: trio.MemorySendChannel) -> None:
-        """Turns each admitted work into a call, in arrival order; a call with media goes to a worker thread to be
-        parsed and decoded first (`Engine.prepare`) and is handed on when done. Closes ``ready`` once the inbox is
-        closed and every call it took has been handed on."""
-        limiter = trio.CapacityLimiter(self.decoders)
-        async with ready, trio.open_nursery() as nursery:
-            with self.inbox:
-                async for work in self.inbox:
-                    if work.abandoned:
-                        work.drop()
-                        continue
-                    call = self._call(engine.loop, work)
-                    if body_has_media(work.body):
-                        nursery.start_soon(self._prepare, engine, work, call, limiter, ready.clone())
-                    else:
-                        ready.send_nowait((work, call))
+    async def _wait(self, engine, nursery, limiter, open_: bool) -> bool:
+        """Wait, with nothing to run, for a call to arrive or for a decoded one to be handed back (which cancels the
+        wait: a cancelled ``receive`` takes nothing). Returns whether the inbox is still open."""
+        with trio.CancelScope() as self._idle:
+            try:
+                if open_:
+                    self._arrive(engine, nursery, limiter, await self.inbox.receive())
+                else:
+                    await trio.sleep_forever()
+            except trio.EndOfChannel:
+                return False
+            finally:
+                self._idle = None
+        return open_
 
-    @staticmethod
-    async def _prepare(engine, work, call, limiter, ready: trio.MemorySendChannel) -> None:
-        with ready:
+    def _take_arrived(self, engine, nursery, limiter) -> bool:
+        """Take every call already in the inbox; False once the inbox has closed."""
+        while True:
+            try:
+                self._arrive(engine, nursery, limiter, self.inbox.receive_nowait())
+            except trio.WouldBlock:
+                return True
+            except trio.EndOfChannel:
+                return False
+
+    def _arrive(self, engine, nursery, limiter, work: ScoreWork) -> None:
+        """A call without media goes straight into the loop, taken from the inbox with no task switch between (under
+        a flood of refused connections, every hop through the scheduler waits behind all of them); a call with media
+        goes to a worker thread to be parsed and decoded first (`Engine.prepare`)."""
+        if work.abandoned:
+            work.drop()
+            return
+        call = self._call(engine.loop, work)
+        if body_has_media(work.body):
+            self._preparing += 1
+            nursery.start_soon(self._prepare, engine, work, call, limiter)
+        else:
+            self._take(engine.loop, work, call)
+
+    async def _prepare(self, engine, work: ScoreWork, call, limiter) -> None:
+        try:
             if not work.abandoned:
                 await trio.to_thread.run_sync(engine.prepare, call, limiter=limiter)
-            ready.send_nowait((work, call))
+        finally:
+            self._preparing -= 1
+            self._prepared.append((work, call))
+            if self._idle is not None:
+                self._idle.cancel()
 
     def _call(self, loop, work: ScoreWork):
         from_admission = max(0.0, trio.current_time() - work.admitted_at)
@@ -151,16 +178,6 @@ class Packer:
             return
         self._taken[call] = work
         loop.add(call)
-
-    def _take_arrived(self, loop, ready) -> bool:
-        """Take every call already handed on; False once the intake has closed."""
-        while True:
-            try:
-                self._take(loop, *ready.receive_nowait())
-            except trio.WouldBlock:
-                return True
-            except trio.EndOfChannel:
-                return False
 
     def _answer(self, done: list) -> None:
         for call in done:
@@ -188,4 +205,4 @@ class Packer:
             self.status.degrade(engine.degraded)
 
     def statistics(self) -> PackerStats:
-        return PackerStats(len(self._taken), self._steps)
+        return PackerStats(len(self._taken) + self._preparing + len(self._prepared), self._steps)

@@ -24,15 +24,18 @@ if shutil.which("wrk") is None:
 @pytest.mark.slow
 def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
     """The issue's targets are goodput >= 0.8 and p99 <= 2x; idle 2-core machines measure about 0.85 and 1.7 over
-    15-second phases (RESULTS.md). These 10-second phases allow 0.7 and 2.5, and a miss is measured again
-    up to four more times on a fresh server: on 2 cores the load generator shares the CPU with the server, and the
-    p99 ratio moves a lot from one measurement to the next (CI runs measured 2.65 beside a goodput of 0.88, and one
-    clean-clone run 4.43, 2.55 and 3.61 in a row where the same test alone on the same machine passed at once). A
-    regression still fails every attempt: before the pacing the same flood gave a goodput ratio of 0.02 and a p99
-    ratio of 63."""
+    15-second phases (RESULTS.md), and this test measures 15-second phases too, allowing 0.7 and 2.5. Shorter phases
+    measure the flood's first moment rather than the flood: when 500 connections open at once, the event loop
+    spends about a quarter of a second accepting them, and the calls admitted just then (at most the 5 slots) answer
+    that much later (about 380 ms against 140 ms). Over 10 seconds, ~440 answers, those 5 are the p99 (the 5th
+    slowest), and every attempt missed (ratios 3.4-5.1, on the revision before the media work too); over 15 seconds
+    the p99 is the 7th slowest, a call of the flood proper. The max column of the report shows the first moment.
+    A miss is measured again up to four more times on a fresh server: on 2 cores the load generator shares the CPU
+    with the server, and the p99 ratio moves from one measurement to the next. A regression still fails every
+    attempt: before the pacing the same flood gave a goodput ratio of 0.02 and a p99 ratio of 63."""
     reports = []
     for attempt in range(5):
-        figures = overload.measure(tmp_path / f"attempt-{attempt}", clients=5, flood=500, seconds=10)
+        figures = overload.measure(tmp_path / f"attempt-{attempt}", clients=5, flood=500, seconds=15)
         reports.append(overload.report(figures))
         report = "\n\n".join(reports)
         assert figures["flood"]["unexpected"] == 0 and figures["polite"]["unexpected"] == 0, report
