@@ -25,7 +25,7 @@ rule by segment index), extraction and generation, Qwen images' 3-D positions, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -156,23 +156,45 @@ def delta_rule(
     return out
 
 
+class Dense(nn.Module):
+    """A float linear without bias: ``x · Wᵀ`` in fixed row blocks (`row_stable_mm`). The int4 checkpoints' linears
+    (`spinf.engine.qwen35.int4`) take the same place with the same call."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return row_stable_mm(x, self.weight.to(x.dtype))
+
+
+# Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along
+# the output, in that order); float (`float_linears`) or int4 (`spinf.engine.qwen35.int4`).
+MakeLinear = Callable[[list[str]], nn.Module]
+
+
 class GatedDeltaNet(nn.Module):
-    def __init__(self, cfg: Qwen35Config):
+    def __init__(self, cfg: Qwen35Config, take: Callable[[str], torch.Tensor], linear: MakeLinear, prefix: str):
         super().__init__()
         self.cfg = cfg
-        heads = cfg.linear_num_value_heads
-        self.sizes = (cfg.conv_dim, cfg.value_dim, heads, heads)  # qkv, z, b, a in the fused input projection
-        self.w_in = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
-        self.conv = nn.Parameter(torch.empty(cfg.conv_dim, cfg.linear_conv_kernel_dim))
-        self.dt_bias = nn.Parameter(torch.empty(heads))
-        self.A_log = nn.Parameter(torch.empty(heads))
-        self.norm = nn.Parameter(torch.empty(cfg.linear_value_head_dim))
-        self.w_out = nn.Parameter(torch.empty(cfg.hidden_size, cfg.value_dim))
+        self.sizes = (cfg.conv_dim, cfg.value_dim)  # qkv, z in the fused input projection
+        self.w_in = linear([prefix + "in_proj_qkv", prefix + "in_proj_z"])
+        self.w_ba = float_linears(take)([prefix + "in_proj_b", prefix + "in_proj_a"])  # never int4 (B.14.3)
+        self.conv = nn.Parameter(take(prefix + "conv1d.weight").squeeze(1), requires_grad=False)
+        self.dt_bias = nn.Parameter(take(prefix + "dt_bias"), requires_grad=False)
+        self.A_log = nn.Parameter(take(prefix + "A_log"), requires_grad=False)
+        self.norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
+        self.w_out = linear([prefix + "out_proj"])
 
     def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        qkv, z, b, a = row_stable_mm(x, self.w_in).split(self.sizes, dim=-1)
+        qkv, z = self.w_in(x).split(self.sizes, dim=-1)
+        b, a = self.w_ba(x).split((heads, heads), dim=-1)
         stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
         mixed = stream[plan.taps[:, 0]] * self.conv[:, 0]
         for tap in range(1, self.conv.shape[1]):
@@ -186,28 +208,28 @@ class GatedDeltaNet(nn.Module):
         o = delta_rule(q, k, v.reshape(n, heads, dv), _pointwise(torch.exp, g), beta, plan)
         gate = _pointwise(F.silu, z).reshape(n, heads, dv)
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
-        return row_stable_mm(o.reshape(n, -1), self.w_out)
+        return self.w_out(o.reshape(n, -1))
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen35Config):
+    def __init__(self, cfg: Qwen35Config, take: Callable[[str], torch.Tensor], linear: MakeLinear, prefix: str):
         super().__init__()
         self.cfg = cfg
         q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.sizes = (2 * q_out, kv_out, kv_out)  # q with its gate (per head: query, then gate), k, v
-        self.wqkv = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
-        self.q_norm = nn.Parameter(torch.empty(cfg.head_dim))
-        self.k_norm = nn.Parameter(torch.empty(cfg.head_dim))
-        self.wo = nn.Parameter(torch.empty(cfg.hidden_size, q_out))
+        self.wqkv = linear([prefix + "q_proj", prefix + "k_proj", prefix + "v_proj"])
+        self.q_norm = nn.Parameter(take(prefix + "q_norm.weight"), requires_grad=False)
+        self.k_norm = nn.Parameter(take(prefix + "k_norm.weight"), requires_grad=False)
+        self.wo = linear([prefix + "o_proj"])
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Qwen35Plan) -> torch.Tensor:
         cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
-        qg, k, v = row_stable_mm(x, self.wqkv).split(self.sizes, dim=-1)
+        qg, k, v = self.wqkv(x).split(self.sizes, dim=-1)
         q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
         q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
         k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
         a = tree_attention(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention, None).reshape(n, -1)
-        return row_stable_mm(a * _pointwise(torch.sigmoid, gate.reshape(n, -1)), self.wo)
+        return self.wo(a * _pointwise(torch.sigmoid, gate.reshape(n, -1)))
 
 
 def rope_inv_freq(cfg: Qwen35Config) -> torch.Tensor:
@@ -226,33 +248,46 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen35Config, kind: str):
+    def __init__(self, cfg: Qwen35Config, kind: str, take: Callable[[str], torch.Tensor], linear: MakeLinear, at: str):
         super().__init__()
         self.is_attention = kind == FULL
-        self.mixer = Attention(cfg) if self.is_attention else GatedDeltaNet(cfg)
+        if self.is_attention:
+            self.mixer = Attention(cfg, take, linear, at + "self_attn.")
+        else:
+            self.mixer = GatedDeltaNet(cfg, take, linear, at + "linear_attn.")
         self.eps = cfg.rms_norm_eps
-        self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size))
-        self.post_norm = nn.Parameter(torch.empty(cfg.hidden_size))
-        self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
-        self.w_down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+        self.input_norm = nn.Parameter(take(at + "input_layernorm.weight"), requires_grad=False)
+        self.post_norm = nn.Parameter(take(at + "post_attention_layernorm.weight"), requires_grad=False)
+        self.w_gate_up = linear([at + "mlp.gate_proj", at + "mlp.up_proj"])
+        self.w_down = linear([at + "mlp.down_proj"])
 
     def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
         x = rms_norm(h, self.input_norm, self.eps)
         h = h + (self.mixer(x, rope, plan) if self.is_attention else self.mixer(x, plan))
-        gate, up = row_stable_mm(rms_norm(h, self.post_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
-        return h + row_stable_mm(_pointwise(F.silu, gate) * up, self.w_down)
+        gate, up = self.w_gate_up(rms_norm(h, self.post_norm, self.eps)).chunk(2, dim=-1)
+        return h + self.w_down(_pointwise(F.silu, gate) * up)
 
 
 class Qwen35Text(nn.Module):
-    """The decoder stack with an untied LM head; `forward` gives hidden states of a packed pass."""
+    """The decoder stack with an untied LM head; `forward` gives hidden states of a packed pass. Built from the
+    checkpoint's tensors (``take``: a full name to its tensor) with each linear made by ``linear``."""
 
-    def __init__(self, cfg: Qwen35Config):
+    def __init__(
+        self,
+        cfg: Qwen35Config,
+        take: Callable[[str], torch.Tensor],
+        linear: MakeLinear,
+        prefix: str,
+        head: torch.Tensor,
+    ):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kind) for kind in cfg.layer_types)
-        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size))
-        self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.embed = nn.Parameter(take(prefix + "embed_tokens.weight"), requires_grad=False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, kind, take, linear, f"{prefix}layers.{i}.") for i, kind in enumerate(cfg.layer_types)
+        )
+        self.final_norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
+        self.lm_head = nn.Parameter(head, requires_grad=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def plan(self, layout: PassLayout) -> Qwen35Plan:
@@ -279,60 +314,40 @@ class Qwen35Text(nn.Module):
         return self.read_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long)])
 
 
-def _layer_state(raw: Mapping[str, torch.Tensor], prefix: str, attention: bool) -> dict[str, torch.Tensor]:
-    """One layer's tensors in `DecoderLayer`'s names, the projections fused."""
+def float_linears(take: Callable[[str], torch.Tensor], dtype: torch.dtype | None = None) -> MakeLinear:
+    """`MakeLinear` for float checkpoints: the weights concatenated along the output, as `Dense`."""
 
-    def take(name: str) -> torch.Tensor:
-        key = prefix + name
-        if key not in raw:
-            raise ModelError(f"the checkpoint has no tensor {key}")
-        return raw[key]
+    def make(names: list[str]) -> nn.Module:
+        weight = torch.cat([take(name + ".weight") for name in names])
+        return Dense(weight if dtype is None else weight.to(dtype))
 
-    state = {
-        "input_norm": take("input_layernorm.weight"),
-        "post_norm": take("post_attention_layernorm.weight"),
-        "w_gate_up": torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]),
-        "w_down": take("mlp.down_proj.weight"),
-    }
-    if attention:
-        parts = ("q_proj", "k_proj", "v_proj")
-        mixer = {
-            "wqkv": torch.cat([take(f"self_attn.{p}.weight") for p in parts]),
-            "q_norm": take("self_attn.q_norm.weight"),
-            "k_norm": take("self_attn.k_norm.weight"),
-            "wo": take("self_attn.o_proj.weight"),
-        }
-    else:
-        parts = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        mixer = {
-            "w_in": torch.cat([take(f"linear_attn.{p}.weight") for p in parts]),
-            "conv": take("linear_attn.conv1d.weight").squeeze(1),
-            "dt_bias": take("linear_attn.dt_bias"),
-            "A_log": take("linear_attn.A_log"),
-            "norm": take("linear_attn.norm.weight"),
-            "w_out": take("linear_attn.out_proj.weight"),
-        }
-    return state | {f"mixer.{name}": value for name, value in mixer.items()}
+    return make
 
 
-def load_qwen35(folder: str | Path, dtype: torch.dtype = torch.float32) -> Qwen35Text:
-    """The text model of the Qwen3.5 checkpoint in ``folder`` (float weights), built on ``meta`` and assigned."""
+def load_qwen35(
+    folder: str | Path, dtype: torch.dtype = torch.float32, linear: MakeLinear | None = None
+) -> Qwen35Text:
+    """The text model of the Qwen3.5 checkpoint in ``folder``; ``linear`` makes its linears (None: float ones, in
+    ``dtype``, as every other tensor is)."""
     folder = Path(folder)
     cfg, prefix = read_qwen35_config(folder)
-    raw = read_tensors(folder, prefix)
-    head = read_tensors(folder, "lm_head.").get("weight")
+    raw = read_tensors(folder, "")
+    if prefix + "embed_tokens.weight" not in raw:
+        raise ModelError(f"{folder}: the checkpoint has no {prefix}embed_tokens.weight")
+    head = raw.get("lm_head.weight")
     if head is None and not cfg.tie_word_embeddings:
         raise ModelError(f"{folder}: the checkpoint has no lm_head.weight and does not tie its embeddings")
-    state = {
-        "embed": raw["embed_tokens.weight"],
-        "final_norm": raw["norm.weight"],
-        "lm_head": raw["embed_tokens.weight"] if head is None else head,
-    }
-    for i, kind in enumerate(cfg.layer_types):
-        layer = _layer_state(raw, f"layers.{i}.", kind == FULL)
-        state |= {f"layers.{i}.{name}": value for name, value in layer.items()}
-    with torch.device("meta"):
-        model = Qwen35Text(cfg)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=True)
-    model.inv_freq = rope_inv_freq(cfg)  # a buffer, not in the checkpoint: made on the CPU, not left on meta
+
+    def take(name: str) -> torch.Tensor:
+        if name not in raw:
+            raise ModelError(f"{folder}: the checkpoint has no tensor {name}")
+        return raw[name].to(dtype)
+
+    model = Qwen35Text(
+        cfg,
+        take,
+        linear or float_linears(take),
+        prefix,
+        take(prefix + "embed_tokens.weight") if head is None else head.to(dtype),
+    )
     return model.requires_grad_(False).eval()
