@@ -140,13 +140,19 @@ class EngineFacts:
     batch_invariant: bool
     weights: str
     media: frozenset[str] | None = None  # the media kinds it reads (its embedders, --media); None: not said
+    # whether its extraction and generation are on (the switches and what its stack runs); None: not said
+    extraction: bool | None = None
+    generation: bool | None = None
 
     @classmethod
     def of(cls, engine: ServedEngine) -> EngineFacts:
         """The facts of ``engine``; call it in the executor thread (``engine.info()`` reads torch)."""
         features = getattr(engine, "features", None)
         media = frozenset(features.media) if features is not None else None
-        return cls(engine.info(), bool(engine.batch_invariant), getattr(engine, "weights", "config"), media)
+        extraction = features.extraction if features is not None else None
+        generation = features.generation if features is not None else None
+        weights = getattr(engine, "weights", "config")
+        return cls(engine.info(), bool(engine.batch_invariant), weights, media, extraction, generation)
 
 
 @attrs.frozen

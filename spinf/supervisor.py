@@ -337,8 +337,8 @@ class ModelEntry:
         body = self.resolved.listing()
         body["id"] = self.served_model or body["id"]
         status = "error" if lifecycle.error else "available" if lifecycle.is_warm else "loading"
-        capabilities = self.capabilities()
         engine = lifecycle.engine
+        capabilities = self.capabilities(engine)
         reads = engine.media if engine and engine.media is not None else self.media
         media = [kind for kind in self.resolved.media if kind in reads]
         body.update(status=status, capabilities=capabilities, media=media, limits=dict(self.limits))
@@ -351,11 +351,14 @@ class ModelEntry:
         body["batch_invariant"] = engine.batch_invariant if engine else self.resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
 
-    def capabilities(self) -> list[str]:
-        """The model's capabilities (all three without a manifest) minus what the switches turn off."""
+    def capabilities(self, engine=None) -> list[str]:
+        """The model's capabilities (all three without a manifest) minus what the switches turn off, and once the
+        engine is loaded (its `EngineFacts`) minus what its stack does not run (the Qwen stack's extraction)."""
         extract = self.extraction and "extract" in self.resolved.capabilities
+        if engine is not None and engine.extraction is not None:
+            extract = extract and engine.extraction
         off = set() if extract else {"extract", "generate"}
-        if not self.generation:
+        if not self.generation or (engine is not None and engine.generation is False):
             off.add("generate")
         return [name for name in self.resolved.capabilities if name not in off]
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import attrs
 
 from spinf.engine.lru import LRU
-from spinf.engine.query_tokens import ENDING_CHARS, CompiledQuery, compile_query, spell_options
+from spinf.engine.query_tokens import (
+    ENDING_CHARS,
+    CompiledQuery,
+    check_answer_codes,
+    compile_query,
+    spell_options,
+)
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job, add_prompt, end_node
 from spinf.errors import ApiError, bad_request
@@ -92,6 +98,7 @@ class EngineShape:
     capture_tokens: int = 0  # the most tokens one input's extraction slots may keep for decoding (0: no bound)
     media_tokens: object = None  # the checkpoint's `spinf.engine.embedders.MediaTokens`; None: it reads no media
     media_kinds: frozenset[str] = frozenset()  # the kinds whose embedders are loaded
+    answer_codes: frozenset[int] | None = None  # a decision model's answer codes (A.15); None: any option
 
     @property
     def engine_max(self) -> int:
@@ -271,6 +278,8 @@ def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
     for q in choose_queries(req, i):
         if q.path not in compiled:
             compiled[q.path] = stream.cache.query(q, tk, req.limits, req.case_insensitive)
+            if stream.shape.answer_codes is not None:
+                check_answer_codes(compiled[q.path], tk, stream.shape.answer_codes)
         cq = compiled[q.path]
         slots_seen += len(cq.combos) if cq.extracts else 0
         if slots_seen > req.limits.max_extractions_per_input:

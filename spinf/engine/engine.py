@@ -29,6 +29,8 @@ from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
+from spinf.engine.qwen35.loading import load_for_engine as load_qwen35_for_engine
+from spinf.engine.qwen35.readout import has_readout
 from spinf.engine.results import usage
 from spinf.engine.scales import (
     CALIBRATE_COMMAND,
@@ -150,13 +152,25 @@ class Engine:
         # media_disabled)
         switches = features or Features()
         capabilities = resolved.capabilities
-        media_config = read_media_config(self.folder)
+        self.family = checkpoint.family
+        qwen = self.family == "qwen35"
+        # the Qwen stack reads no media yet (its images' 3-D positions are still to come): media_not_supported
+        media_config = None if qwen else read_media_config(self.folder)
         self.media = frozenset(resolved.media) & (media_config.kinds if media_config else frozenset())
-        extraction = switches.extraction and "extract" in capabilities
+        decider = qwen and (
+            (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(self.folder)
+        )
+        extraction = switches.extraction and "extract" in capabilities and not qwen
+        note = ""  # why extraction is refused, when the model rather than the server's switch refuses it
+        if decider:
+            note = "a decision model scores options only: it has no extraction or generation slots"
+        elif qwen and switches.extraction:
+            note = "extraction and generation slots are not available on the Qwen3.5 stack in this build yet"
         self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
             media=switches.media & self.media,
             extraction=extraction,
             generation=extraction and switches.generation and "generate" in capabilities,
+            extraction_note=note,
         )
         budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
         longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
@@ -172,18 +186,21 @@ class Engine:
                 self.served_name, self.model_id, self.revision, self.folder
             )
             scales = table["scales"]
-        try:
-            self.model = load_gemma4_text(
+        if qwen:
+            if layers or lm_head != DEFAULT_HEAD:
+                raise ModelError(
+                    f"{self.served_name}: the layers and lm_head settings apply to the Gemma stack; the Qwen3.5 "
+                    "stack runs every layer and an fp32 head"
+                )
+            self.model = load_qwen35_for_engine(
                 self.folder,
-                device=device,
-                dtype=RUNNABLE_SCHEMES[self.quant],
-                scales=scales,
-                layers=layers,
                 scheme=self.quant,
-                lm_head=lm_head,
+                device=device,
+                weight_format=checkpoint.weight_format,
+                readout_expected=decider,
             )
-        except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
-            raise ModelError(f"{path}: {exc}") from exc
+        else:
+            self.model = self._load_gemma(device, scales, layers, lm_head, path if scales is not None else None)
         # only a truncated model names its layer count in the fingerprint: its scores are another model's
         self.layers = layers and len(self.model.layers)
         # the embedders of the media kinds switched on (--media none loads none: less memory)
@@ -198,8 +215,10 @@ class Engine:
                 dtype=self.model.embed.weight.dtype,
             )
             self.model.image_attention(media_config.bidirectional)
+        readout = getattr(self.model, "readout", None)
         self.shape = attrs.evolve(
             self.shape,
+            answer_codes=frozenset(readout.token_ids) if readout is not None else None,
             media_tokens=media_config.tokens if media_config else None,
             media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
         )
@@ -248,6 +267,20 @@ class Engine:
             self.shape = attrs.evolve(self.shape, capture_tokens=self.extractor.capture_tokens())
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
+
+    def _load_gemma(self, device: str, scales, layers: int, lm_head: str, table: Path | None):
+        try:
+            return load_gemma4_text(
+                self.folder,
+                device=device,
+                dtype=RUNNABLE_SCHEMES[self.quant],
+                scales=scales,
+                layers=layers,
+                scheme=self.quant,
+                lm_head=lm_head,
+            )
+        except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
+            raise ModelError(f"{table}: {exc}") from exc
 
     def _invariance_note(self) -> str:
         """What the start-up log says of batch invariance (``/v1/models`` and ``/v0/info`` say it as a boolean)."""

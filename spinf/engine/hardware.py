@@ -21,7 +21,7 @@ import re
 import attrs
 import torch
 
-from spinf.catalog.manifest import FORMAT_SCHEMES, FP8_SCHEMES, GEMMA_SCHEMES
+from spinf.catalog.manifest import FORMAT_SCHEMES, FP8_SCHEMES, GEMMA_SCHEMES, INT4_MODES
 from spinf.catalog.resolve import ResolvedModel
 from spinf.errors import ConfigError, ModelError
 
@@ -180,7 +180,12 @@ def allowed_schemes(resolved: ResolvedModel, weight_format: str | None, *, on_cp
     folder, every Gemma scheme, emulated: `spinf.engine.schemes`), else the manifest's, else its format's; with the
     format not known yet (None), those of any format."""
     if on_cpu:
-        return CPU_SCHEMES if resolved.is_builtin or resolved.local_folder is not None else ("fp32",)
+        if not (resolved.is_builtin or resolved.local_folder is not None):
+            return ("fp32",)
+        # an int4 folder runs its modes, emulated (`spinf.engine.qwen35.int4`); with the format not known yet, any
+        if weight_format == INT4_FORMAT:
+            return INT4_MODES
+        return CPU_SCHEMES + (INT4_MODES if weight_format is None else ())
     if resolved.manifest is not None:
         return resolved.manifest.quant_allowed
     if weight_format is None:
@@ -224,13 +229,14 @@ def choose_quant(
     if not requested and manifest is not None and manifest.quant_default != "auto":
         requested = manifest.quant_default
     if requested:
-        return f"int4-{requested.removeprefix('int4-')}" if weight_format == INT4_FORMAT else requested
+        mode = requested.removeprefix("int4-")
+        return f"int4-{mode}" if weight_format == INT4_FORMAT and mode in INT4_MODES else requested
+    if weight_format == INT4_FORMAT:
+        return "int4-i8"  # the CPU emulates it (a local folder only: a catalog int4 model needs a GPU)
     if capability is None and weight_format == "fp8-static":
         return "fp8s"  # its own fp8 weights and input scales, emulated (the folder is served as it is, fp32 or not)
     if capability is None or resolved.is_builtin:
         return "fp32"
-    if weight_format == INT4_FORMAT:
-        return "int4-i8"
     if capability >= FP8_MIN_CAPABILITY:
         return "fp8s" if manifest is not None and (weight_format == "fp8-static" or has_scale_table) else "fp8"
     bf16_bytes = resident_bytes(checkpoint_bytes, weight_format, "bf16")

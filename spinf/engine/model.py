@@ -305,6 +305,15 @@ class Gemma4Text(nn.Module):
             on = mode == BIDIRECTIONAL_OR or (mode == BIDIRECTIONAL_IN_WINDOW and layer.spec.is_sliding)
             layer.bidirectional = mode if on else BIDIRECTIONAL_NONE
 
+    def attention_shapes(self) -> set[tuple[int, int]]:
+        """Each layer kind's (head dim, query heads per KV head): the GPU kernel's tile tables."""
+        heads = self.cfg.num_heads
+        return {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.layers}
+
+    def pass_plan(self, layout, plan: AttentionPlan) -> AttentionPlan:
+        """The plan the forward takes for ``layout``: the scorer's tree-attention plan, as it is."""
+        return plan
+
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer
         (what `DecoderLayer.fused` asks of each layer)."""

@@ -14,6 +14,7 @@ import attrs
 import torch
 
 from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
+from spinf.catalog.manifest import FAMILIES, INT4_MODES
 from spinf.engine import fp8_static
 from spinf.engine.hardware import (
     DeviceFacts,
@@ -31,13 +32,16 @@ from spinf.errors import ModelError
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
 # linear with the revision's scale table (spinf.engine.scales); fp8, fp8row, w8a16 and w8a8 load bf16 and quantize
 # each layer as it arrives (spinf.engine.schemes). On the CPU they run emulated (the tiny model and local folders).
-# The int4 modes come with the Qwen stack.
+# The int4 modes (``int4-i8`` ...) run the Qwen stack's GPTQ checkpoints, whose loader chooses its own dtypes
+# (`spinf.engine.qwen35.loading`).
 RUNNABLE_SCHEMES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
     "fp8s": torch.bfloat16,
     **dict.fromkeys(SCHEMES, torch.bfloat16),
+    **{f"int4-{mode}": torch.bfloat16 for mode in INT4_MODES},
 }
+QWEN_FLOAT_SCHEMES = ("fp32", "bf16")
 
 
 def open_checkpoint(
@@ -75,7 +79,7 @@ def open_checkpoint(
         free_bytes=facts.free_bytes,
     )
     check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
-    _check_runnable(resolved.served_name, checkpoint.weight_format, scheme, model_id, checkpoint.revision)
+    _check_runnable(resolved.served_name, checkpoint.family, scheme)
     if scheme == "fp8s" and table is None and checkpoint.weight_format != fp8_static.FORMAT:
         raise missing_table_error(resolved.served_name, model_id, checkpoint.revision, checkpoint.folder)
     return resolved, checkpoint, scheme
@@ -121,23 +125,32 @@ def check_before_lookup(
     else:
         check_hardware(resolved, scheme, device, size, facts=facts)
     if resolved.weight_format is not None:
-        _check_runnable(name, resolved.weight_format, scheme, model_id, resolved.revision)
+        _check_runnable(name, resolved.family, scheme)
     return resolved, facts
 
 
 def _check_family(name: str, family: str) -> None:
-    if family != "gemma4":
-        raise ModelError(f"{name}: the {family} stack is not available in this build yet")
+    if family not in FAMILIES:
+        raise ModelError(f"{name}: the {family} stack is not available in this build")
 
 
-def _check_runnable(name: str, weight_format: str, scheme: str | None, model_id: str, revision: str) -> None:
-    """Refuses what this build cannot load, saying what would run instead; ``scheme`` None: not settled yet.
+def _check_runnable(name: str, family: str | None, scheme: str | None) -> None:
+    """Refuses a scheme the model's stack does not run, saying what would run instead; ``scheme`` None: not settled
+    yet, ``family`` None: not known yet (a Hub repo before its config is read). The int4 modes run the Qwen3.5
+    stack's GPTQ checkpoints; that stack's float checkpoints run fp32 or bf16, the Gemma stack every other scheme.
 
     Whether fp8s has its scale table is asked after the lookup, since a checkpoint may ship its own.
     """
-    if scheme is not None and scheme not in RUNNABLE_SCHEMES:
+    if scheme is None or family is None:
+        return
+    int4 = scheme.startswith("int4-")
+    if family == "qwen35" and not int4 and scheme not in QWEN_FLOAT_SCHEMES:
         raise ModelError(
-            f"{name}: the {scheme} scheme is not available in this build yet; it runs the Gemma schemes "
-            f"{', '.join(s for s in RUNNABLE_SCHEMES if s != 'fp32')} on a GPU (the fp8 ones on compute capability "
-            "8.9 or later, fp8s with a scale table), and fp32 (the CPU and the built-in tiny model)"
+            f"{name}: the {scheme} scheme runs the Gemma 4 stack only; a Qwen3.5 checkpoint runs "
+            f"{' or '.join(QWEN_FLOAT_SCHEMES)} (float weights) or the int4 modes {', '.join(INT4_MODES)} (GPTQ)"
+        )
+    if family != "qwen35" and int4:
+        raise ModelError(
+            f"{name}: the {scheme} scheme runs GPTQ checkpoints of the Qwen3.5 stack only; a Gemma 4 checkpoint runs "
+            f"{', '.join(s for s in RUNNABLE_SCHEMES if not s.startswith('int4-'))}"
         )

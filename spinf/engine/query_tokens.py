@@ -137,3 +137,18 @@ def compile_query(q: QuerySpec, tk: TextTokenizer, limits: Limits, *, case_insen
             )
     spellings = spell_options(tk, options, option_tokens, endings, case_insensitive)
     return CompiledQuery(q, combos, filled, filled_tokens, option_tokens, spellings, case_insensitive)
+
+
+def check_answer_codes(cq: CompiledQuery, tk: TextTokenizer, codes: frozenset[int]) -> None:
+    """On a decision model (engine spec A.15) every option must be one of its single-token answer codes: its
+    readout puts all the mass on them, so any other option would have probability 0 and a log-probability of −∞,
+    which no response may hold (api spec §2.1). Case variants that are not codes stay as spellings of no mass."""
+    for j, (option, tokens) in enumerate(zip(cq.spec.options or (), cq.option_tokens, strict=True)):
+        if len(tokens) != 1 or tokens[0] not in codes:
+            shown = f"{len(tokens)} tokens" if len(tokens) != 1 else f"token {tk.decode(tokens)!r}, not a code"
+            raise bad_request(
+                "invalid_field",
+                f"{cq.spec.path}.options.{j}",
+                f"option {option!r} is {shown}: a decision model answers with its {len(codes)} single-token "
+                "answer codes only",
+            )

@@ -14,6 +14,7 @@ import contextlib
 import gc
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -24,6 +25,9 @@ from spinf.engine.extraction.decoder import Captured, SlotStart
 from spinf.engine.layout import PassLayout, build_pass, vision_groups
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.trie import Job
+
+if TYPE_CHECKING:
+    from spinf.engine.qwen35.model import Qwen35Text
 
 # How running out of memory reads when torch raises a plain RuntimeError: the CPU allocator ("DefaultCPUAllocator:
 # can't allocate memory"), a CUDA call outside the caching allocator ("CUDA error: out of memory"), cuBLAS.
@@ -82,15 +86,14 @@ def one_cpu_thread(device: torch.device):
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
-    def __init__(self, model: Gemma4Text, device: torch.device, *, graphs: bool = True, embedders=None):
+    def __init__(self, model: Gemma4Text | Qwen35Text, device: torch.device, *, graphs: bool = True, embedders=None):
         """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting);
         ``embedders`` the loaded `spinf.engine.embedders.MediaEmbedders` (None: no media)."""
         self.model = model
         self.device = device
         self.embedders = embedders
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
-        heads = model.cfg.num_heads
-        self._tile_sizes = {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in model.layers}
+        self._tile_sizes = model.attention_shapes()
         self._tile_rows: set[int] = set()
         self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
@@ -168,6 +171,7 @@ class Scorer:
             with one_cpu_thread(self.device):
                 media = self.embedded(layout)
                 plan = attrs.evolve(attention_plan(layout, self.device), capture=capture, media=media)
+                plan = self.model.pass_plan(layout, plan)
                 token_ids = torch.tensor(layout.token_ids, dtype=torch.long, device=self.device)
                 hidden = self.model(token_ids, plan)  # [num_tokens, hidden]
                 rows = torch.tensor(layout.read_rows, dtype=torch.long, device=self.device)
@@ -185,7 +189,7 @@ class Scorer:
         graphed = self.graphs is not None and self.model.runs_fused() and capture is None and not layout.media
         hidden = self.graphs.run(token_ids, arrays) if graphed else None
         if hidden is None:
-            hidden = self._eager(token_ids, arrays, capture, self.embedded(layout))
+            hidden = self._eager(token_ids, arrays, capture, self.embedded(layout), layout)
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)
         pick_rows = np.asarray(flat_rows, dtype=np.int64)
         bounds = np.searchsorted(pick_rows, np.arange(0, len(layout.read_rows) + HEAD_ROWS, HEAD_ROWS)).tolist()
@@ -199,7 +203,14 @@ class Scorer:
         done[1].record()
         return Launched(picked, done, captured)
 
-    def _eager(self, token_ids: np.ndarray, arrays, capture: Capture | None = None, media=None) -> torch.Tensor:
+    def _eager(
+        self,
+        token_ids: np.ndarray,
+        arrays,
+        capture: Capture | None = None,
+        media=None,
+        layout: PassLayout | None = None,
+    ) -> torch.Tensor:
         from spinf.engine.kernels.attention import device_plan, to_device
 
         kernel = device_plan(arrays, self.device)
@@ -207,6 +218,8 @@ class Scorer:
         plan = AttentionPlan(
             kernel.positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, capture=capture, media=media
         )
+        if layout is not None:  # the model's own plan of the pass around it (the Qwen stack's recurrent segments)
+            plan = self.model.pass_plan(layout, plan)
         return self.model(to_device(token_ids, self.device), plan)
 
     def embedded(self, layout: PassLayout) -> tuple[torch.Tensor, torch.Tensor] | None:

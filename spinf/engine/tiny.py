@@ -271,15 +271,22 @@ def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch
     return normal / math.sqrt(shape[1])
 
 
+def tokenizer_files() -> dict[str, bytes]:
+    """The snapshot's tokenizer files, by name (the tiny Qwen3.5 twin ships the same ones)."""
+    return {
+        "special_tokens_map.json": _json_bytes(_SPECIAL_TOKENS),
+        "tokenizer.json": _tokenizer_bytes(),
+        "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),
+    }
+
+
 def snapshot_files() -> dict[str, bytes]:
     """Every file of the snapshot, by name; the same bytes on every call."""
     return {
         "config.json": _json_bytes(SNAPSHOT_CONFIG),
         "generation_config.json": _json_bytes(_GENERATION_CONFIG),
         "model.safetensors": save_safetensors(snapshot_state_dict(), metadata={"format": "pt"}),
-        "special_tokens_map.json": _json_bytes(_SPECIAL_TOKENS),
-        "tokenizer.json": _tokenizer_bytes(),
-        "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),
+        **tokenizer_files(),
     }
 
 

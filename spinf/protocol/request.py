@@ -220,6 +220,7 @@ def _features(body: dict, server: Features) -> Features:
         media=server.media & frozenset(media) if "media" in given else server.media,
         extraction=extraction,
         generation=extraction and server.generation and given.get("generation", True),
+        extraction_note=server.extraction_note,
     )
 
 
@@ -258,7 +259,8 @@ def _query(raw: dict, path: str, features: Features, *, pack: str | None = None)
     generate = _generate_spec(raw.get("generate"))
     _check_slot_fields(raw, template.slot, generate is not None, path)
     if template.slot is not Slot.SCORE and not features.extraction:
-        raise bad_request("extraction_disabled", f"{path}.template", "extraction slots are switched off")
+        why = features.extraction_note or "extraction slots are switched off"
+        raise bad_request("extraction_disabled", f"{path}.template", why)
     if generate is not None and not features.generation:
         raise bad_request("generation_disabled", f"{path}.generate", "generation is switched off")
     options, combinations, values = raw.get("options"), raw.get("combinations"), raw.get("values")

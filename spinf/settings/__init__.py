@@ -83,6 +83,8 @@ class Features:
     media: frozenset[str] = frozenset(MEDIA_KINDS)
     extraction: bool = True
     generation: bool = True
+    # why extraction is off when the model, not a switch, turns it off (the 400's message; "" for a switch)
+    extraction_note: str = ""
 
 
 SECTIONS = ("engine", "server", "features", "limits")

@@ -119,13 +119,33 @@ def test_the_manifests_size_is_its_pinned_revisions(hub, monkeypatch):
 
 
 @pytest.mark.parametrize("model", ["qwen3.8-27b-s", "spinf/pplx-decider-v1-27b-int4"])
-@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
-def test_a_qwen35_catalog_model(hub, monkeypatch, model, device):
+def test_a_qwen35_catalog_model_needs_a_gpu(hub, monkeypatch, model):
     on_gpu(monkeypatch)
     name = load_catalog().find(model).id
-    with pytest.raises(ModelError, match=rf"^{name}: the qwen35 stack is not available in this build yet$"):
-        start(model, device=device)
+    with pytest.raises(ModelError, match=rf"^{name} {GPU_ONLY}$"):
+        start(model, device="cpu")
     assert hub.requests == []
+
+
+@pytest.mark.parametrize("model", ["qwen3.8-27b-s", "spinf/pplx-decider-v1-27b-int4"])
+def test_a_qwen35_catalog_model_in_a_gemma_scheme(hub, monkeypatch, model):
+    on_gpu(monkeypatch)
+    name = load_catalog().find(model).id
+    with pytest.raises(
+        ConfigError, match=rf"^quant 'fp8s' cannot run {name} on cuda:0: allowed are i8, f16, fp8, bf16$"
+    ):
+        start(model, quant="fp8s")
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("model", ["qwen3.8-27b-s", "spinf/pplx-decider-v1-27b-int4"])
+def test_a_qwen35_catalog_model_on_a_gpu_goes_on_to_the_lookup(hub, monkeypatch, model):
+    """Its stack is built: with a GPU and room for it, nothing refuses the start before the lookup."""
+    on_gpu(monkeypatch)
+    name = load_catalog().find(model).id
+    with pytest.raises(ModelError, match=rf"^the checkpoint {name} at revision [0-9a-f]{{40}} is not in any"):
+        start(model)
+    assert any(name in request for request in hub.requests)
 
 
 def test_a_scheme_the_manifest_does_not_allow(hub, monkeypatch):
@@ -141,7 +161,7 @@ def test_a_scheme_the_manifest_does_not_allow(hub, monkeypatch):
 
 def test_a_scheme_this_build_cannot_run(hub, monkeypatch, manifests):
     on_gpu(monkeypatch)
-    with pytest.raises(ModelError, match=rf"^{INT4}: the int4-i8 scheme is not available in this build yet; "):
+    with pytest.raises(ModelError, match=rf"^{INT4}: the int4-i8 scheme runs GPTQ checkpoints of the Qwen3.5 stack "):
         start(INT4)
     assert hub.requests == []
 
@@ -223,7 +243,7 @@ def test_the_tiny_model_is_generated_not_fetched(hub, tmp_path):
     ("args", "reason"),
     [
         (["--device", "cpu"], f"spinf/gemma-4-12b-fp8 {GPU_ONLY}"),
-        (["qwen3.8-27b-s", "--device", "cpu"], "spinf/qwen3.8-27b-int4: the qwen35 stack is not available in this "),
+        (["qwen3.8-27b-s", "--device", "cpu"], f"spinf/qwen3.8-27b-int4 {GPU_ONLY}"),
         ([REPO, "--device", "cpu", "--quant", "bf16"], f"quant 'bf16' cannot run {REPO} on cpu: allowed are fp32"),
     ],
 )

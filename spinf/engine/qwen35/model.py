@@ -38,6 +38,7 @@ from spinf.engine.attention import AttentionPlan, tree_attention
 from spinf.engine.gemm import row_stable_mm
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
+from spinf.engine.model import HEAD_ROWS
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.scorer import attention_plan
 from spinf.errors import ModelError
@@ -77,12 +78,19 @@ class Qwen35Plan:
     ``taps[r]`` lists the rows the convolution reads for row ``r``, oldest first and ``r`` itself last, as indices
     into the stream with one zero row in front (0: no such predecessor). ``segments`` are ``(first row, end row,
     source)`` in stream order, ``source`` the segment whose final state the segment starts from (-1: zero state);
-    ``kept`` the segments some other segment starts from."""
+    ``kept`` the segments some other segment starts from.
+
+    On a GPU the plan also holds the kernel's view of the same segments (`spinf.engine.kernels.gdn.segment_table`):
+    ``recurrent`` one row per segment, sorted by level, ``levels`` each level's first row (and the end), and
+    ``num_slots`` the kept-states slots its rows refer to."""
 
     attention: AttentionPlan
     taps: torch.Tensor  # [num_tokens, kernel] int64
     segments: tuple[tuple[int, int, int], ...]
     kept: frozenset[int]
+    recurrent: torch.Tensor | None = None  # [num_segments, 5] int32 on the GPU; None on the CPU
+    levels: tuple[int, ...] = ()
+    num_slots: int = 0
 
 
 def predecessors(layout: PassLayout) -> np.ndarray:
@@ -116,8 +124,16 @@ def segments(pred: np.ndarray) -> tuple[tuple[tuple[int, int, int], ...], frozen
     return tuple((a, b, s) for a, b, s in out), kept
 
 
-def pass_plan(layout: PassLayout, kernel: int) -> Qwen35Plan:
-    """The plan of a pass for a model whose convolution has ``kernel`` taps."""
+def pass_plan(
+    layout: PassLayout,
+    kernel: int,
+    device: torch.device | None = None,
+    attention_shape: tuple[int, int] | None = None,
+) -> Qwen35Plan:
+    """The plan of a pass for a model whose convolution has ``kernel`` taps, with its tensors on ``device`` (None:
+    the CPU). On a GPU, ``attention_shape`` (head dim, query heads per KV head) of the full-attention layers gives
+    the plan the Triton tree-attention kernel's tables (`Attention.kernel_config`); None: torch tree attention."""
+    device = device or torch.device("cpu")
     pred = predecessors(layout)
     taps = [np.arange(1, layout.num_tokens + 1, dtype=np.int64)]  # +1: row 0 of the padded stream is zeros
     back = pred
@@ -125,11 +141,25 @@ def pass_plan(layout: PassLayout, kernel: int) -> Qwen35Plan:
         taps.append(back + 1)
         back = np.where(back >= 0, pred[np.maximum(back, 0)], -1)
     segs, kept = segments(pred)
+    taps_rows = np.stack(taps[::-1], axis=1).copy()
+    attention = attention_plan(layout, device)
+    if device.type != "cuda":
+        return Qwen35Plan(attention=attention, taps=torch.from_numpy(taps_rows).to(device), segments=segs, kept=kept)
+    from spinf.engine.kernels import kernel_plan, tile_rows, to_device
+    from spinf.engine.kernels.gdn import segment_table
+
+    if attention_shape is not None:
+        rows = tile_rows(*attention_shape, Attention.kernel_config(*attention_shape))
+        attention = attrs.evolve(attention, kernel=kernel_plan(layout, device, {rows}))
+    table, levels, num_slots = segment_table(segs, kept)
     return Qwen35Plan(
-        attention=attention_plan(layout, torch.device("cpu")),
-        taps=torch.from_numpy(np.stack(taps[::-1], axis=1).copy()),
+        attention=attention,
+        taps=to_device(taps_rows, device),
         segments=segs,
         kept=kept,
+        recurrent=to_device(table, device),
+        levels=levels,
+        num_slots=num_slots,
     )
 
 
@@ -138,7 +168,12 @@ def delta_rule(
 ) -> torch.Tensor:
     """The gated delta rule along each segment, token by token. q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``),
     beta [N, Hv] -> [N, Hv, dv]. Each step has the same shapes whatever the pass, and a segment starts from exactly
-    the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone."""
+    the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone. On a GPU,
+    the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table."""
+    if q.is_cuda:
+        from spinf.engine.kernels.gdn import recurrent_delta_rule
+
+        return recurrent_delta_rule(q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots)
     _, heads, dk = k.shape
     dv = v.shape[-1]
     out = torch.empty_like(v)
@@ -228,8 +263,26 @@ class Attention(nn.Module):
         q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
         q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
         k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
-        a = tree_attention(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention, None).reshape(n, -1)
-        return self.wo(a * _pointwise(torch.sigmoid, gate.reshape(n, -1)))
+        if plan.attention.kernel is not None:
+            from spinf.engine.kernels import tree_attention_kernel
+
+            config = self.kernel_config(d, cfg.num_heads // cfg.num_kv_heads)
+            a = tree_attention_kernel(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention.kernel, None, config)
+        else:
+            a = tree_attention(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention, None)
+        return self.wo(a.reshape(n, -1) * _pointwise(torch.sigmoid, gate.reshape(n, -1)))
+
+    @staticmethod
+    def kernel_config(head_dim: int, group: int) -> tuple[int, ...]:
+        """The Triton tree-attention kernel's configuration for these layers: the Gemma stack's for the head dim,
+        except that a group whose heads fill no power-of-two tile (the 27B's 6 query heads per KV head) is taken
+        2 heads (or 1) per program."""
+        from spinf.engine.kernels.attention import config_for
+
+        pairs, heads, *rest = config_for(head_dim)
+        if not heads and pairs % group:
+            heads = 2 if group % 2 == 0 else 1
+        return (pairs, heads, *rest)
 
 
 def rope_inv_freq(cfg: Qwen35Config) -> torch.Tensor:
@@ -278,16 +331,19 @@ class Qwen35Text(nn.Module):
         take: Callable[[str], torch.Tensor],
         linear: MakeLinear,
         prefix: str,
-        head: torch.Tensor,
+        head: torch.Tensor | None,
+        readout=None,
     ):
         super().__init__()
         self.cfg = cfg
+        # the decider's readout (`spinf.engine.qwen35.readout.Readout`, A.15) replaces the LM head when given
+        self.readout = readout
         self.embed = nn.Parameter(take(prefix + "embed_tokens.weight"), requires_grad=False)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, kind, take, linear, f"{prefix}layers.{i}.") for i, kind in enumerate(cfg.layer_types)
         )
         self.final_norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
-        self.lm_head = nn.Parameter(head, requires_grad=False)
+        self.lm_head = None if head is None else nn.Parameter(head, requires_grad=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def plan(self, layout: PassLayout) -> Qwen35Plan:
@@ -304,9 +360,49 @@ class Qwen35Text(nn.Module):
         return h
 
     def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows."""
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows: the LM head's, or the
+        decider's readout (−inf off its codes)."""
         x = rms_norm(hidden_rows.float(), self.final_norm, self.cfg.rms_norm_eps)
+        if self.readout is not None:
+            return self.readout.logprobs(x)
         return torch.log_softmax(row_stable_mm(x, self.lm_head.float()), dim=-1)
+
+    def full_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """`read_logprobs` in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so that on a GPU every product
+        has one shape and a row's numbers never depend on the other rows."""
+        out = []
+        for start in range(0, hidden_rows.shape[0], HEAD_ROWS):
+            chunk = hidden_rows[start : start + HEAD_ROWS]
+            size = chunk.shape[0]
+            if size < HEAD_ROWS and hidden_rows.is_cuda:
+                chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - size, chunk.shape[1]))])
+            out.append(self.read_logprobs(chunk)[:size])
+        if not out:
+            return hidden_rows.new_zeros((0, self.cfg.vocab_size), dtype=torch.float32)
+        return torch.cat(out)
+
+    def option_logprobs(
+        self, hidden_rows: torch.Tensor, pick_rows: torch.Tensor, pick_cols: torch.Tensor, bounds: list[int]
+    ) -> torch.Tensor:
+        """fp32 log-probs of token ``pick_cols[i]`` at read row ``pick_rows[i]`` (the scorer's GPU call; ``bounds``
+        are the picks of each ``HEAD_ROWS`` chunk, which `full_logprobs` runs already)."""
+        return self.full_logprobs(hidden_rows)[pick_rows, pick_cols]
+
+    def head_precision(self) -> str:
+        """The head's part of the fingerprint (api spec §11): the readout or the LM head, fp32 products both."""
+        return "readout fp32" if self.readout is not None else "lm_head fp32"
+
+    def runs_fused(self) -> bool:
+        return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
+
+    def attention_shapes(self) -> set[tuple[int, int]]:
+        """The full-attention layers' (head dim, query heads per KV head): the GPU kernel's tile tables."""
+        return {(self.cfg.head_dim, self.cfg.num_heads // self.cfg.num_kv_heads)}
+
+    def pass_plan(self, layout: PassLayout, attention: AttentionPlan | None = None) -> Qwen35Plan:
+        """The plan of one pass; ``attention`` the scorer's tree-attention plan when it has made one."""
+        plan = self.plan(layout)
+        return plan if attention is None else attrs.evolve(plan, attention=attention)
 
     def pass_logprobs(self, layout: PassLayout) -> torch.Tensor:
         """The pass's full-vocabulary log-probs at its read rows, [len(layout.read_rows), vocab]."""
@@ -325,17 +421,17 @@ def float_linears(take: Callable[[str], torch.Tensor], dtype: torch.dtype | None
 
 
 def load_qwen35(
-    folder: str | Path, dtype: torch.dtype = torch.float32, linear: MakeLinear | None = None
+    folder: str | Path, dtype: torch.dtype = torch.float32, linear: MakeLinear | None = None, readout=None
 ) -> Qwen35Text:
     """The text model of the Qwen3.5 checkpoint in ``folder``; ``linear`` makes its linears (None: float ones, in
-    ``dtype``, as every other tensor is)."""
+    ``dtype``, as every other tensor is); ``readout`` the decider's head, which replaces the LM head (A.15)."""
     folder = Path(folder)
     cfg, prefix = read_qwen35_config(folder)
     raw = read_tensors(folder, "")
     if prefix + "embed_tokens.weight" not in raw:
         raise ModelError(f"{folder}: the checkpoint has no {prefix}embed_tokens.weight")
     head = raw.get("lm_head.weight")
-    if head is None and not cfg.tie_word_embeddings:
+    if head is None and readout is None and not cfg.tie_word_embeddings:
         raise ModelError(f"{folder}: the checkpoint has no lm_head.weight and does not tie its embeddings")
 
     def take(name: str) -> torch.Tensor:
@@ -348,6 +444,7 @@ def load_qwen35(
         take,
         linear or float_linears(take),
         prefix,
-        take(prefix + "embed_tokens.weight") if head is None else head.to(dtype),
+        None if readout is not None else take(prefix + "embed_tokens.weight") if head is None else head.to(dtype),
+        readout,
     )
     return model.requires_grad_(False).eval()

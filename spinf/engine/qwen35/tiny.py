@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+from spinf.engine.tiny import tokenizer_files
 
 TINY_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3_5_text",
@@ -148,17 +149,43 @@ def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch
     return normal / math.sqrt(shape[1])
 
 
-def _tokenizer_bytes() -> bytes:
-    return (resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json").read_bytes()
-
-
 def write_tiny_qwen35(folder: str | Path) -> Path:
     """Write the tiny checkpoint's files into ``folder`` (created if needed); return the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2) + "\n")
-    (folder / "tokenizer.json").write_bytes(_tokenizer_bytes())
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "pad_token": "<pad>"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    for name, data in tokenizer_files().items():  # the tiny Gemma's, so transformers tokenizes as the engine does
+        (folder / name).write_bytes(data)
     save_file(tiny_state_dict(), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def write_tiny_decider(folder: str | Path) -> Path:
+    """Write a tiny decision model into ``folder`` (engine spec A.15): the tiny checkpoint without ``lm_head.weight``
+    (its other tensors unchanged) and a readout head (`spinf.engine.qwen35.readout`) of 255 codes at temperature 0.7.
+
+    The codes are ``" yes"`` and ``" no"``, then, in ascending id order, every id whose token decodes to one ASCII
+    digit or letter, or to a space and 1 to 6 lowercase ASCII letters, and which that text encodes back to alone,
+    until there are 255 (the tokenizer is fixed, so the rule picks the same ids every time)."""
+    import re
+
+    from safetensors.torch import load_file
+
+    from spinf.engine.qwen35.readout import write_readout
+    from spinf.engine.tokenizer import TextTokenizer
+
+    folder = write_tiny_qwen35(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer = TextTokenizer.from_folder(folder)
+    num_codes, plain = 255, re.compile(r"[0-9A-Za-z]| [a-z]{1,6}")
+    codes = [tokenizer.tok(" yes")[0], tokenizer.tok(" no")[0]]
+    for token_id in range(TINY_TEXT_CONFIG["vocab_size"]):
+        if len(codes) == num_codes:
+            break
+        text = tokenizer.decode([token_id])
+        if token_id not in codes and plain.fullmatch(text) and tokenizer.tok(text) == (token_id,):
+            codes.append(token_id)
+    write_readout(folder, hidden_size=TINY_TEXT_CONFIG["hidden_size"], token_ids=codes, temperature=0.7, seed=_SEED)
     return folder

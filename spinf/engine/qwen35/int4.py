@@ -1,0 +1,414 @@
+"""Int4 GPTQ checkpoints of the Qwen3.5 stack: the format check, the packed weights and the linears' modes (engine
+spec B.14.3, api spec §9.8).
+
+**Checkpoint.** GPTQ v1 as gptqmodel, optimum and auto_gptq write it, with ``quantization_config`` at the top level
+of config.json (or under ``text_config``): 4 bits, symmetric, group 32 along the input, no act-order. Per quantized
+linear: ``qweight`` int32 [in/8, out] (8 codes per word along the input, low bits first), ``qzeros`` int32
+[in/32, out/8] (the zero-point minus 1, packed the same way along the output: 7 everywhere for symmetric 4-bit, so
+every word is 0x77777777), ``scales`` fp16 [in/32, out] and ``g_idx`` int32 [in] (``i // 32``); the weight is
+``scales[g_idx[i], o] * (code[i, o] - 8)``. The decoder linears are quantized (attention q/k/v/o; the GDN's
+in_proj_qkv, in_proj_z, out_proj; MLP gate/up/down); a linear with a plain ``.weight`` instead of a ``.qweight``
+(the GDN's in_proj_b/a, anything a ``modules_to_not_convert`` or a ``dynamic`` exclusion left out) is read as float.
+The config's other keys (``damp_percent``, ``meta``, ...) belong to the tool that wrote it and are not read.
+
+**Kept packed.** ``q`` uint8 [out, in/2] (low nibble: the even input) and fp16 group ``scales`` [out, in/32];
+every forward dequantizes (``w = s · (q − 8)``, exact in fp32) into its mode's representation.
+
+**Modes** (the scheme is reported as ``int4-<mode>``). Each one's rows are invariant on the CPU: a row's output bits
+depend on that row alone (scales per token only, float products in fixed row blocks through `row_stable_mm`,
+integer products exact through ``torch._int_mm``, which CPU torch has):
+
+* ``bf16``: weight and activation in bf16, a bf16 GEMM (fp32 accumulation, bf16 result).
+* ``f16``: the same in fp16. On a GPU the fp16 GEMM accumulates in fp16 when the engine sets
+  ``torch.backends.cuda.matmul.allow_fp16_accumulation`` (not set here); the CPU emulation accumulates in fp32.
+* ``fp8``: e4m3 with one weight scale per tensor (``amax/448``) and, so that rows stay independent, one activation
+  scale per token (a per-tensor activation scale would make every row depend on the others).
+* ``i8`` (production): the weight dequantized to int8 per output channel, ``round(s_g · (q − 8) · 127 / amax_row)``.
+  The norm-fed linears (GDN in_proj_qkv+z, attention q/k/v, MLP gate/up: recognised by the first name of the fused
+  group) use the split scheme: the activation is quantized per token to int8 over all channels except the calibrated
+  outlier channels, which are zeroed in the int8 copy and kept in fp16; the int8 products are summed exactly in
+  int32, both scales applied, and the fp16 outlier product ``x_out · w_outᵀ`` (fp32 accumulation) added. The others
+  (GDN out_proj, attention o_proj, MLP down) quantize the activation per (token, 128-channel block), the last block
+  narrower when the width is no multiple of 128, sum each block exactly in int32 and the blocks in fp32 in ascending
+  order, then apply the weight's per-channel scale.
+
+**Outlier table** ``spinf_outliers.json`` (shipped in the checkpoint, needed by ``i8``)::
+
+    {"format_version": 1,
+     "channels": 64,                      # indices per linear
+     "linears": {"model.language_model.layers.0.linear_attn.in_proj_qkv": [3, 17, ...], ...},
+     "calibration": {"tokens": 8192, "dtype": "bfloat16"}}      # optional: how it was measured
+
+One entry per norm-fed linear, keyed by the first full weight name (without ``.weight``) of its fused group: the
+input channels whose max |activation| over the calibration stream was largest, unique, inside the input width.
+
+The CUDA branches (``torch._int_mm``, fp16/bf16 ``mm``, ``torch._scaled_mm`` with row-wise scales) are plain and
+unmeasured here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import torch
+from torch import nn
+
+from spinf.catalog.resolve import read_config
+from spinf.engine.gemm import row_stable_mm
+from spinf.engine.qwen35.config import FULL, read_qwen35_config
+from spinf.engine.qwen35.model import MakeLinear
+from spinf.errors import ModelError
+
+GROUP = 32  # inputs per scale group
+BITS = 4
+ZERO = 8  # the symmetric 4-bit zero-point; v1 stores it minus 1
+STORED_ZEROS = 0x77777777  # a qzeros word of eight stored 7s
+MODES = ("i8", "f16", "fp8", "bf16")
+DEFAULT_MODE = "i8"  # api spec §9.8
+OUTLIERS_FILE = "spinf_outliers.json"
+OUTLIERS_VERSION = 1
+ACT_BLOCK = 128  # input channels per activation scale in the block-scaled int8 linears
+# the first names of the norm-fed fused groups (the split scheme), after the layer prefix
+NORM_FED = ("linear_attn.in_proj_qkv", "self_attn.q_proj", "mlp.gate_proj")
+_FP8_MAX = 448.0
+_GPU_INT_MM_ROWS = 32  # torch._int_mm on CUDA wants more than 16 rows
+
+
+@attrs.frozen
+class GptqConfig:
+    """The checked ``quantization_config``; ``excluded`` are the names or patterns it says stay float (the tensors
+    decide: a linear without ``.qweight`` is read as float)."""
+
+    bits: int
+    group_size: int
+    excluded: tuple[str, ...] = ()
+
+
+def read_gptq_config(folder: str | Path) -> GptqConfig | None:
+    """The int4 GPTQ config of the checkpoint in ``folder``; None for a float checkpoint (no quantization_config);
+    `ModelError` naming the field for anything but GPTQ v1, 4 bits, symmetric, group 32, no act-order."""
+    path = Path(folder) / "config.json"
+    raw = read_config(Path(folder))
+    quant = raw.get("quantization_config", (raw.get("text_config") or {}).get("quantization_config"))
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise ModelError(f"{path}: quantization_config is not a JSON object")
+    supported = "int4 GPTQ v1, symmetric, group 32, without act-order"
+
+    def need(field: str, value: object, default: object) -> None:
+        got = quant.get(field, default)
+        if isinstance(got, str) and isinstance(value, str):
+            got = got.lower()
+        if got != value or type(got) is not type(value):
+            raise ModelError(
+                f"{path}: quantization_config.{field} is {got!r}; supported: {supported} ({field} {value!r})"
+            )
+
+    # transformers' GPTQConfig defaults for absent fields; "format" is the newer name of "checkpoint_format"
+    need("quant_method", "gptq", None)
+    need("bits", BITS, None)
+    need("group_size", GROUP, 128)
+    need("sym", True, True)
+    need("desc_act", False, False)
+    need("checkpoint_format", "gptq", "gptq")
+    need("format", "gptq", "gptq")
+    need("lm_head", False, False)
+    excluded = list(quant.get("modules_to_not_convert") or [])
+    for pattern, override in (quant.get("dynamic") or {}).items():
+        if pattern.startswith("-:"):  # gptqmodel's negative rule: the matching modules are not quantized
+            excluded.append(pattern[2:])
+            continue
+        for field, value in (("bits", BITS), ("group_size", GROUP), ("sym", True), ("desc_act", False)):
+            if field in (override or {}) and override[field] != value:
+                raise ModelError(
+                    f"{path}: quantization_config.dynamic[{pattern!r}] sets {field} {override[field]!r}; "
+                    f"supported: {supported}"
+                )
+    return GptqConfig(bits=BITS, group_size=GROUP, excluded=tuple(excluded))
+
+
+@attrs.frozen
+class Int4Weight:
+    """A linear's int4 weight kept packed: ``q`` uint8 [out, in/2] (low nibble: even input), ``scales`` fp16
+    [out, in/32]; ``w[o, i] = scales[o, i // 32] · (q[o, i] − 8)``."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+
+    def codes(self) -> torch.Tensor:
+        """The 4-bit codes [out, in] as int16 (0..15)."""
+        q = self.q.to(torch.int16)
+        return torch.stack((q & 0xF, q >> 4), dim=-1).reshape(q.shape[0], -1)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [out, in]; exact (an fp16 scale times an integer in [-8, 7] fits fp32's significand)."""
+        codes = (self.codes() - ZERO).float()
+        return (codes.view(codes.shape[0], -1, GROUP) * self.scales.float()[..., None]).view(codes.shape)
+
+
+def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str) -> Int4Weight:
+    """The packed weight of linear ``name`` from its GPTQ v1 ``qweight``, ``qzeros``, ``scales`` and ``g_idx``;
+    `ModelError` naming the tensor for a shape or dtype off the format, a zero-point other than 7 or act-order."""
+    try:
+        qweight, qzeros, scales = (tensors[f"{name}.{part}"] for part in ("qweight", "qzeros", "scales"))
+    except KeyError as exc:
+        raise ModelError(f"the int4 checkpoint has no tensor {exc.args[0]}") from exc
+    words, out = qweight.shape
+    width = words * 32 // BITS
+    expected = {
+        "qweight": (torch.int32, (words, out)),
+        "qzeros": (torch.int32, (width // GROUP, out * BITS // 32)),
+        "scales": (torch.float16, (width // GROUP, out)),
+        "g_idx": (torch.int32, (width,)),
+    }
+    for part, (dtype, shape) in expected.items():
+        tensor = tensors.get(f"{name}.{part}")
+        if tensor is None:  # only g_idx may be absent (it is implied)
+            continue
+        if tensor.dtype != dtype or tuple(tensor.shape) != shape or out % 8 or width % GROUP:
+            raise ModelError(
+                f"{name}.{part}: {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape} (GPTQ v1 int4, "
+                f"group {GROUP}, {width} inputs, {out} outputs)"
+            )
+    bad = (qzeros != STORED_ZEROS).nonzero()
+    if len(bad):
+        group, column = bad[0].tolist()
+        stored = [(int(qzeros[group, column]) >> (4 * j)) & 0xF for j in range(8)]
+        raise ModelError(
+            f"{name}.qzeros: stored zero-points {stored} at group {group}, outputs {8 * column}..{8 * column + 7}; "
+            f"a symmetric int4 GPTQ v1 checkpoint stores 7 (zero-point 8) everywhere"
+        )
+    g_idx = tensors.get(f"{name}.g_idx")
+    if g_idx is not None and not torch.equal(g_idx, torch.arange(width, dtype=torch.int32) // GROUP):
+        raise ModelError(f"{name}.g_idx: not i // {GROUP} (act-order or another group size is not supported)")
+    shifts = torch.arange(0, 32, BITS, dtype=torch.int32)
+    codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(width, out).t()  # [out, in]
+    q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return Int4Weight(q=q.contiguous(), scales=scales.t().contiguous())
+
+
+def read_outliers(folder: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """The checkpoint's outlier table (see the module docstring), each linear's channels sorted; None when the
+    folder has no `OUTLIERS_FILE`; `ModelError` for a table off the schema or not matching the model."""
+    path = Path(folder) / OUTLIERS_FILE
+    if not path.exists():
+        return None
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelError(f"cannot read {path}: {error}") from error
+    if not isinstance(table, dict):
+        raise ModelError(f"{path} is not a JSON object")
+    unknown = sorted(set(table) - {"format_version", "channels", "linears", "calibration"})
+    if unknown:
+        raise ModelError(f"{path}: unknown key {unknown[0]!r}")
+    if table.get("format_version") != OUTLIERS_VERSION:
+        raise ModelError(f"{path}: format_version {table.get('format_version')!r}, expected {OUTLIERS_VERSION}")
+    count, linears = table.get("channels"), table.get("linears")
+    if type(count) is not int or count <= 0:
+        raise ModelError(f"{path}: channels {count!r} is not a positive integer")
+    if not isinstance(linears, dict):
+        raise ModelError(f"{path}: linears is not a JSON object")
+    cfg, prefix = read_qwen35_config(folder)
+    wanted = norm_fed_names(cfg.layer_types, prefix)
+    missing, extra = sorted(set(wanted) - set(linears)), sorted(set(linears) - set(wanted))
+    if missing or extra:
+        which = f"no entry for {missing[0]}" if missing else f"an entry for {extra[0]}, which is no norm-fed linear"
+        raise ModelError(f"{path}: {which} (one entry per norm-fed linear: {len(wanted)})")
+    out = {}
+    for name in wanted:
+        channels = linears[name]
+        if not isinstance(channels, list) or not all(type(c) is int for c in channels):
+            raise ModelError(f"{path}: linears[{name!r}] is not a list of integers")
+        if len(channels) != count or len(set(channels)) != count:
+            raise ModelError(f"{path}: linears[{name!r}] has {len(set(channels))} distinct channels, not {count}")
+        if not all(0 <= c < cfg.hidden_size for c in channels):
+            raise ModelError(f"{path}: linears[{name!r}] has a channel outside the input width {cfg.hidden_size}")
+        out[name] = tuple(sorted(channels))
+    return out
+
+
+def norm_fed_names(layer_types: Sequence[str], prefix: str) -> list[str]:
+    """The first full names of the norm-fed fused groups, layer by layer (the outlier table's keys)."""
+    names = []
+    for i, kind in enumerate(layer_types):
+        mixer = NORM_FED[1] if kind == FULL else NORM_FED[0]
+        names += [f"{prefix}layers.{i}.{mixer}", f"{prefix}layers.{i}.{NORM_FED[2]}"]
+    return names
+
+
+def _per_token(x: torch.Tensor, top: float) -> torch.Tensor:
+    """Each row's scale ``amax / top`` [rows, 1] (1 for a zero row, whose codes are all zero anyway)."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    return torch.where(amax > 0, amax / top, torch.ones_like(amax))
+
+
+def _to_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8)
+
+
+def _int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """Exact int32 ``a @ b_t`` of int8 [M, K] and [K, N] (no rounding, so no row depends on another)."""
+    rows = a.shape[0]
+    if a.is_cuda and rows <= 16:  # CUDA's kernel wants more than 16 rows
+        a = torch.cat([a, a.new_zeros((_GPU_INT_MM_ROWS - rows, a.shape[1]))])
+    return torch._int_mm(a.contiguous(), b_t)[:rows]
+
+
+def _float_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``: in fixed row blocks on the CPU (`row_stable_mm`), a plain GEMM on a GPU."""
+    return x @ weight.t() if x.is_cuda else row_stable_mm(x, weight)
+
+
+def _bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _float_mm(x.to(torch.bfloat16), w.to(torch.bfloat16))
+
+
+def _f16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    x, w = x.to(torch.float16), w.to(torch.float16)
+    if x.is_cuda:
+        return x @ w.t()
+    return row_stable_mm(x.float(), w.float()).to(torch.float16)  # CPU: fp32 accumulation, the fp16 result
+
+
+def _fp8(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    rows, xf = x.shape[0], x.float()
+    if x.is_cuda and rows % 16:  # _scaled_mm wants whole 16-row tiles; zero rows get scale 1
+        xf = torch.cat([xf, xf.new_zeros((-rows % 16, xf.shape[1]))])
+    w_scale = (w.abs().amax().clamp(min=torch.finfo(torch.float32).tiny) / _FP8_MAX).float()
+    x_scale = _per_token(xf, _FP8_MAX)
+    w8 = (w / w_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    x8 = (xf / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    if x.is_cuda:  # row-wise scales [M, 1] and [1, N]
+        b_scale = w_scale.reshape(1, 1).expand(1, w.shape[0]).contiguous()
+        out = torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
+        return out[:rows]
+    # e4m3 products are exact in fp32; the sums run in fixed row blocks
+    return row_stable_mm(x8.float(), w8.float()) * x_scale * w_scale
+
+
+class Int4Linear(nn.Module):
+    """A fused linear of int4 (and float) parts in one mode: ``forward(x [M, in]) -> [M, out]`` in x's dtype.
+
+    ``parts`` are fused along the output in order; ``outliers`` (``i8`` only) are the input channels of the split
+    scheme, None for the block-scaled one."""
+
+    def __init__(self, parts: Sequence[Int4Weight | torch.Tensor], mode: str, outliers: Sequence[int] | None = None):
+        super().__init__()
+        self.mode = mode
+        self.kinds = []
+        for index, part in enumerate(parts):
+            if isinstance(part, Int4Weight):
+                self.register_buffer(f"q{index}", part.q, persistent=False)
+                self.register_buffer(f"s{index}", part.scales, persistent=False)
+                self.kinds.append("int4")
+            else:
+                self.register_buffer(f"w{index}", part.float(), persistent=False)
+                self.kinds.append("float")
+        idx = None if outliers is None else torch.tensor(sorted(outliers), dtype=torch.long)
+        self.register_buffer("outliers", idx, persistent=False)
+        self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
+            "bf16": _bf16,
+            "f16": _f16,
+            "fp8": _fp8,
+            "i8": self._split if outliers is not None else self._blocked,
+        }[mode]
+
+    def weight(self) -> torch.Tensor:
+        """The fused fp32 weight [out, in], the int4 parts dequantized."""
+        rows = []
+        for index, kind in enumerate(self.kinds):
+            if kind == "int4":
+                rows.append(Int4Weight(getattr(self, f"q{index}"), getattr(self, f"s{index}")).dequantize())
+            else:
+                rows.append(getattr(self, f"w{index}"))
+        return torch.cat(rows)
+
+    @property
+    def out_features(self) -> int:
+        return sum(
+            getattr(self, f"q{i}").shape[0] if kind == "int4" else getattr(self, f"w{i}").shape[0]
+            for i, kind in enumerate(self.kinds)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x, self.weight()).to(x.dtype)
+
+    @staticmethod
+    def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight in int8 per output channel [out, in] and its scales [1, out]: ``round(w · 127 / amax_row)``."""
+        amax = w.abs().amax(dim=1, keepdim=True)
+        amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+        return torch.round(w * 127 / amax).to(torch.int8), (amax / 127).t()
+
+    def _split(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        wq, w_scale = self._int8_weight(w)
+        xf = x.float()
+        inliers = xf.index_fill(1, self.outliers, 0.0)  # the outlier channels zeroed in the int8 copy
+        x_scale = _per_token(inliers, 127.0)
+        exact = _int_mm(_to_int8(inliers, x_scale), wq.t().contiguous())  # [M, out] int32
+        x_out = xf.index_select(1, self.outliers).to(torch.float16)
+        w_out = w.index_select(1, self.outliers).to(torch.float16)
+        if x.is_cuda:
+            outlier = (x_out @ w_out.t()).float()
+        else:
+            outlier = row_stable_mm(x_out.float(), w_out.float())  # fp16 values, fp32 accumulation
+        return exact.float() * x_scale * w_scale + outlier
+
+    def _blocked(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        wq, w_scale = self._int8_weight(w)
+        xf = x.float()
+        acc = xf.new_zeros((x.shape[0], w.shape[0]))
+        for start in range(0, x.shape[1], ACT_BLOCK):  # ascending: the fp32 sum's order is fixed
+            block = xf[:, start : start + ACT_BLOCK]
+            scale = _per_token(block, 127.0)
+            acc += _int_mm(_to_int8(block, scale), wq[:, start : start + ACT_BLOCK].t().contiguous()).float() * scale
+        return acc * w_scale
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if int4 checkpoints run it (api spec §9.8), else `ModelError`."""
+    if mode not in MODES:
+        raise ModelError(f"an int4 checkpoint runs the quant modes {', '.join(MODES)}, not {mode!r} (api spec §9.8)")
+    return mode
+
+
+def scheme(mode: str) -> str:
+    """The quant scheme an int4 checkpoint reports in ``mode`` (api spec §9.8): ``int4-<mode>``."""
+    return f"int4-{check_mode(mode)}"
+
+
+def int4_linears(
+    raw: Mapping[str, torch.Tensor], mode: str, outliers: Mapping[str, Sequence[int]] | None = None
+) -> MakeLinear:
+    """`MakeLinear` for an int4 GPTQ checkpoint whose tensors (by full name) are ``raw``, in ``mode``; ``outliers``
+    is the checkpoint's outlier table (`read_outliers`), needed by ``i8``. Each name is read as int4 when it has a
+    ``.qweight``, as float when it has a ``.weight``; the parts are fused along the output (`Int4Linear`)."""
+    check_mode(mode)
+    if mode == "i8" and outliers is None:
+        raise ModelError(
+            f"the int4 i8 mode needs the checkpoint's outlier table ({OUTLIERS_FILE}), which is missing "
+            "(engine spec B.14.3); run another mode (f16, fp8, bf16) or add the table"
+        )
+
+    def make(names: list[str]) -> nn.Module:
+        parts: list[Int4Weight | torch.Tensor] = []
+        for name in names:
+            if f"{name}.qweight" in raw:
+                parts.append(unpack_gptq(raw, name))
+            elif f"{name}.weight" in raw:
+                parts.append(raw[f"{name}.weight"])
+            else:
+                raise ModelError(f"the int4 checkpoint has neither {name}.qweight nor {name}.weight")
+        channels = None
+        if mode == "i8" and names[0].endswith(NORM_FED):
+            if names[0] not in outliers:
+                raise ModelError(f"the outlier table ({OUTLIERS_FILE}) has no entry for {names[0]}")
+            channels = outliers[names[0]]
+        return Int4Linear(parts, mode, channels)
+
+    return make

@@ -1,0 +1,62 @@
+"""Opening a Qwen3.5 checkpoint for the engine: float or int4 GPTQ weights, the LM head or the decider's readout.
+
+A float checkpoint runs as it is: ``fp32`` (the CPU) or ``bf16`` (a GPU); the Gemma stack's fp8 schemes are not
+built for this stack. An int4 GPTQ checkpoint (`spinf.engine.qwen35.int4`) runs in one of the modes of api spec §9.8
+(``int4-i8``, the default, with the outlier table shipped in the checkpoint; ``int4-f16``, ``int4-fp8``,
+``int4-bf16``); the CPU emulates each. A checkpoint with a readout (`spinf.engine.qwen35.readout`: the decider,
+engine spec A.15) scores with it instead of an LM head.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from spinf.engine.hardware import INT4_FORMAT
+from spinf.engine.loading import read_tensors
+from spinf.engine.qwen35 import readout
+from spinf.engine.qwen35.config import read_qwen35_config
+from spinf.engine.qwen35.model import Qwen35Text, load_qwen35
+from spinf.errors import ModelError
+
+FLOAT_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+INT4_PREFIX = "int4-"
+
+
+def load_for_engine(
+    folder: str | Path, *, scheme: str, device: str, weight_format: str, readout_expected: bool = False
+) -> Qwen35Text:
+    """The model of the Qwen3.5 checkpoint in ``folder`` under ``scheme`` (as `choose_quant` gives it), on
+    ``device``; ``weight_format`` the checkpoint's (`spinf.catalog.resolve.detect_format` or the manifest's).
+    ``readout_expected``: the manifest says the head is a readout (a checkpoint without one is refused)."""
+    folder = Path(folder)
+    cfg, _ = read_qwen35_config(folder)
+    on_cpu = torch.device(device).type == "cpu"
+    head = None
+    if readout.has_readout(folder):
+        head = readout.read_readout(folder, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size)
+    elif readout_expected:
+        raise ModelError(f"{folder}: a decision model needs readout.safetensors and decision_config.json (A.15)")
+    if weight_format == INT4_FORMAT:
+        from spinf.engine.qwen35 import int4
+
+        int4.read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
+        if not scheme.startswith(INT4_PREFIX):
+            raise ModelError(f"{folder}: an int4 GPTQ checkpoint runs in the modes i8, f16, fp8, bf16, not {scheme}")
+        mode = scheme.removeprefix(INT4_PREFIX)
+        outliers = int4.read_outliers(folder) if mode == "i8" else None
+        dtype = torch.float32 if on_cpu else torch.bfloat16
+        linear = int4.int4_linears(read_tensors(folder, ""), mode, outliers)
+        model = load_qwen35(folder, dtype, linear, readout=head)
+    else:
+        if scheme not in FLOAT_SCHEMES:
+            raise ModelError(
+                f"{folder}: the {scheme} scheme is not built for the Qwen3.5 stack; a float checkpoint runs in "
+                f"{' or '.join(FLOAT_SCHEMES)} (an int4 GPTQ one in i8, f16, fp8 or bf16)"
+            )
+        model = load_qwen35(folder, FLOAT_SCHEMES[scheme], readout=head)
+    model = model.to(device)
+    if head is not None:
+        model.readout = head.to(device)
+    return model

@@ -1,0 +1,207 @@
+"""The Qwen3.5 stack through the engine (`Engine` on a checkpoint folder, api spec §9.6 case 2): the chosen bodies of
+tests/engine/test_oracle.py scored in-process equal an independent transformers forward of every prompt alone
+(`tests.engine.oracle.Oracle`) to 1e-4; the model's refusals (extraction, media, settings of the Gemma stack) come
+with the spec's codes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from spinf import Engine
+from spinf.engine.layout import build_pass
+from spinf.engine.loading import read_tensors
+from spinf.engine.qwen35.int4 import int4_linears, read_outliers
+from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
+from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.tiny import write_tiny_decider, write_tiny_qwen35
+from spinf.engine.scorer import one_cpu_thread
+from spinf.engine.trie import Job, add_prompt
+from spinf.errors import ApiError, ConfigError, ModelError
+from tests.engine.oracle import Oracle
+from tests.engine.test_oracle import CHOSEN, check_combination, chosen_queries, text_input
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_qwen35(tmp_path_factory.mktemp("tiny-qwen35"))
+
+
+@pytest.fixture(scope="module")
+def engine(folder):
+    return Engine(str(folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def oracle(folder):
+    """The oracle with the checkpoint's tokenizer.json as it is: the tiny twin carries the tiny Gemma's, and
+    transformers would rebuild a Qwen3.5 tokenizer around it from the model type (its own pre-tokenizer)."""
+    reading = Oracle(folder)
+    reading.hf_tok = PreTrainedTokenizerFast.from_pretrained(folder)
+    reading.bos = reading.hf_tok("", add_special_tokens=True).input_ids
+    return reading
+
+
+@pytest.mark.parametrize("name", sorted(CHOSEN))
+def test_scores_equal_transformers_on_every_chosen_body(engine, oracle, name):
+    body = CHOSEN[name]
+    response = engine.score(body)
+    for inp, result in zip(body["inputs"], response["results"], strict=True):
+        wanted = chosen_queries(body, inp)
+        expected = oracle.score_input(inp["messages"][0]["content"][0]["text"], wanted, body["scoring"])
+        assert [q["id"] for q in result["queries"]] == [q["id"] for q in wanted]
+        for got_query, combos in zip(result["queries"], expected, strict=True):
+            for got, (main, floor) in zip(got_query["combinations"], combos, strict=True):
+                check_combination(got, main, floor)
+
+
+def test_the_engine_reports_the_qwen_stack(engine):
+    assert engine.family == "qwen35" and engine.quant == "fp32"
+    assert engine.info()["lm_head"] == "lm_head fp32" and engine.info()["layers"] == 6
+    assert not engine.batch_invariant  # a folder outside the catalog carries no guarantee (api spec §9.6)
+
+
+def refusal(engine, body: dict) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        engine.score(body)
+    return caught.value
+
+
+def test_extraction_is_refused_with_the_reason(engine):
+    body = {
+        "inputs": [text_input("in0", "Order 123 was late.")],
+        "scoring": {"queries": [{"id": "n", "template": "\n\nThe order number is{n}"}]},
+    }
+    error = refusal(engine, body)
+    assert (error.status, error.code, error.param) == (400, "extraction_disabled", "scoring.queries.0.template")
+    assert "Qwen3.5 stack" in error.message
+
+
+def test_images_are_not_read_on_this_stack(engine):
+    pixel = (
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5E"
+        "rkJggg=="
+    )
+    content = [{"type": "text", "text": "A photo:"}, {"type": "image_url", "image_url": {"url": pixel}}]
+    body = {
+        "messages": [{"role": "user", "content": content}],
+        "scoring": {"queries": [{"id": "q", "template": "\n\nA cat?{?}", "options": [" yes", " no"]}]},
+    }
+    error = refusal(engine, body)
+    assert (error.status, error.code) == (400, "media_not_supported")
+
+
+@pytest.mark.parametrize("setting", [{"layers": 2}, {"lm_head": "bf16"}, {"quant": "fp8"}])
+def test_settings_of_the_gemma_stack_are_refused_not_ignored(folder, setting):
+    with pytest.raises(ModelError, match="the Gemma 4 stack only|apply to the Gemma stack"):
+        Engine(str(folder), device="cpu", **setting)
+
+
+@pytest.fixture(scope="module")
+def decider_folder(tmp_path_factory):
+    return write_tiny_decider(tmp_path_factory.mktemp("tiny-decider"))
+
+
+@pytest.fixture(scope="module")
+def decider(decider_folder):
+    return Engine(str(decider_folder), device="cpu")
+
+
+def readout_logprobs(folder, decider_folder, prompt: list[int]) -> torch.Tensor:
+    """An independent reading of A.15: transformers' decoder (the tiny checkpoint's, whose decoder weights the tiny
+    decider shares) gives the final-normed hidden row, and the readout's codes get a softmax of their own."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]))
+        last = model.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        assert torch.allclose(model.lm_head(last), out.logits[0, -1], atol=1e-5)  # last_hidden_state is normed
+    config = json.loads((decider_folder / "decision_config.json").read_text())
+    matrix = load_file(str(decider_folder / "readout.safetensors"))["weight"].double()
+    codes = torch.log_softmax((matrix @ last.double()) / config["temperature"], dim=-1)
+    row = torch.full((8192,), -math.inf, dtype=torch.float64)
+    row[torch.tensor(config["token_ids"])] = codes
+    return row
+
+
+def test_the_decider_scores_with_its_readout(folder, decider_folder, decider):
+    body = {
+        "messages": [{"role": "user", "content": "I was charged twice for one order."}],
+        "scoring": {
+            "queries": [{"id": "refund", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}],
+            "case_insensitive": False,
+            "empty_floor": False,
+        },
+    }
+    got = decider.score(body)["results"][0]["queries"][0]["combinations"][0]
+    tk = decider.tokenizer
+    prompt = [*tk.bos, *tk.tok("I was charged twice for one order."), *tk.tok("\n\nRefund? Answer:")]
+    row = readout_logprobs(folder, decider_folder, prompt)
+    expected = [float(row[tk.tok(option)[0]]) for option in (" yes", " no")]
+    total = sum(math.exp(x) for x in expected)
+    for option, lp in zip(got["options"], expected, strict=True):
+        assert abs(option["logprob"] - lp) <= 1e-4
+        assert abs(option["p"] - math.exp(lp) / total) <= 1e-4  # the decider's own masked softmax, renormalised
+    assert decider.info()["lm_head"] == "readout fp32"
+
+
+def test_the_decider_refuses_options_that_are_not_its_codes(decider):
+    body = {
+        "messages": [{"role": "user", "content": "I was charged twice."}],
+        "scoring": {"queries": [{"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " maybe"]}]},
+    }
+    error = refusal(decider, body)
+    assert (error.status, error.code, error.param) == (400, "invalid_field", "scoring.queries.0.options.1")
+    assert "answer codes" in error.message
+
+
+def test_the_decider_refuses_extraction_as_a_decision_model(decider):
+    body = {
+        "inputs": [text_input("in0", "Order 123 was late.")],
+        "scoring": {"queries": [{"id": "n", "template": "\n\nThe order number is{n}"}]},
+    }
+    error = refusal(decider, body)
+    assert error.code == "extraction_disabled" and "decision model scores options only" in error.message
+
+
+@pytest.fixture(scope="module")
+def int4_folder(folder, tmp_path_factory):
+    return write_gptq_checkpoint(folder, tmp_path_factory.mktemp("tiny-int4"), outlier_channels=4)
+
+
+@pytest.mark.parametrize(("quant", "scheme"), [("", "int4-i8"), ("f16", "int4-f16"), ("int4-bf16", "int4-bf16")])
+def test_an_int4_folder_runs_its_modes_as_the_model_does(int4_folder, quant, scheme):
+    """The engine on a GPTQ folder (automatic: i8) gives, bit for bit, what the int4 model gives on the same pass
+    (tests/engine/qwen35/test_int4.py compares those with the float model), and reports ``int4-<mode>``."""
+    engine = Engine(str(int4_folder), device="cpu", quant=quant)
+    assert engine.quant == scheme and engine.info()["quant"] == scheme
+    mode = scheme.removeprefix("int4-")
+    model = load_qwen35(
+        int4_folder, linear=int4_linears(read_tensors(int4_folder, ""), mode, read_outliers(int4_folder))
+    )
+    body = {
+        "messages": [{"role": "user", "content": "I was charged twice for one order."}],
+        "scoring": {
+            "queries": [{"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}],
+            "case_insensitive": False,
+            "empty_floor": False,
+        },
+    }
+    got = engine.score(body)["results"][0]["queries"][0]["combinations"][0]["options"]
+    tk = engine.tokenizer
+    job = Job(tuple(tk.bos) + tk.tok("I was charged twice for one order."))
+    read = add_prompt(job, tk.tok("\n\nRefund? Answer:"), [tk.tok(" yes"), tk.tok(" no")])[0][0]
+    layout = build_pass([job])
+    with one_cpu_thread(torch.device("cpu")), torch.inference_mode():
+        row = model.pass_logprobs(layout)[layout.read_index[(0, *read)][0]]
+    for option, text in zip(got, (" yes", " no"), strict=True):
+        assert option["logprob"] == round(float(row[tk.tok(text)[0]]), 6)
+
+
+def test_an_int4_folder_refuses_the_float_schemes(int4_folder):
+    with pytest.raises(ConfigError, match="^quant 'fp32' cannot run .* on cpu: allowed are i8, f16, fp8, bf16$"):
+        Engine(str(int4_folder), device="cpu", quant="fp32")
