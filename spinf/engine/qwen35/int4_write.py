@@ -27,6 +27,7 @@ from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
 from spinf.engine.qwen35.int4 import BITS, GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, ZERO, norm_fed_names
 from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.readout import has_readout, read_readout
 from spinf.engine.trie import Job
 from spinf.errors import ModelError
 
@@ -98,7 +99,11 @@ def measure_outliers(source: Path, channels: int, tokens: Sequence[int]) -> dict
 
     The model runs in fp32, the CPU stack's only dtype (its recurrence does not run in bf16); the production table
     was measured in bf16 (engine spec B.14.3), which moves the peaks by rounding only."""
-    model = load_qwen35(source)
+    head = None  # a decider has no LM head; its readout stands in (the table needs the decoder's inputs only)
+    if has_readout(source):
+        cfg = read_qwen35_config(source)[0]
+        head = read_readout(source, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size)
+    model = load_qwen35(source, readout=head)
     cfg, prefix = model.cfg, read_qwen35_config(source)[1]
     if not 0 < channels < cfg.hidden_size:
         raise ValueError(f"outlier_channels {channels} is not between 1 and the hidden size {cfg.hidden_size} - 1")

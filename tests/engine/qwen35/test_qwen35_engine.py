@@ -205,3 +205,25 @@ def test_an_int4_folder_runs_its_modes_as_the_model_does(int4_folder, quant, sch
 def test_an_int4_folder_refuses_the_float_schemes(int4_folder):
     with pytest.raises(ConfigError, match="^quant 'fp32' cannot run .* on cpu: allowed are i8, f16, fp8, bf16$"):
         Engine(str(int4_folder), device="cpu", quant="fp32")
+
+
+@pytest.mark.parametrize(("name", "repo", "revision"), [
+    ("qwen3.8-27b-s", "spinf/qwen3.8-27b-int4", "22de4859c04ccdb4136d89b66e56e717db752c7c"),
+    ("spinf/pplx-decider-v1-27b-int4", "spinf/pplx-decider-v1-27b-int4", "5579a6ec32478b65920cb2a1d9fd23349fb51699"),
+])  # fmt: skip
+def test_the_catalog_finds_its_qwen_checkpoints_in_a_hub_cache(tmp_path, monkeypatch, name, repo, revision):
+    """Locally made checkpoints in the published layout (GPTQ int4 v1, the decider's readout beside it) at the
+    manifests' pinned revisions under a Hub cache root: the catalog names resolve to them on a GPU, int4-i8 by
+    default, with nothing downloaded. (Serving them needs a CUDA GPU: on the CPU the catalog refuses them.)"""
+    from spinf.engine import opening
+    from spinf.engine.hardware import GIB, DeviceFacts
+
+    source = write_tiny_decider(tmp_path / "float") if "decider" in repo else write_tiny_qwen35(tmp_path / "float")
+    snapshot = tmp_path / "hub" / ("models--" + repo.replace("/", "--")) / "snapshots" / revision
+    write_gptq_checkpoint(source, snapshot, outlier_channels=4)
+    facts = DeviceFacts(device="cuda:0", name="fake GPU", capability=(9, 0), free_bytes=80 * GIB)
+    monkeypatch.setattr(opening, "device_facts", lambda device: facts)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    resolved, checkpoint, scheme = opening.open_checkpoint(name, device="cuda:0", cache_dirs=[str(tmp_path / "hub")])
+    assert (resolved.served_name, checkpoint.folder, checkpoint.revision) == (repo, snapshot, revision)
+    assert (checkpoint.family, checkpoint.weight_format, scheme) == ("qwen35", "gptq-int4-g32", "int4-i8")
