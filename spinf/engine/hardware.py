@@ -214,6 +214,7 @@ def choose_quant(
     has_scale_table: bool = False,
     checkpoint_bytes: int = 0,
     free_bytes: int | None = None,
+    family: str | None = None,
 ) -> str:
     """The scheme to run (§9.8): ``requested`` when given (else the manifest's non-auto default), else automatic.
 
@@ -222,7 +223,8 @@ def choose_quant(
     free memory counts as fitting). Automatic: ``fp32`` on CPU and for the built-in tiny model; ``int4-i8`` for an
     int4 checkpoint; ``fp8`` from capability 8.9, upgraded to ``fp8s`` for a catalog checkpoint that is fp8-static
     or has a scale table (never outside the catalog); otherwise ``bf16`` if it fits, else ``w8a16``. Int4 modes
-    come back as ``int4-<mode>``.
+    come back as ``int4-<mode>``. ``family``: the checkpoint's stack, when known; a float Qwen3.5 checkpoint runs
+    ``fp32`` on the CPU and ``bf16`` on a GPU.
     """
     weight_format = weight_format or resolved.weight_format or DEFAULT_FORMAT
     manifest = resolved.manifest
@@ -233,6 +235,8 @@ def choose_quant(
         return f"int4-{mode}" if weight_format == INT4_FORMAT and mode in INT4_MODES else requested
     if weight_format == INT4_FORMAT:
         return "int4-i8"  # the CPU emulates it (a local folder only: a catalog int4 model needs a GPU)
+    if family == "qwen35":  # a float Qwen3.5 checkpoint runs as it is (its stack runs none of the Gemma schemes)
+        return "fp32" if capability is None else "bf16"
     if capability is None and weight_format == "fp8-static":
         return "fp8s"  # its own fp8 weights and input scales, emulated (the folder is served as it is, fp32 or not)
     if capability is None or resolved.is_builtin:

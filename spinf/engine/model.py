@@ -305,10 +305,13 @@ class Gemma4Text(nn.Module):
             on = mode == BIDIRECTIONAL_OR or (mode == BIDIRECTIONAL_IN_WINDOW and layer.spec.is_sliding)
             layer.bidirectional = mode if on else BIDIRECTIONAL_NONE
 
-    def attention_shapes(self) -> set[tuple[int, int]]:
-        """Each layer kind's (head dim, query heads per KV head): the GPU kernel's tile tables."""
+    def tile_rows(self) -> set[int]:
+        """The tree-attention kernel's query rows per program, one per layer kind (the scorer's GPU pass plans hold
+        these tables)."""
+        from spinf.engine.kernels import tile_rows
+
         heads = self.cfg.num_heads
-        return {(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.layers}
+        return {tile_rows(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.layers}
 
     def pass_plan(self, layout, plan: AttentionPlan) -> AttentionPlan:
         """The plan the forward takes for ``layout``: the scorer's tree-attention plan, as it is."""

@@ -77,6 +77,7 @@ def open_checkpoint(
         has_scale_table=table is not None,
         checkpoint_bytes=size,
         free_bytes=facts.free_bytes,
+        family=checkpoint.family,
     )
     check_hardware(resolved, scheme, device, size, weight_format=checkpoint.weight_format, facts=facts)
     _check_runnable(resolved.served_name, checkpoint.family, scheme)

@@ -93,15 +93,13 @@ class Scorer:
         self.device = device
         self.embedders = embedders
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
-        self._tile_sizes = model.attention_shapes()
         self._tile_rows: set[int] = set()
         self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
             from spinf.engine.graphs import PassGraphs
-            from spinf.engine.kernels import tile_rows
 
-            self._tile_rows = {tile_rows(dim, group) for dim, group in self._tile_sizes}
+            self._tile_rows = model.tile_rows()
             self.graphs = PassGraphs(model, device, self._tile_rows) if graphs else None
 
     def allocated_bytes(self) -> int | None:

@@ -1,8 +1,9 @@
 """The Qwen3.5 hybrid stack (engine spec B.14): Gated DeltaNet and full-attention layers over a packed pass.
 
-Built so far, on the CPU in fp32: the checkpoint's config (`config`), a tiny random checkpoint in the published
-layout (`tiny`) and the decoder's forward over a pass of jobs with tries (`model`: tree attention on the
+`config` reads the checkpoint's config; `model` is the decoder over a pass of jobs with tries (tree attention on the
 full-attention layers, the delta-rule recurrence and the causal convolution along each token's path on the GDN
-layers). Not yet: int4 GPTQ weights, the decider readout, GPU kernels, extraction and generation, Qwen images, and
-the wiring into the engine, the loader and the catalog.
+layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `int4_write`
+writes small ones in the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine;
+`tiny` writes the tiny twin and the tiny decider. Not yet: extraction and generation, Qwen images, a chunked kernel
+for long segments.
 """

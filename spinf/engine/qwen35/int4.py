@@ -254,8 +254,10 @@ def _to_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def _int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """Exact int32 ``a @ b_t`` of int8 [M, K] and [K, N] (no rounding, so no row depends on another)."""
     rows = a.shape[0]
-    if a.is_cuda and rows <= 16:  # CUDA's kernel wants more than 16 rows
-        a = torch.cat([a, a.new_zeros((_GPU_INT_MM_ROWS - rows, a.shape[1]))])
+    if a.is_cuda:  # cuBLASLt's int8 kernel refused 51 and 56 rows on the H200: whole blocks of 32 (zeros add nothing)
+        padded = -(-rows // _GPU_INT_MM_ROWS) * _GPU_INT_MM_ROWS
+        if padded != rows:
+            a = torch.cat([a, a.new_zeros((padded - rows, a.shape[1]))])
     return torch._int_mm(a.contiguous(), b_t)[:rows]
 
 

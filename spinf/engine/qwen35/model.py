@@ -19,8 +19,10 @@ zero row. The recurrence runs token by token on fixed ``[heads, dk, dv]`` shapes
 on where its trie forks or what else shares the pass (C.1); the products run in fixed 128-row blocks
 (`row_stable_mm`) and elementwise transcendental functions on widths padded to whole vector blocks (`_pointwise`).
 
-Not yet here: int4 GPTQ weights and their modes, the decider readout, GPU kernels (the chunked and recurrent delta
-rule by segment index), extraction and generation, Qwen images' 3-D positions, and the engine's wiring.
+On a GPU the recurrence runs in the Triton kernel by segment index (`spinf.engine.kernels.gdn`, token by token in
+every segment) and the full-attention layers in the Gemma stack's tree-attention kernel. Linears are made by a
+factory (`MakeLinear`): float (`Dense`) or int4 (`spinf.engine.qwen35.int4`); the decider's readout replaces the LM
+head. Not yet here: a chunked kernel for long segments, extraction and generation, Qwen images' 3-D positions.
 """
 
 from __future__ import annotations
@@ -173,6 +175,8 @@ def delta_rule(
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
 
+        if plan.recurrent is None:
+            raise ValueError("the delta rule on a GPU needs a plan made for the GPU (pass_plan with its device)")
         return recurrent_delta_rule(q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots)
     _, heads, dk = k.shape
     dv = v.shape[-1]
@@ -347,7 +351,10 @@ class Qwen35Text(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def plan(self, layout: PassLayout) -> Qwen35Plan:
-        return pass_plan(layout, self.cfg.linear_conv_kernel_dim)
+        """The plan of a pass on the model's device (on a GPU with the tree-attention kernel's tables)."""
+        device = self.embed.device
+        shape = self.attention_shape() if device.type == "cuda" else None
+        return pass_plan(layout, self.cfg.linear_conv_kernel_dim, device, shape)
 
     def forward(self, token_ids: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] (before the final norm) of one pass."""
@@ -395,19 +402,27 @@ class Qwen35Text(nn.Module):
     def runs_fused(self) -> bool:
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
 
-    def attention_shapes(self) -> set[tuple[int, int]]:
-        """The full-attention layers' (head dim, query heads per KV head): the GPU kernel's tile tables."""
-        return {(self.cfg.head_dim, self.cfg.num_heads // self.cfg.num_kv_heads)}
+    def attention_shape(self) -> tuple[int, int]:
+        """The full-attention layers' (head dim, query heads per KV head)."""
+        return self.cfg.head_dim, self.cfg.num_heads // self.cfg.num_kv_heads
 
-    def pass_plan(self, layout: PassLayout, attention: AttentionPlan | None = None) -> Qwen35Plan:
-        """The plan of one pass; ``attention`` the scorer's tree-attention plan when it has made one."""
-        plan = self.plan(layout)
-        return plan if attention is None else attrs.evolve(plan, attention=attention)
+    def tile_rows(self) -> set[int]:
+        """The tree-attention kernel's query rows per program (the scorer's GPU pass plans hold these tables)."""
+        from spinf.engine.kernels.attention import tile_rows
+
+        return {tile_rows(*self.attention_shape(), Attention.kernel_config(*self.attention_shape()))}
+
+    def pass_plan(self, layout: PassLayout, attention: AttentionPlan) -> Qwen35Plan:
+        """The plan of one pass around the scorer's tree-attention plan ``attention`` (its kernel tables, capture and
+        media): the recurrent segments and the convolution's taps, on the model's device."""
+        plan = pass_plan(layout, self.cfg.linear_conv_kernel_dim, self.embed.device)
+        return attrs.evolve(plan, attention=attention)
 
     def pass_logprobs(self, layout: PassLayout) -> torch.Tensor:
         """The pass's full-vocabulary log-probs at its read rows, [len(layout.read_rows), vocab]."""
-        hidden = self(torch.tensor(layout.token_ids, dtype=torch.long), self.plan(layout))
-        return self.read_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long)])
+        device = self.embed.device
+        hidden = self(torch.tensor(layout.token_ids, dtype=torch.long, device=device), self.plan(layout))
+        return self.read_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long, device=device)])
 
 
 def float_linears(take: Callable[[str], torch.Tensor], dtype: torch.dtype | None = None) -> MakeLinear:

@@ -1,0 +1,175 @@
+"""The gated delta rule of Qwen3.5's GDN layers on the GPU, by segment index (engine spec B.14.2, C.1).
+
+A pass's recurrence is cut into segments (`spinf.engine.qwen35.model.pass_plan`): runs of stream rows, each the
+path successor of the one before, that start from the final state of their source segment (or from zeros). The
+segments come grouped into **levels** (a segment's level is its source's plus one) and each level is one launch of
+`_recurrent_kernel`, so every initial state it reads was written by an earlier launch.
+
+One program takes one (segment, value head, block of ``BV`` value columns). It keeps that block of the state in
+registers in fp32, as ``[BV, dk]`` (value columns by key dims, so both products with a key-sized vector reduce along
+the tile's fast dimension), loads its initial state by slot from the kept-states buffer, and walks the
+segment's tokens one by one, indexing the stream tensors directly:
+``S ← decay·S;  S ← S + beta·(v − Sk) ⊗ k;  o = Sq``. A kept segment writes its final state to its slot.
+
+Every token of every segment goes through the same instructions (one loop body; the next token's inputs are loaded
+one step ahead), and a state passes between launches as its exact fp32 bits, so cutting a segment in two gives the
+bits of not cutting it: a path's outputs depend on its own tokens alone, never on where its trie forks or on what
+else shares the pass. No autotuning: one configuration per shape.
+
+Kept states live in a buffer ``[slots, Hv, dk, dv]`` fp32 allocated per call, ``dk · dv · 4`` bytes per head and
+slot (3 MiB per slot at the 27B's 48 heads of 128 × 128). Slots alternate between even and odd levels (a level
+reads only its parent level's states), so a call needs the most kept segments of any even level plus those of any
+odd level, not one slot per kept segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+BV = 32  # value columns per program (the state block a program holds: BV × dk fp32)
+TABLE_COLUMNS = 5  # first row, end row, source slot (-1: zero state), own slot (-1: not kept), level
+
+
+@triton.jit
+def _load_token(
+    t, live, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, head, dims, cols,
+    q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, DK: tl.constexpr, DV: tl.constexpr,
+):  # fmt: skip
+    """Token ``t``'s inputs for one head, in fp32; for ``live`` false the values of a step that changes nothing
+    (the bounds carry ``live``, not a scalar mask: Triton's interpreter refuses a broadcast scalar mask)."""
+    dim_ok = dims < tl.where(live, DK, 0)
+    col_ok = cols < tl.where(live, DV, 0)
+    q = tl.load(q_ptr + t * q_row + head * q_head + dims, mask=dim_ok, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + t * k_row + head * k_head + dims, mask=dim_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + t * v_row + head * v_head + cols, mask=col_ok, other=0.0).to(tl.float32)
+    decay = tl.load(decay_ptr + t * decay_row + head, mask=live, other=1.0).to(tl.float32)
+    beta = tl.load(beta_ptr + t * beta_row + head, mask=live, other=0.0).to(tl.float32)
+    return q, k, v, decay, beta
+
+
+@triton.jit
+def _recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, o_ptr, states_ptr, table_ptr, level_start,
+    q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, o_row, o_head,
+    HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    seg = (level_start + tl.program_id(0)).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns: the state tile's rows
+    dims = tl.arange(0, BK)
+    col_ok, dim_ok = cols < DV, dims < DK
+    first = tl.load(table_ptr + seg * 5 + 0).to(tl.int64)
+    end = tl.load(table_ptr + seg * 5 + 1).to(tl.int64)
+    source = tl.load(table_ptr + seg * 5 + 2).to(tl.int64)
+    slot = tl.load(table_ptr + seg * 5 + 3).to(tl.int64)
+
+    # S[key dim, value column] of a slot sits at [slot, head, key dim, value column]; the tile holds Sᵀ
+    tile = head * DK * DV + dims[None, :] * DV + cols[:, None]
+    tile_ok = col_ok[:, None] & dim_ok[None, :]
+    from_source = (cols < tl.where(source >= 0, DV, 0))[:, None] & dim_ok[None, :]
+    state = tl.load(states_ptr + source * HEADS * DK * DV + tile, mask=from_source, other=0.0)
+
+    nq, nk, nv, na, nb = _load_token(
+        first, first < end, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, head, dims, cols,
+        q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, DK, DV,
+    )  # fmt: skip
+    for t in range(first, end):
+        q, k, v, decay, beta = nq, nk, nv, na, nb
+        nq, nk, nv, na, nb = _load_token(
+            t + 1, t + 1 < end, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, head, dims, cols,
+            q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, DK, DV,
+        )  # fmt: skip
+        state = state * decay
+        delta = (v - tl.sum(state * k[None, :], axis=1)) * beta  # [BV]
+        state = state + delta[:, None] * k[None, :]
+        o = tl.sum(state * q[None, :], axis=1)
+        tl.store(o_ptr + t * o_row + head * o_head + cols, o.to(o_ptr.dtype.element_ty), mask=col_ok)
+    if slot >= 0:
+        tl.store(states_ptr + slot * HEADS * DK * DV + tile, state, mask=tile_ok)
+
+
+def segment_table(
+    segments: tuple[tuple[int, int, int], ...], kept: frozenset[int]
+) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """The kernel's table of a pass's segments (``(first row, end row, source segment)`` in stream order, sources
+    first; ``kept``: the segments others start from), its level bounds and its number of slots, on the host.
+
+    The table [S, `TABLE_COLUMNS`] int32 has one row per segment, sorted by level (stable: stream order within a
+    level): first row, end row, the source's slot (-1: zero state), its own slot (-1: not kept), level. Level ``l``
+    is rows ``levels[l]:levels[l + 1]``. A kept segment of an even level takes slot ``rank``, of an odd level
+    ``max_even + rank`` (``rank``: its place among its level's kept segments), so a launch never writes a slot that
+    it reads, and overwrites only states of the level before its parent, which no later level reads."""
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
+    source = seg[:, 2]
+    level = np.where(source < 0, 0, -1)
+    while (level < 0).any():  # sources come first, so each round settles the segments one level deeper
+        ready = (level < 0) & (level[np.maximum(source, 0)] >= 0)
+        level[ready] = level[source[ready]] + 1
+    is_kept = np.zeros(len(seg), dtype=bool)
+    is_kept[sorted(kept)] = True
+    order = np.argsort(level, kind="stable")
+    by_level, kept_sorted = level[order], is_kept[order]
+    num_levels = int(by_level[-1]) + 1 if len(seg) else 0
+    bounds = np.searchsorted(by_level, np.arange(num_levels + 1))
+    before = np.cumsum(kept_sorted) - kept_sorted  # kept segments ahead of each one in level order
+    rank = before - before[bounds[by_level]]  # ... within its own level
+    per_level = np.bincount(by_level[kept_sorted], minlength=num_levels)
+    even, odd = int(per_level[0::2].max(initial=0)), int(per_level[1::2].max(initial=0))
+    slot = np.full(len(seg), -1, dtype=np.int64)
+    slot[order] = np.where(kept_sorted, np.where(by_level % 2 == 1, even + rank, rank), -1)
+    source_slot = np.where(source >= 0, slot[np.maximum(source, 0)], -1)
+    table = np.stack([seg[:, 0], seg[:, 1], source_slot, slot, level], axis=1)[order].astype(np.int32)
+    return table.reshape(-1, TABLE_COLUMNS), tuple(bounds.tolist()), even + odd
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"the delta rule's {name} needs contiguous last-dimension elements")
+
+
+def recurrent_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    table: torch.Tensor,
+    levels: tuple[int, ...],
+    num_slots: int,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """The gated delta rule along each segment, token by token (`spinf.engine.qwen35.model.delta_rule`).
+
+    q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``), beta [N, Hv] (any row strides) -> o [N, Hv, dv] in v's
+    dtype. ``table`` [S, `TABLE_COLUMNS`] int32 on the device, sorted by level; level ``l`` is its rows
+    ``levels[l]:levels[l + 1]``; ``num_slots`` the kept-states slots the table's slot numbers use. ``config``
+    (value columns per program, warps) replaces the fixed one for measurements.
+    """
+    n, heads, dk = k.shape
+    dv = v.shape[-1]
+    out = torch.empty((n, heads, dv), dtype=v.dtype, device=v.device)
+    if n == 0 or len(levels) < 2:
+        return out
+    for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("beta", beta)):
+        _check_rows(name, t)
+    states = torch.empty((max(num_slots, 1), heads, dk, dv), dtype=torch.float32, device=v.device)
+    bk, bv = triton.next_power_of_2(dk), min(BV, triton.next_power_of_2(dv))
+    warps = 4 if bk * bv >= 4096 else 1  # the tile over whole warps: 4 warps at the 27B's 32 × 128
+    if config is not None:
+        bv, warps = config
+    for start, stop in zip(levels[:-1], levels[1:], strict=True):
+        _recurrent_kernel[(stop - start, heads, triton.cdiv(dv, bv))](
+            q, k, v, decay, beta, out, states, table, start,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            decay.stride(0), beta.stride(0), out.stride(0), out.stride(1),
+            HEADS=heads, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=warps, num_stages=1,
+        )  # fmt: skip
+    return out
+
+
+def kept_state_bytes(num_slots: int, heads: int, dk: int, dv: int) -> int:
+    """The kept-states buffer of one layer call."""
+    return max(num_slots, 1) * heads * dk * dv * 4
