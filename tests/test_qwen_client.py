@@ -1,11 +1,12 @@
 """The Qwen3.5 stack through a real server process over a real socket (issue 17): checkpoint folders in the
-published layout served by path (api spec §9.6 case 2), the tiny twin and the tiny decider, driven by spinf-client
-0.3.1 unchanged and by curl's kind of raw HTTP.
+published layout served by path (api spec §9.6 case 2), the tiny twin, the tiny decider and a GPTQ int4 folder,
+driven by spinf-client 0.3.1 unchanged and by curl's kind of raw HTTP.
 
-Every answer is compared bit for bit with the same body scored in-process (`Engine.score`), whose scores the engine
-tests compare with transformers (tests/engine/qwen35/test_qwen35_engine.py). Then what the stack refuses, each a
-400 with the spec's code: an image (Qwen images are not read yet: ``media_not_supported``), an extraction slot
-(``extraction_disabled``, with the reason), and on the decider an option that is not one of its answer codes.
+Every answer, scores and extraction alike, is compared bit for bit with the same body run in-process
+(`Engine.score`), which the engine tests compare with transformers (tests/engine/qwen35/test_qwen35_engine.py and
+test_qwen35_extraction.py). Then what the stack refuses, each a 400 with the spec's code: an image (Qwen images are
+not read yet: ``media_not_supported``), and on the decider an option that is not one of its answer codes and an
+extraction slot.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def test_spinf_client_scores_on_the_qwen_stack_as_the_engine_does(server, folder
 
 def test_models_and_info_say_what_is_served(server, folders):
     entry = httpx.get(f"{server.url}/v1/models", headers=AUTH, timeout=30).json()["models"][0]
-    assert entry["media"] == [] and entry["capabilities"] == ["score"]
-    assert entry["features"] == {"media": [], "extraction": False, "generation": False}
+    assert entry["media"] == [] and entry["capabilities"] == ["score", "extract", "generate"]
+    assert entry["features"] == {"media": [], "extraction": True, "generation": True}
     info = httpx.get(f"{server.url}/v0/info", headers=AUTH, timeout=30).json()["engine"]
     assert (info["quant"], info["lm_head"], info["layers"]) == ("fp32", "lm_head fp32", 6)
 
@@ -89,12 +90,19 @@ def test_raw_http_with_an_image_is_a_400_and_the_server_goes_on(server):
     assert httpx.post(f"{server.url}/v1/score", json=body, headers=AUTH, timeout=60).status_code == 200
 
 
-def test_an_extraction_slot_is_refused_with_the_reason(server, folders):
+def test_extraction_and_generation_from_spinf_client_as_the_engine_does(server, folders):
     client = SpinfClient(TRUSTED, base_url=server.url, model=str(folders[0]))
-    with pytest.raises(SpinfError) as refused:
-        client.score(content=[text(CONTENT)], queries=[query("order", "\n\nThe order number is{n}")])
-    assert (refused.value.status, refused.value.code) == (400, "extraction_disabled")
-    assert "Qwen3.5 stack" in str(refused.value)
+    queries = [
+        query("order", "\n\nThe order number is{n}"),
+        query("name", '\n\nName: "{*}"'),
+        query("summary", "\n\nSummary:{*}", generate={"seed": 7, "temperature": 0.8}, max_tokens=8),
+    ]
+    response = client.score(content=[text(CONTENT)], queries=queries)
+    body = {"model": str(folders[0]), "messages": [{"role": "user", "content": [text(CONTENT)]}]}
+    body["scoring"] = {"queries": queries}
+    assert response["results"] == in_process(folders[0], body)["results"]
+    kinds = [q["kind"] for q in response["results"][0]["queries"]]
+    assert kinds == ["number", "text", "text"] and response["usage"]["completion_tokens"] > 0
 
 
 def test_the_decider_scores_its_codes_and_refuses_other_options(decider_server, folders):

@@ -76,6 +76,10 @@ class Capture:
     rows: torch.Tensor  # [R] int64 stream rows
     keys: list[torch.Tensor] = attrs.field(factory=list)
     values: list[torch.Tensor] = attrs.field(factory=list)
+    # each captured prefix: (its first captured row, the stream row of its last token or -1 when it is empty); a
+    # recurrent layer keeps its state after that row (the Qwen3.5 stack), in this order
+    prefixes: tuple[tuple[int, int], ...] = ()
+    states: list[torch.Tensor | None] = attrs.field(factory=list)  # per layer [P, ...], None for an attention layer
 
     def keep(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.keys.append(k.index_select(0, self.rows))
@@ -100,6 +104,8 @@ class DecodeKV:
     path_index: torch.Tensor  # [n, W] int64 buffer rows of each row's path, root first
     path_len: torch.Tensor  # [n] int64
     groups: tuple[tuple[int, int, int, int], ...]  # (first row, row count, prefix start, prefix length)
+    # per layer, each group's prefix state [G, ...] (a recurrent layer of the Qwen3.5 stack), else None
+    states: list[torch.Tensor | None] | None = None
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's keys and values into layer ``layer``'s buffers; the buffers."""

@@ -160,12 +160,14 @@ class Engine:
         decider = qwen and (
             (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(self.folder)
         )
-        extraction = switches.extraction and "extract" in capabilities and not qwen
+        # extraction on the Qwen stack decodes on the CPU only so far (its GPU recurrence keeps no prefix state yet)
+        on_gpu = torch.device(device).type == "cuda"
+        extraction = switches.extraction and "extract" in capabilities and not decider and not (qwen and on_gpu)
         note = ""  # why extraction is refused, when the model rather than the server's switch refuses it
         if decider:
             note = "a decision model scores options only: it has no extraction or generation slots"
-        elif qwen and switches.extraction:
-            note = "extraction and generation slots are not available on the Qwen3.5 stack in this build yet"
+        elif qwen and on_gpu and switches.extraction:
+            note = "extraction and generation slots on the Qwen3.5 stack run on the CPU only in this build"
         self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
             media=switches.media & self.media,
             extraction=extraction,

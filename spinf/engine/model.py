@@ -313,6 +313,11 @@ class Gemma4Text(nn.Module):
         heads = self.cfg.num_heads
         return {tile_rows(layer.spec.head_dim, heads // layer.spec.num_kv_heads) for layer in self.layers}
 
+    def kv_bytes_per_token(self) -> int:
+        """The bytes one token's keys and values take over all layers, in the activation dtype (the decoder's)."""
+        size = self.embed.weight.element_size()
+        return sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim * size for layer in self.layers)
+
     def pass_plan(self, layout, plan: AttentionPlan) -> AttentionPlan:
         """The plan the forward takes for ``layout``: the scorer's tree-attention plan, as it is."""
         return plan

@@ -276,7 +276,11 @@ class Scorer:
         if capture is None:
             return None
         rows = torch.tensor(layout.end_rows, dtype=torch.long, device=self.device)
-        return Captured(capture.keys, capture.values, self.model.full_logprobs(hidden[rows]), starts)
+        captured = Captured(capture.keys, capture.values, self.model.full_logprobs(hidden[rows]), starts)
+        if any(state is not None for state in capture.states):  # the recurrent layers' prefix states (Qwen3.5)
+            captured.states = capture.states
+            captured.state_index = {first: i for i, (first, _) in enumerate(capture.prefixes)}
+        return captured
 
 
 @attrs.frozen
@@ -344,4 +348,8 @@ def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotSta
                 at[r] = len(rows)
                 rows.append(r)
         starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e))
-    return starts, Capture(torch.tensor(rows, dtype=torch.long, device=device))
+    prefixes = tuple(
+        (first, layout.spans[j][0] + layout.spans[j][1] - 1 if layout.spans[j][1] else -1)
+        for j, first in prefix_at.items()
+    )
+    return starts, Capture(torch.tensor(rows, dtype=torch.long, device=device), prefixes=prefixes)

@@ -59,17 +59,22 @@ class Captured:
     values: list[torch.Tensor]
     logprobs: torch.Tensor
     starts: list[SlotStart]
+    # a recurrent layer's state after each captured prefix (the Qwen3.5 stack: `Capture.states`), by the prefix's
+    # first captured row (``state_index``); empty for a model of attention layers only
+    states: list[torch.Tensor | None] = attrs.field(factory=list)
+    state_index: dict[int, int] = attrs.field(factory=dict)
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.keys, *self.values, self.logprobs]
+        tensors = [*self.keys, *self.values, self.logprobs, *(s for s in self.states if s is not None)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     released: bool = False
 
     def release(self) -> None:
-        """Let go of the keys and values (the decoder has copied what it needs); the step-0 log-probs stay."""
-        self.keys, self.values, self.released = [], [], True
+        """Let go of the keys, values and states (the decoder has copied what it needs); the step-0 log-probs
+        stay."""
+        self.keys, self.values, self.states, self.released = [], [], [], True
 
 
 @attrs.frozen
@@ -102,9 +107,8 @@ class Decoded:
 
 
 def kv_bytes_per_token(model) -> int:
-    """The bytes one token's keys and values take over all layers, in the model's activation dtype."""
-    size = model.embed.weight.element_size()
-    return sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim * size for layer in model.layers)
+    """The bytes one token's keys and values (or a recurrent layer's rows) take over all layers."""
+    return model.kv_bytes_per_token()
 
 
 def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
@@ -290,6 +294,19 @@ class _Chunk:
         for s in order:
             if slot_paths[s]:
                 paths[offset[s] : offset[s] + width_of[s], : len(slot_paths[s])] = torch.tensor(slot_paths[s])
+        # a recurrent layer's prefix state per group, in group order (the Qwen3.5 stack; none on Gemma)
+        self.states = None
+        if tasks[0].captured.states:
+            self.states = []
+            for layer in range(len(self.model.layers)):
+                if tasks[0].captured.states[layer] is None:
+                    self.states.append(None)
+                    continue
+                by_group = []
+                for (captured_id, prefix), _ in groups.items():
+                    captured = next(t.captured for t in tasks if id(t.captured) == captured_id)
+                    by_group.append(captured.states[layer][captured.state_index[prefix[0]]])
+                self.states.append(torch.stack(by_group))
         groups_out, k = [], 0
         for key, start in groups.items():
             count = sum(width_of[s] for s in order if (id(tasks[s].captured), tasks[s].start.prefix) == key)
@@ -406,7 +423,7 @@ class _Chunk:
         self.paths.scatter_(1, self.lengths[:, None], write[:, None])
         self.lengths += 1
         positions = self.first_positions + self.u
-        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups)
+        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups, self.states)
         kernel = self.kernel_plan(positions, kv) if self.kernel_plan else None
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)

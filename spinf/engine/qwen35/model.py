@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spinf.engine.attention import AttentionPlan, tree_attention
+from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
 from spinf.engine.gemm import row_stable_mm
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
@@ -165,13 +165,35 @@ def pass_plan(
     )
 
 
+def delta_step(
+    state: torch.Tensor, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, decay_t: torch.Tensor, beta_t
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule on one fp32 state [Hv, dk, dv]: the new state and the token's output
+    [Hv, dv]. The scoring pass and the decoder both step with this, so a decoded token has the bits of a branch."""
+    heads = state.shape[0]
+    k_t = k_t.unsqueeze(1)  # [Hv, 1, dk]
+    state = state * decay_t.view(heads, 1, 1)
+    delta = (v_t - torch.bmm(k_t, state).squeeze(1)) * beta_t.view(heads, 1)  # [Hv, dv]
+    state = state + torch.bmm(k_t.transpose(1, 2), delta.unsqueeze(1))
+    return state, torch.bmm(q_t.unsqueeze(1), state).squeeze(1)
+
+
 def delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor, plan: Qwen35Plan
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    plan: Qwen35Plan,
+    states_at: dict[int, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """The gated delta rule along each segment, token by token. q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``),
     beta [N, Hv] -> [N, Hv, dv]. Each step has the same shapes whatever the pass, and a segment starts from exactly
     the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone. On a GPU,
-    the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table."""
+    the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
+    ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes)."""
+    if q.is_cuda and states_at:
+        raise NotImplementedError("the GPU recurrence keeps no state at a given row yet (extraction on this stack)")
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
 
@@ -185,11 +207,9 @@ def delta_rule(
     for index, (first, end, source) in enumerate(plan.segments):
         state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv))
         for t in range(first, end):
-            k_t = k[t].unsqueeze(1)  # [Hv, 1, dk]
-            state = state * decay[t].view(heads, 1, 1)
-            delta = (v[t] - torch.bmm(k_t, state).squeeze(1)) * beta[t].view(heads, 1)  # [Hv, dv]
-            state = state + torch.bmm(k_t.transpose(1, 2), delta.unsqueeze(1))
-            out[t] = torch.bmm(q[t].unsqueeze(1), state).squeeze(1)
+            state, out[t] = delta_step(state, q[t], k[t], v[t], decay[t], beta[t])
+            if states_at is not None and t in states_at:
+                states_at[t] = state
         if index in plan.kept:
             kept[index] = state
     return out
@@ -229,25 +249,94 @@ class GatedDeltaNet(nn.Module):
         self.norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
         self.w_out = linear([prefix + "out_proj"])
 
-    def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
-        cfg, n = self.cfg, x.shape[0]
-        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input projections of rows ``x``: q/k/v before the convolution, z, b, a."""
+        heads = self.cfg.linear_num_value_heads
         qkv, z = self.w_in(x).split(self.sizes, dim=-1)
         b, a = self.w_ba(x).split((heads, heads), dim=-1)
-        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
-        mixed = stream[plan.taps[:, 0]] * self.conv[:, 0]
+        return qkv, z, b, a
+
+    def recurrence_inputs(self, stream: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        """q, k [n, Hv, dk], v [n, Hv, dv], decay and beta [n, Hv] of the rows whose convolution reads ``taps``
+        [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row first)."""
+        cfg, n = self.cfg, taps.shape[0]
+        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed = stream[taps[:, 0]] * self.conv[:, 0]
         for tap in range(1, self.conv.shape[1]):
-            mixed = mixed + stream[plan.taps[:, tap]] * self.conv[:, tap]
+            mixed = mixed + stream[taps[:, tap]] * self.conv[:, tap]
         q, k, v = _pointwise(F.silu, mixed).split((cfg.key_dim, cfg.key_dim, cfg.value_dim), dim=-1)
         repeat = heads // cfg.linear_num_key_heads  # each q/k head serves this many consecutive value heads
         q = l2_norm(q.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1) * dk**-0.5
         k = l2_norm(k.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1)
         beta = _pointwise(torch.sigmoid, b)
         g = -torch.exp(self.A_log.float()) * _pointwise(F.softplus, a + self.dt_bias)
-        o = delta_rule(q, k, v.reshape(n, heads, dv), _pointwise(torch.exp, g), beta, plan)
-        gate = _pointwise(F.silu, z).reshape(n, heads, dv)
+        return q, k, v.reshape(n, heads, dv), _pointwise(torch.exp, g), beta
+
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        cfg, n = self.cfg, o.shape[0]
+        gate = _pointwise(F.silu, z).reshape(n, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
         return self.w_out(o.reshape(n, -1))
+
+    def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
+        if plan.attention.decode is not None:
+            return self.decode(x, plan.attention.decode)
+        qkv, z, b, a = self.project(x)
+        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
+        q, k, v, decay, beta = self.recurrence_inputs(stream, plan.taps, b, a)
+        capture = plan.attention.capture
+        states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
+        o = delta_rule(q, k, v, decay, beta, plan, states_at)
+        if capture is not None:  # what the decoder steps on from (`decode`): rows, and the prefixes' states
+            capture.keep(qkv, _recurrent_rows(k, v, decay, beta))
+            zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]))
+            capture.states.append(torch.stack([states_at[row] if row >= 0 else zero for _, row in capture.prefixes]))
+        return self.output(o, z)
+
+    def decode(self, x: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
+        """A decode step's rows (engine spec B.14.4): each row's convolution reads its path's last rows (the
+        template's, those generated so far, then the prefix's tail), and its recurrence runs again from its group's
+        prefix state over its path, token by token with `delta_step`, so the row gets the bits it would get as a
+        branch of its input's trie. The layer's buffers (``kv.keys`` / ``kv.values`` at its index) hold each row's
+        pre-convolution q/k/v and its recurrence inputs (`_recurrent_rows`)."""
+        cfg = self.cfg
+        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        kernel = self.conv.shape[1]
+        rows_in, rows_out = kv.keys[self.index], kv.values[self.index]
+        qkv, z, b, a = self.project(x)
+        rows_in.index_copy_(0, kv.write, qkv.to(rows_in.dtype))
+        group_of = torch.empty(x.shape[0], dtype=torch.long)
+        tails = []  # per row, the buffer rows its convolution reads, oldest first (-1: none)
+        for g, (first, count, start, prefix_len) in enumerate(kv.groups):
+            group_of[first : first + count] = g
+            for r in range(first, first + count):
+                path = kv.path_index[r, : int(kv.path_len[r])].tolist()  # ends with the row itself
+                behind = [start + prefix_len - 1 - i for i in range(max(0, kernel - len(path)))][::-1]
+                tails.append(([-1] * kernel + [p for p in behind if p >= start] + path)[-kernel:])
+        needed = sorted({p for tail in tails for p in tail if p >= 0})
+        local = {p: i + 1 for i, p in enumerate(needed)}  # row 0 of the local stream: the zero row
+        stream = torch.cat([rows_in.new_zeros((1, rows_in.shape[1])), rows_in[torch.tensor(needed, dtype=torch.long)]])
+        taps = torch.tensor([[local.get(p, 0) for p in tail] for tail in tails], dtype=torch.long)
+        q, k, v, decay, beta = self.recurrence_inputs(stream, taps, b, a)
+        rows_out.index_copy_(0, kv.write, _recurrent_rows(k, v, decay, beta))
+        out = torch.empty_like(v)
+        key_end, value_end = heads * dk, heads * dk + heads * dv
+        for r in range(x.shape[0]):
+            state = kv.states[self.index][int(group_of[r])]
+            for p in kv.path_index[r, : int(kv.path_len[r]) - 1].tolist():  # the path before the row
+                row = rows_out[p]
+                k_p, v_p = row[:key_end].view(heads, dk), row[key_end:value_end].view(heads, dv)
+                decay_p, beta_p = row[value_end : value_end + heads], row[value_end + heads :]
+                state, _ = delta_step(state, k_p, k_p, v_p, decay_p, beta_p)
+            _, out[r] = delta_step(state, q[r], k[r], v[r], decay[r], beta[r])
+        return self.output(out, z)
+
+
+def _recurrent_rows(k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """Each row's recurrence inputs side by side, [n, Hv·dk + Hv·dv + 2·Hv]: what a later token's recurrence
+    replays (`GatedDeltaNet.decode`)."""
+    n = k.shape[0]
+    return torch.cat([k.reshape(n, -1), v.reshape(n, -1), decay, beta], dim=1)
 
 
 class Attention(nn.Module):
@@ -267,13 +356,20 @@ class Attention(nn.Module):
         q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
         q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
         k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
-        if plan.attention.kernel is not None:
+        scale = d**-0.5
+        if plan.attention.capture is not None:  # what the decoder attends to: these rows' keys and values
+            plan.attention.capture.keep(k, v.reshape(n, -1, d))
+            plan.attention.capture.states.append(None)
+        if plan.attention.decode is not None:  # a decode step: this step's keys and values into the buffers
+            keys, values = plan.attention.decode.store(self.index, k, v.reshape(n, -1, d))
+            a = decode_attention(q * scale, keys, values, plan.attention, None)
+        elif plan.attention.kernel is not None:
             from spinf.engine.kernels import tree_attention_kernel
 
             config = self.kernel_config(d, cfg.num_heads // cfg.num_kv_heads)
-            a = tree_attention_kernel(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention.kernel, None, config)
+            a = tree_attention_kernel(q * scale, k, v.reshape(n, -1, d), plan.attention.kernel, None, config)
         else:
-            a = tree_attention(q * d**-0.5, k, v.reshape(n, -1, d), plan.attention, None)
+            a = tree_attention(q * scale, k, v.reshape(n, -1, d), plan.attention, None)
         return self.wo(a.reshape(n, -1) * _pointwise(torch.sigmoid, gate.reshape(n, -1)))
 
     @staticmethod
@@ -305,13 +401,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen35Config, kind: str, take: Callable[[str], torch.Tensor], linear: MakeLinear, at: str):
+    def __init__(
+        self,
+        cfg: Qwen35Config,
+        kind: str,
+        take: Callable[[str], torch.Tensor],
+        linear: MakeLinear,
+        at: str,
+        index: int = 0,
+    ):
         super().__init__()
         self.is_attention = kind == FULL
         if self.is_attention:
             self.mixer = Attention(cfg, take, linear, at + "self_attn.")
         else:
             self.mixer = GatedDeltaNet(cfg, take, linear, at + "linear_attn.")
+        self.mixer.index = index  # its buffers in a decode step (`DecodeKV`)
         self.eps = cfg.rms_norm_eps
         self.input_norm = nn.Parameter(take(at + "input_layernorm.weight"), requires_grad=False)
         self.post_norm = nn.Parameter(take(at + "post_attention_layernorm.weight"), requires_grad=False)
@@ -344,7 +449,7 @@ class Qwen35Text(nn.Module):
         self.readout = readout
         self.embed = nn.Parameter(take(prefix + "embed_tokens.weight"), requires_grad=False)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, kind, take, linear, f"{prefix}layers.{i}.") for i, kind in enumerate(cfg.layer_types)
+            DecoderLayer(cfg, kind, take, linear, f"{prefix}layers.{i}.", i) for i, kind in enumerate(cfg.layer_types)
         )
         self.final_norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
         self.lm_head = None if head is None else nn.Parameter(head, requires_grad=False)
@@ -356,8 +461,11 @@ class Qwen35Text(nn.Module):
         shape = self.attention_shape() if device.type == "cuda" else None
         return pass_plan(layout, self.cfg.linear_conv_kernel_dim, device, shape)
 
-    def forward(self, token_ids: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] (before the final norm) of one pass."""
+    def forward(self, token_ids: torch.Tensor, plan: Qwen35Plan | AttentionPlan) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] (before the final norm) of one pass, or of a decode step's rows (the
+        decoder's plan: an `AttentionPlan` with its ``decode``)."""
+        if isinstance(plan, AttentionPlan):
+            plan = Qwen35Plan(attention=plan, taps=None, segments=(), kept=frozenset())
         h = F.embedding(token_ids, self.embed)
         freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
@@ -401,6 +509,15 @@ class Qwen35Text(nn.Module):
 
     def runs_fused(self) -> bool:
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
+
+    def kv_bytes_per_token(self) -> int:
+        """The bytes one token holds in the decoder's buffers over all layers: an attention layer's keys and
+        values, a recurrent layer's pre-convolution q/k/v and recurrence inputs (`GatedDeltaNet.decode`)."""
+        cfg, size = self.cfg, self.embed.element_size()
+        heads = cfg.linear_num_value_heads
+        attention = 2 * cfg.num_kv_heads * cfg.head_dim * size
+        recurrent = (cfg.conv_dim + heads * (cfg.linear_key_head_dim + cfg.linear_value_head_dim) + 2 * heads) * 4
+        return sum(attention if layer.is_attention else recurrent for layer in self.layers)
 
     def attention_shape(self) -> tuple[int, int]:
         """The full-attention layers' (head dim, query heads per KV head)."""

@@ -1,0 +1,73 @@
+"""Extraction and generation on the Qwen3.5 stack (engine spec B.14.4) against the same independent transformers
+reading as the Gemma stack's (tests/engine/extraction/test_decode_exact.py, whose tests run here on the tiny twin):
+greedy generation token for token, the beam's answers and probabilities, seeded sampling draw for draw, and a
+decoded token with the bits of the same path scored as a branch.
+
+The twin carries the tiny Gemma's tokenizer.json; transformers would rebuild a Qwen3.5 tokenizer around it from the
+model type (its own pre-tokenizer), so the reference reads tokenizer.json as it is, like the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from spinf import Engine
+from spinf.engine.layout import build_pass
+from spinf.engine.qwen35.tiny import write_tiny_qwen35
+from spinf.engine.scorer import one_cpu_thread
+from spinf.engine.trie import Job, add_prompt
+from tests.engine.extraction import reference as reference_module
+from tests.engine.extraction.probe import only, outcomes
+from tests.engine.extraction.reference import Reference
+from tests.engine.extraction.test_decode_exact import (  # noqa: F401 - collected here, on the Qwen twin
+    ORDER,
+    REFUND,
+    Steps,
+    one_query,
+    split,
+    test_a_generated_token_has_the_bits_of_the_same_path_scored,
+    test_a_searched_path_has_the_bits_of_the_same_path_scored,
+    test_greedy_generation_equals_the_reference_token_for_token,
+    test_seeded_sampling_equals_the_reference_draw_for_draw,
+    test_the_beam_equals_an_independent_search,
+    test_the_first_step_distribution_is_the_scoring_pass_row,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    """The Qwen3.5 twin's engine, under the name the imported tests use."""
+    return Engine(str(write_tiny_qwen35(tmp_path_factory.mktemp("tiny-qwen35"))), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_engine):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reference_module, "AutoTokenizer", PreTrainedTokenizerFast)
+        return Reference(tiny_engine.folder)
+
+
+@pytest.mark.parametrize(("content", "template"), [(REFUND, "\n\nSummary:{*}"), (ORDER, '\n\nName: "{*}"')])
+def test_a_long_generated_path_replays_its_recurrence_to_the_same_bits(tiny_engine, monkeypatch, content, template):
+    """Every step of a 64-token generation against the same path scored as a branch: one pass of the model over
+    the input's job whose branches are the template followed by the first m generated tokens, for every m at
+    once. Each decode step runs the recurrence again from the prefix state over the template and every token so
+    far; it gets, bit for bit, the log-prob the scoring pass reads at that path's end."""
+    gen = {"id": "g", "template": template, "generate": True, "max_tokens": 64}
+    monkeypatch.setattr(tiny_engine.extractor, "full_length", True)  # nothing ends before 64 tokens
+    with outcomes(tiny_engine.loop) as found:
+        steps = Steps(monkeypatch)
+        tiny_engine.score(one_query(content, gen))
+    [(tokens, _)] = only(found, "g")[0].sequences
+    assert len(tokens) == 64
+    tk = tiny_engine.tokenizer
+    before = split(template)[0]
+    assert tk.tok(content + before) == tk.tok(content) + tk.tok(before)  # a clean join: no cut
+    job = Job(tuple(tk.bos) + tk.tok(content))
+    reads = [add_prompt(job, tk.tok(before) + tuple(tokens[:m]), [(tokens[m],)])[0][0] for m in range(64)]
+    layout = build_pass([job])
+    with one_cpu_thread(torch.device("cpu")), torch.inference_mode():
+        rows = tiny_engine.model.pass_logprobs(layout)
+    scored = [float(rows[layout.read_index[(0, *read)][0], tokens[m]]) for m, read in enumerate(reads)]
+    assert [float(steps.generate[m][0][0, 0, tokens[m]]) for m in range(64)] == scored
