@@ -1,0 +1,309 @@
+"""Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
+
+    python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24] [--results]
+    python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
+
+1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
+   under ``text_config`` and a GPTQ ``quantization_config``), sharded safetensors with an index, the decoder linears
+   as GPTQ v1 int4 (random codes, fp16 group scales drawn so that each output is near unit scale, every zero-point
+   7, ``g_idx`` = ``i // 32``), the GDN's b/a rows, norms, conv, embedding and LM head in bf16, a random outlier
+   table (``spinf_outliers.json``) and the tiny tokenizer. On a GPU it is written under a Hub cache root at the
+   catalog's pinned revision and served by its catalog name, ``spinf/qwen3.8-27b-int4``, as ``spinf-serve serve``
+   would (``HF_HUB_OFFLINE``: nothing is downloaded); on the CPU (the tiny shape) it is served by its path.
+2. The int8 GEMM rate of this GPU at 16384 × 5120 × 17408 (``torch._int_mm``): the MFU denominator of int4-i8.
+3. Each job set through `Engine.score`: questions/s, tokens run, passes, peak GPU memory, MFU = tokens × 2 × linear
+   parameters / time / int8 rate.
+4. ``--invariance``: per-question invariance over the compositions of `benchmarks.invariance` (alone, with its
+   input's other questions, as concurrent calls, shuffled, floor cache off, beside J2): differing bits.
+5. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
+   it fit a 24 GB card, and at what peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from safetensors.torch import save_file
+
+from benchmarks.gpu_jobsets import engine_call, job_bodies, measure, note_row, row
+from benchmarks.results import append_section, cpu_machine
+from spinf.engine.engine import Engine
+from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, norm_fed_names
+from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
+from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
+from spinf.engine.tiny import tokenizer_files
+
+MODEL = "spinf/qwen3.8-27b-int4"
+REVISION = "22de4859c04ccdb4136d89b66e56e717db752c7c"  # the manifest's pin (spinf/catalog/manifests)
+PREFIX = "model.language_model."
+# engine spec B.14.1: 64 layers (a full-attention layer every 4th), hidden 5120, 24 query heads with an output gate,
+# 4 KV heads of 256, rope on 64 dims in sections [11, 11, 10]; GDN 48 value heads of 128 (16 key heads of 128)
+SHAPE_27B = {
+    **TINY_TEXT_CONFIG,
+    "vocab_size": 248_320,
+    "hidden_size": 5120,
+    "intermediate_size": 17_408,
+    "num_hidden_layers": 64,
+    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)],
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+}
+SHAPES = {"27b": SHAPE_27B, "tiny": TINY_TEXT_CONFIG}
+SHARD_BYTES = 4 * 2**30
+
+
+def linear_shapes(text: dict) -> dict[str, tuple[int, int]]:
+    """Every decoder linear's [out, in] by full name (without ``.weight``)."""
+    hidden, inner = text["hidden_size"], text["intermediate_size"]
+    d, heads, kv = text["head_dim"], text["num_attention_heads"], text["num_key_value_heads"]
+    key_dim = text["linear_num_key_heads"] * text["linear_key_head_dim"]
+    value_heads = text["linear_num_value_heads"]
+    value_dim = value_heads * text["linear_value_head_dim"]
+    out = {}
+    for i, kind in enumerate(text["layer_types"]):
+        at = f"{PREFIX}layers.{i}."
+        if kind == "full_attention":
+            out |= {
+                at + "self_attn.q_proj": (2 * heads * d, hidden),
+                at + "self_attn.k_proj": (kv * d, hidden),
+                at + "self_attn.v_proj": (kv * d, hidden),
+                at + "self_attn.o_proj": (hidden, heads * d),
+            }
+        else:
+            out |= {
+                at + "linear_attn.in_proj_qkv": (2 * key_dim + value_dim, hidden),
+                at + "linear_attn.in_proj_z": (value_dim, hidden),
+                at + "linear_attn.in_proj_b": (value_heads, hidden),
+                at + "linear_attn.in_proj_a": (value_heads, hidden),
+                at + "linear_attn.out_proj": (hidden, value_dim),
+            }
+        out |= {
+            at + "mlp.gate_proj": (inner, hidden),
+            at + "mlp.up_proj": (inner, hidden),
+            at + "mlp.down_proj": (hidden, inner),
+        }
+    return out
+
+
+def other_shapes(text: dict) -> dict[str, tuple[int, ...]]:
+    """The float tensors beside the linears: embedding, LM head, norms, and the GDN's conv, decay and gated norm."""
+    hidden, vocab = text["hidden_size"], text["vocab_size"]
+    conv = 2 * text["linear_num_key_heads"] * text["linear_key_head_dim"]
+    conv += text["linear_num_value_heads"] * text["linear_value_head_dim"]
+    out = {PREFIX + "embed_tokens.weight": (vocab, hidden), PREFIX + "norm.weight": (hidden,)}
+    out["lm_head.weight"] = (vocab, hidden)
+    for i, kind in enumerate(text["layer_types"]):
+        at = f"{PREFIX}layers.{i}."
+        out |= {at + "input_layernorm.weight": (hidden,), at + "post_attention_layernorm.weight": (hidden,)}
+        if kind == "full_attention":
+            out |= {
+                at + "self_attn.q_norm.weight": (text["head_dim"],),
+                at + "self_attn.k_norm.weight": (text["head_dim"],),
+            }
+        else:
+            heads = text["linear_num_value_heads"]
+            out |= {
+                at + "linear_attn.conv1d.weight": (conv, 1, text["linear_conv_kernel_dim"]),
+                at + "linear_attn.dt_bias": (heads,),
+                at + "linear_attn.A_log": (heads,),
+                at + "linear_attn.norm.weight": (text["linear_value_head_dim"],),
+            }
+    return out
+
+
+def random_tensors(text: dict, device: torch.device, seed: int):
+    """(name, tensor) on the CPU, one at a time: int4 GPTQ v1 tensors for the quantized linears, bf16 for the rest.
+    Drawn on ``device`` (a GPU draws 13 GB in seconds)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    quantized = set(quantized_names(text["layer_types"], PREFIX))
+    for name, (out, width) in linear_shapes(text).items():
+        if name not in quantized:  # the GDN's b/a rows stay float (B.14.3)
+            yield name + ".weight", (torch.randn((out, width), generator=generator, device=device) / math.sqrt(width))
+            continue
+        words = torch.randint(-(2**31), 2**31 - 1, (width // 8, out), generator=generator, device=device)
+        yield name + ".qweight", words.to(torch.int32)
+        yield name + ".qzeros", torch.full((width // GROUP, out // 8), STORED_ZEROS, dtype=torch.int64).to(torch.int32)
+        # codes - 8 have a standard deviation of about 4.6: scales of 1 / (4.6 · sqrt(in)) keep outputs near unit scale
+        scale = 1.0 / (4.6 * math.sqrt(width))
+        scales = scale * (0.5 + torch.rand((width // GROUP, out), generator=generator, device=device))
+        yield name + ".scales", scales.to(torch.float16)
+        yield name + ".g_idx", (torch.arange(width, dtype=torch.int32) // GROUP)
+    for name, shape in other_shapes(text).items():
+        value = torch.randn(shape, generator=generator, device=device)
+        if name.endswith("A_log"):
+            value = torch.log(0.02 + 0.28 * torch.rand(shape, generator=generator, device=device))
+        elif name.endswith("linear_attn.norm.weight"):
+            value = 1.0 + 0.1 * value
+        elif name.endswith("norm.weight"):
+            value = 0.1 * value
+        elif name.endswith("dt_bias"):
+            value = 0.5 * value - 1.0
+        elif name.endswith("conv1d.weight"):
+            value = 0.5 * value
+        elif not name.endswith("embed_tokens.weight"):
+            value = value / math.sqrt(shape[-1])
+        yield name, value.to(torch.bfloat16)
+
+
+def write_random_int4(folder: Path, text: dict, device: torch.device, seed: int = 0) -> Path:
+    """The checkpoint of `random_tensors` in the published layout (see the module docstring); a folder with a
+    ``.complete`` file is taken as written."""
+    if (folder / ".complete").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "text_config": {**text, "dtype": "bfloat16"},
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "quantization_config": dict(QUANTIZATION_CONFIG),
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name, data in tokenizer_files().items():
+        (folder / name).write_bytes(data)
+    shard, size, index, number = {}, 0, {}, 1
+    for name, tensor in random_tensors(text, device, seed):
+        shard[name] = tensor.cpu().contiguous()
+        size += tensor.numel() * tensor.element_size()
+        if size >= SHARD_BYTES:
+            index |= _save(folder, shard, number)
+            shard, size, number = {}, 0, number + 1
+    if shard:
+        index |= _save(folder, shard, number)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
+    generator = torch.Generator().manual_seed(seed + 1)
+    channels = min(64, text["hidden_size"] // 8)
+    linears = {
+        name: sorted(torch.randperm(text["hidden_size"], generator=generator)[:channels].tolist())
+        for name in norm_fed_names(text["layer_types"], PREFIX)
+    }
+    table = {"format_version": OUTLIERS_VERSION, "channels": channels, "linears": linears}
+    (folder / OUTLIERS_FILE).write_text(json.dumps(table))
+    (folder / ".complete").write_text("")
+    return folder
+
+
+def _save(folder: Path, shard: dict, number: int) -> dict[str, str]:
+    name = f"model-{number:05d}.safetensors"
+    save_file(shard, str(folder / name), metadata={"format": "pt"})
+    return dict.fromkeys(shard, name)
+
+
+def linear_parameters(text: dict) -> int:
+    return sum(out * width for out, width in linear_shapes(text).values())
+
+
+def int8_peak_tops(device: torch.device) -> float | None:
+    """The int8 GEMM rate at 16384 × 5120 × 17408 (``torch._int_mm``, the i8 mode's product)."""
+    if device.type != "cuda":
+        return None
+    from benchmarks.gpu_probe import timed
+
+    m, k, n = 16384, 5120, 17408
+    a = torch.randint(-127, 127, (m, k), device=device, dtype=torch.int8)
+    b = torch.randint(-127, 127, (n, k), device=device, dtype=torch.int8).t()
+    seconds = timed(lambda: torch._int_mm(a, b))
+    return 2 * m * k * n / seconds / 1e12
+
+
+def open_engine(args: argparse.Namespace, folder: Path) -> Engine:
+    if args.device == "cpu":
+        return Engine(str(folder), device="cpu", quant=args.quant)
+    return Engine(MODEL, device=args.device, quant=args.quant, cache_dirs=[str(args.root / "hub")])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("/dev/shm/qwen35-bench"))
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="27b")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--quant", default="", help="an int4 mode (default: the automatic i8)")
+    parser.add_argument("--jobs", default="J1,J2,J3")
+    parser.add_argument("--max-inputs", type=int, default=None, help="cut each job set to this many inputs")
+    parser.add_argument("--invariance", action="store_true")
+    parser.add_argument("--cap-gib", type=float, default=None)
+    parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    device = torch.device(args.device)
+    text = SHAPES[args.shape]
+    snapshot = args.root / "hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots" / REVISION
+    started = time.perf_counter()
+    folder = write_random_int4(snapshot, text, device if device.type == "cuda" else torch.device("cpu"))
+    written_s = time.perf_counter() - started
+    peak = int8_peak_tops(device)
+    started = time.perf_counter()
+    engine = open_engine(args, folder)
+    load_s = time.perf_counter() - started
+    flops = 2 * linear_parameters(text)
+    lines = [
+        "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    jobs = {}
+    for job in args.jobs.split(","):
+        bodies, note = job_bodies(job, args.max_inputs)
+        if bodies is None:
+            lines.append(note_row(job, note))
+            continue
+        jobs[job] = bodies
+        engine_call(engine, bodies[0])  # warm: Triton compiles here
+        m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
+        lines.append(row(job, f"ours, {engine.quant}", m, flops, peak))
+    if args.invariance and "J1" in jobs:
+        from benchmarks.invariance import invariance_lines
+
+        j2 = jobs.get("J2", [None])[0]
+        lines += [note_row(job, text) for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64)]
+    if args.cap_gib and device.type == "cuda":
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
+        engine = open_engine(args, folder)
+        for job in ("J1", "J2"):
+            if job in jobs:
+                m = measure(lambda body: engine_call(engine, body), jobs[job], device, 1, (0.0, 120.0))
+                lines.append(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap", m, flops, peak))
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
+    command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
+    head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
+    head += f"engine loaded in {load_s:.0f} s"
+    head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
+    body = head + "\n\n" + "\n".join(lines)
+    print(body)
+    if args.results:
+        append_section(f"Qwen3.8-27B int4 ({args.shape} shape)", body)
+
+
+if __name__ == "__main__":
+    main()

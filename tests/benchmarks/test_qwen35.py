@@ -1,0 +1,33 @@
+"""benchmarks/qwen35.py on the CPU, the tiny shape: its random int4 checkpoint is one the engine opens (the published
+layout: GPTQ v1 tensors, the outlier table, a sharded index), and a job set runs through it end to end. The 27B
+figures come from the GPU (benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import qwen35
+from spinf.engine.qwen35.int4 import read_gptq_config, read_outliers
+
+
+def test_the_tiny_run_writes_an_int4_checkpoint_the_engine_serves(tmp_path, capsys):
+    qwen35.main(["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"])
+    out = capsys.readouterr().out
+    assert "| J3 | ours, int4-i8 |" in out
+    folder = tmp_path / "hub" / "models--spinf--qwen3.8-27b-int4" / "snapshots" / qwen35.REVISION
+    assert read_gptq_config(folder) is not None and len(read_outliers(folder)) == 6 * 2  # qkv or in_proj, gate/up
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.qweight" in index
+    assert "model.language_model.layers.0.linear_attn.in_proj_b.weight" in index  # b/a stay float
+
+
+def test_the_27b_shape_has_the_spec_s_sizes():
+    text = qwen35.SHAPES["27b"]
+    assert text["layer_types"].count("full_attention") == 16 and len(text["layer_types"]) == 64
+    # about 13 GB of packed int4 weights with fp16 group scales for the 64 layers (engine spec B.14.3)
+    quantized = sum(
+        out * width
+        for name, (out, width) in qwen35.linear_shapes(text).items()
+        if not name.endswith(("in_proj_b", "in_proj_a"))
+    )
+    assert 12.5e9 < quantized * (0.5 + 2 / 32) < 14.5e9
