@@ -4,7 +4,8 @@ Every layer is a token mixer and a SiLU MLP, each behind an RMSNorm that multipl
 **full-attention layer** (every 4th in the published models) or a **Gated DeltaNet** (GDN):
 
 * Full attention: q (with a per-head output gate beside it in ``q_proj``), k, v; q/k RMSNorm per head; rope on the
-  first ``rotary_dim`` dims of each head (text has t = h = w, so the 3-D sections reduce to plain rope); tree
+  first ``rotary_dim`` dims of each head, each pair turning with the t, h or w position as its 3-D section says
+  (`rope_axes`; text has t = h = w, so the sections reduce to plain rope); tree
   attention over the pass (`spinf.engine.attention.tree_attention`), then ``· sigmoid(gate)``.
 * GDN: ``in_proj`` gives q/k/v (through a 4-tap causal depthwise convolution and SiLU), z (the output gate), b
   (``beta = sigmoid(b)``) and a (the decay ``g = -exp(A_log) · softplus(a + dt_bias)``). Per value head, with q and k
@@ -90,6 +91,9 @@ class Qwen35Plan:
     taps: torch.Tensor  # [num_tokens, kernel] int64
     segments: tuple[tuple[int, int, int], ...]
     kept: frozenset[int]
+    # per row its (t, h, w) rotary positions (engine spec A.14.3: an image's tokens share t and add their row and
+    # column); None: text only, t = h = w = the row's position
+    positions3: torch.Tensor | None = None  # [num_tokens, 3] int64
     recurrent: torch.Tensor | None = None  # [num_segments, 5] int32 on the GPU; None on the CPU
     levels: tuple[int, ...] = ()
     num_slots: int = 0
@@ -385,6 +389,17 @@ class Attention(nn.Module):
         return (pairs, heads, *rest)
 
 
+def rope_axes(cfg: Qwen35Config) -> torch.Tensor:
+    """Which of (t, h, w) each rotary pair turns with, as transformers' Qwen3.5 interleaves them: pair ``j`` is h
+    when ``j % 3 == 1`` and ``j < 3 · sections[1]``, w when ``j % 3 == 2`` and ``j < 3 · sections[2]``, else t."""
+    pairs = torch.arange(cfg.rotary_dim // 2)
+    _, h, w = cfg.mrope_section
+    axes = torch.zeros_like(pairs)
+    axes[(pairs % 3 == 1) & (pairs < 3 * h)] = 1
+    axes[(pairs % 3 == 2) & (pairs < 3 * w)] = 2
+    return axes
+
+
 def rope_inv_freq(cfg: Qwen35Config) -> torch.Tensor:
     """The rotary pairs' inverse frequencies (the exponent runs over the rotary dims only)."""
     exponents = torch.arange(0, cfg.rotary_dim, 2, dtype=torch.int64).float() / cfg.rotary_dim
@@ -467,7 +482,11 @@ class Qwen35Text(nn.Module):
         if isinstance(plan, AttentionPlan):
             plan = Qwen35Plan(attention=plan, taps=None, segments=(), kept=frozenset())
         h = F.embedding(token_ids, self.embed)
-        freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
+        if plan.positions3 is None:
+            freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
+        else:  # each pair turns with its own axis's position (`rope_axes`)
+            axes = rope_axes(self.cfg).to(plan.positions3.device)
+            freqs = plan.positions3[:, axes].float() * self.inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         rope = (_pointwise(torch.cos, angles), _pointwise(torch.sin, angles))
         for layer in self.layers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
@@ -161,3 +162,34 @@ def test_the_config_refuses_what_the_decoder_does_not_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
     with pytest.raises(ModelError, match=r"is not a Qwen3.5 model"):
         read_qwen35_config(tmp_path)
+
+
+def test_three_d_rotary_positions_match_transformers(models):
+    """An image's positions (engine spec A.14.3): its tokens share the start's t and add their row and column on h
+    and w, and every token after it is shifted back by N - max(rows, cols). Given those positions, the decoder
+    equals transformers' forward with the same position ids [3, 1, N] (its interleaved sections) to 1e-4, and
+    differs from the plain 1-D positions (so the axes are really read)."""
+    ours, reference = models
+    before, rows, cols, after = 5, 3, 4, 9
+    sequence = tokens(80, before + rows * cols + after)
+    t, h, w = list(range(before)), list(range(before)), list(range(before))
+    for r in range(rows):
+        for c in range(cols):
+            t.append(before)
+            h.append(before + r)
+            w.append(before + c)
+    resume = before + max(rows, cols)  # the first position after the image
+    for i in range(after):
+        t.append(resume + i)
+        h.append(resume + i)
+        w.append(resume + i)
+    positions = torch.tensor([t, h, w])  # [3, N]
+    job, _ = job_of(sequence[:-1], [sequence[-1:]])
+    layout = build_pass([job])
+    plan = attrs.evolve(ours.plan(layout), positions3=positions.t().contiguous())
+    hidden = ours(torch.tensor(layout.token_ids), plan)
+    got = ours.read_logprobs(hidden[torch.tensor(layout.read_rows)])[0]
+    logits = reference(torch.tensor([sequence]), position_ids=positions[:, None, :]).logits[0, -1].float()
+    assert (got - torch.log_softmax(logits, dim=-1)).abs().max().item() <= TOLERANCE
+    plain = ours.pass_logprobs(layout)[0]
+    assert (got - plain).abs().max().item() > 1e-3
