@@ -1,4 +1,4 @@
-"""The token counts of engine spec A.14 for Gemma, as pure functions of sizes and sample counts.
+"""The token counts of engine spec A.14, as pure functions of sizes and sample counts (Gemma; Qwen images too).
 
 Images (A.14.2, api spec §4.3): one soft token per 48x48 block after the resize that scales the area to the
 detail's budget. The arithmetic is the spec's, in the spec's order, on Python floats: ``f = sqrt(soft * 48**2 /
@@ -57,6 +57,44 @@ def gemma_image_tokens(height: int, width: int, detail: str) -> int:
 def gemma_image_content_tokens(height: int, width: int, detail: str) -> int:
     """What an image adds to the content tokens: its N blocks and its 2 markers."""
     return gemma_image_tokens(height, width, detail) + MARKERS
+
+
+# Qwen images (engine spec A.14.3): one token per 32x32 pixels (16-px patches merged 2x2), the detail's budget in
+# tokens, at least 64 tokens, an aspect ratio of at most 200
+QWEN_BLOCK = 32
+QWEN_DETAIL_TOKENS = {"low": 256, "auto": 1024, "high": 4096}
+QWEN_MIN_TOKENS = 64
+QWEN_MAX_ASPECT = 200
+
+
+def qwen_image_size(height: int, width: int, detail: str) -> tuple[int, int]:
+    """The resized ``(height, width)`` of an image at ``detail`` on the Qwen stack, by the standard Qwen-VL rule
+    with factor 32: each side rounded to a multiple of 32; when that is over the budget's ``tokens · 32²`` pixels,
+    both scaled down by ``sqrt(h · w / max)`` and floored to multiples of 32 (at least 32); when under the minimum
+    (64 tokens, 65,536 pixels), scaled up by ``sqrt(min / (h · w))`` and ceiled. ``ValueError`` beyond an aspect
+    ratio of 200 (the caller's 400)."""
+    if height < 1 or width < 1:
+        raise ValueError(f"an image has at least one pixel a side, not {height}x{width}")
+    if max(height, width) / min(height, width) > QWEN_MAX_ASPECT:
+        raise ValueError(f"an image of {width}x{height} pixels is over the aspect ratio of {QWEN_MAX_ASPECT}")
+    block, area = QWEN_BLOCK, QWEN_BLOCK**2
+    most, least = QWEN_DETAIL_TOKENS[detail] * area, QWEN_MIN_TOKENS * area
+    h, w = round(height / block) * block, round(width / block) * block
+    if h * w > most:
+        beta = math.sqrt(height * width / most)
+        h = max(block, math.floor(height / beta / block) * block)
+        w = max(block, math.floor(width / beta / block) * block)
+    elif h * w < least:
+        beta = math.sqrt(least / (height * width))
+        h, w = math.ceil(height * beta / block) * block, math.ceil(width * beta / block) * block
+    return h, w
+
+
+def qwen_image_tokens(height: int, width: int, detail: str) -> int:
+    """N, the image tokens of an image of ``height`` x ``width`` pixels at ``detail`` on the Qwen stack (one per
+    32x32 block after `qwen_image_size`); no markers."""
+    h, w = qwen_image_size(height, width, detail)
+    return (h // QWEN_BLOCK) * (w // QWEN_BLOCK)
 
 
 def audio_tokens(num_samples: int) -> int:

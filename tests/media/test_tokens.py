@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 
+from spinf.media import tokens
 from spinf.media.tokens import (
     DETAIL_TOKENS,
     MAX_SEGMENT_TOKENS,
@@ -154,3 +155,27 @@ def test_video_timestamps_are_whole_minutes_and_seconds(t, first, text):
 def test_video_timestamps_need_a_finite_time(t):
     with pytest.raises(ValueError, match=r"^a frame time is a finite number of seconds >= 0, not .*$"):
         video_timestamp(t, first=True)
+
+
+QWEN_SIZES = [(1, 1), (31, 33), (32, 32), (48, 48), (255, 257), (256, 256), (300, 400), (1080, 1920), (4000, 3000),
+              (16, 3000), (7, 1400), (1023, 1025), (2048, 2048), (4095, 4097), (12_000, 9_000), (200, 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("height", "width"), QWEN_SIZES)
+@pytest.mark.parametrize("detail", ["low", "auto", "high"])
+def test_qwen_image_sizes_follow_transformers_qwen_vl_rule(height, width, detail):
+    """The Qwen-VL resize rule with factor 32 and the detail's budget (engine spec A.14.3) as transformers computes
+    it (its PIL image processor's ``smart_resize``), including the rounding edges around the budget and the minimum;
+    the token count is one per 32x32 block and stays within the budget."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    budget = tokens.QWEN_DETAIL_TOKENS[detail]
+    expected = smart_resize(height, width, factor=32, min_pixels=64 * 32 * 32, max_pixels=budget * 32 * 32)
+    assert tokens.qwen_image_size(height, width, detail) == expected
+    count = tokens.qwen_image_tokens(height, width, detail)
+    assert count == (expected[0] // 32) * (expected[1] // 32) and count <= budget
+
+
+def test_a_qwen_image_over_the_aspect_ratio_is_refused():
+    with pytest.raises(ValueError, match="aspect ratio of 200"):
+        tokens.qwen_image_size(1, 201, "auto")
