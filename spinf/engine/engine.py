@@ -30,6 +30,7 @@ from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
 from spinf.engine.qwen35.loading import load_for_engine as load_qwen35_for_engine
+from spinf.engine.qwen35.media import load_qwen_embedders, read_qwen_media
 from spinf.engine.qwen35.readout import has_readout
 from spinf.engine.results import usage
 from spinf.engine.scales import (
@@ -154,9 +155,12 @@ class Engine:
         capabilities = resolved.capabilities
         self.family = checkpoint.family
         qwen = self.family == "qwen35"
-        # the Qwen stack reads no media yet (its images' 3-D positions are still to come): media_not_supported
+        # what the checkpoint reads besides text: Gemma's embedders (or the 31B's tower), or the Qwen vision tower
         media_config = None if qwen else read_media_config(self.folder)
-        self.media = frozenset(resolved.media) & (media_config.kinds if media_config else frozenset())
+        qwen_media = read_qwen_media(self.folder) if qwen else None
+        reads = media_config or qwen_media
+        self.media = frozenset(resolved.media) & (reads.kinds if reads else frozenset())
+        self.image_scheme = "qwen" if qwen else "gemma"  # how images become items (`spinf.media.items.SCHEMES`)
         decider = qwen and (
             (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(self.folder)
         )
@@ -207,6 +211,9 @@ class Engine:
         self.layers = layers and len(self.model.layers)
         # the embedders of the media kinds switched on (--media none loads none: less memory)
         self.embedders = None
+        if qwen_media is not None and self.features.media:
+            dtype = self.model.embed.dtype
+            self.embedders = load_qwen_embedders(self.folder, device=device, dtype=dtype)
         if media_config is not None and self.features.media:
             self.embedders = load_embedders(
                 self.folder,
@@ -221,7 +228,7 @@ class Engine:
         self.shape = attrs.evolve(
             self.shape,
             answer_codes=frozenset(readout.token_ids) if readout is not None else None,
-            media_tokens=media_config.tokens if media_config else None,
+            media_tokens=reads.tokens if reads else None,
             media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
         )
         # compile = false (--no-compile): every pass runs eagerly, no CUDA graph is captured (a GPU's only compile)
@@ -376,7 +383,8 @@ class Engine:
         return call.request
 
     def _decoded(self, call: Call) -> ScoreRequest:
-        return decode_media(self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs))
+        request = self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs)
+        return decode_media(request, self.image_scheme)
 
     def prepare(self, call: Call) -> None:
         """Parses ``call`` and decodes its media (api spec §4.9 step 1) before the loop takes it, setting

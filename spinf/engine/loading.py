@@ -140,3 +140,16 @@ def load_gemma4_text(
     except KeyError as exc:
         raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
     return model.eval().requires_grad_(False)
+
+
+def check_tower_weights(folder: Path, raw: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> None:
+    """A vision tower's weights ``raw`` (full names) against the ``shapes`` it is built from: a weight missing, of
+    another shape, or one this build does not read is a `ModelError` naming it."""
+    for name, shape in shapes.items():
+        if name not in raw:
+            raise ModelError(f"{folder}: the checkpoint lacks the vision tower weight {name!r}")
+        if tuple(raw[name].shape) != shape:
+            raise ModelError(f"{folder}: the vision tower weight {name!r} is {tuple(raw[name].shape)}, not {shape}")
+    unread = sorted(set(raw) - set(shapes))
+    if unread:
+        raise ModelError(f"{folder}: the checkpoint has a vision tower weight this build does not read, {unread[0]!r}")

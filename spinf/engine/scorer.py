@@ -347,7 +347,8 @@ def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotSta
             if r not in at:
                 at[r] = len(rows)
                 rows.append(r)
-        starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e))
+        shift = sum(getattr(item, "rope_shift", 0) for row, item in layout.media if start <= row < start + prefix_len)
+        starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e, shift))
     prefixes = tuple(
         (first, layout.spans[j][0] + layout.spans[j][1] - 1 if layout.spans[j][1] else -1)
         for j, first in prefix_at.items()

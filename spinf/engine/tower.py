@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.gemm import stable_mm
-from spinf.engine.loading import read_tensors
+from spinf.engine.loading import check_tower_weights, read_tensors
 from spinf.engine.model import apply_rope, rms_norm
 from spinf.errors import ModelError
 
@@ -315,14 +315,7 @@ def load_tower(
     raw = {VISION_PREFIX + k: t for k, t in read_tensors(folder, VISION_PREFIX).items()}
     raw |= {EMBED_PREFIX + k: t for k, t in read_tensors(folder, EMBED_PREFIX).items()}
     shapes = tower_weight_shapes(cfg, hidden)
-    for name, shape in shapes.items():
-        if name not in raw:
-            raise ModelError(f"{folder}: the checkpoint lacks the vision tower weight {name!r}")
-        if tuple(raw[name].shape) != shape:
-            raise ModelError(f"{folder}: the vision tower weight {name!r} is {tuple(raw[name].shape)}, not {shape}")
-    unread = sorted(set(raw) - set(shapes))
-    if unread:
-        raise ModelError(f"{folder}: the checkpoint has a vision tower weight this build does not read, {unread[0]!r}")
+    check_tower_weights(folder, raw, shapes)
     with torch.device("meta"):
         tower = TowerEmbedder(cfg, hidden)
     state = {k: t.to(device=device, dtype=dtype) for k, t in _module_state(raw, cfg).items()}

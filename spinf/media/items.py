@@ -22,6 +22,7 @@ import numpy as np
 
 from spinf.media.audio import audio_frames, cap_input_audio, decode_audio_part
 from spinf.media.images import decode_image_part, gemma_blocks, gemma_image_resized, gemma_resize
+from spinf.media.qwen_images import QwenVisionItem, qwen_image_resized, qwen_item, qwen_resize
 from spinf.media.tokens import SAMPLE_RATE, SAMPLES_PER_TOKEN, audio_segments
 from spinf.media.video import decode_video_part
 from spinf.protocol.types import InputSpec, MediaPart, ScoreRequest
@@ -36,6 +37,7 @@ class VisionItem:
     positions: np.ndarray
     kind: str  # "image" or "video" (a frame)
     embedder = "vision"
+    rope_shift = 0  # Gemma's placeholders take one position each
 
     @property
     def num_tokens(self) -> int:
@@ -51,13 +53,15 @@ class AudioItem:
     milliseconds: float
     kind = "audio"
     embedder = "audio"
+    rope_shift = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.frames)
 
 
-MediaItem = VisionItem | AudioItem
+MediaItem = VisionItem | AudioItem | QwenVisionItem
+SCHEMES = ("gemma", "qwen")  # how images become items: Gemma's 48-px blocks, the Qwen tower's 16-px patches
 
 
 def has_media(req: ScoreRequest) -> bool:
@@ -79,15 +83,16 @@ def _decoders() -> ThreadPoolExecutor:
     return _pool
 
 
-def decode_media(req: ScoreRequest) -> ScoreRequest:
-    """``req`` with every media part's ``decoded`` set: a tuple of `VisionItem`, `AudioItem` and, for a video, the
-    timestamp strings before its frames. The parts are decoded `DECODE_THREADS` at a time; refusals (`ApiError`,
-    api spec §4.3) come in input and part order all the same (the first in that order is raised)."""
+def decode_media(req: ScoreRequest, scheme: str = "gemma") -> ScoreRequest:
+    """``req`` with every media part's ``decoded`` set: a tuple of `VisionItem` (`QwenVisionItem` under the
+    ``qwen`` scheme), `AudioItem` and, for a video, the timestamp strings before its frames. The parts are decoded
+    `DECODE_THREADS` at a time; refusals (`ApiError`, api spec §4.3) come in input and part order all the same (the
+    first in that order is raised)."""
     if not has_media(req) or all(s.decoded is not None for inp in req.inputs for s in _parts(inp)):
         return req
     jobs = [
         [
-            (k, _decoders().submit(_decode_part, seg, req.limits))
+            (k, _decoders().submit(_decode_part, seg, req.limits, scheme))
             for k, seg in enumerate(inp.segments)
             if isinstance(seg, MediaPart)
         ]  # fmt: skip
@@ -106,22 +111,23 @@ def _parts(inp: InputSpec) -> Iterator[MediaPart]:
     return (s for s in inp.segments if isinstance(s, MediaPart))
 
 
-def _decode_part(seg: MediaPart, limits) -> tuple | object:
+def _decode_part(seg: MediaPart, limits, scheme: str = "gemma") -> tuple | object:
     """One part decoded: an image's or a video's pieces, or an audio part's clip (cut and split per input later)."""
+    resize = gemma_resize if scheme == "gemma" else lambda pixels, detail: qwen_resize(pixels, detail, seg.path)
     if seg.kind == "image":
-        image = decode_image_part(seg.payload, seg.path, max_pixels=limits.max_image_pixels, resize=gemma_resize)
-        return (_vision(gemma_image_resized(image), "image"),)
+        image = decode_image_part(seg.payload, seg.path, max_pixels=limits.max_image_pixels, resize=resize)
+        return (_vision(image, "image", scheme),)
     if seg.kind == "video":
         video = decode_video_part(
             seg.payload,
             seg.path,
             max_frames=limits.max_frames,
             max_pixels=limits.max_image_pixels,
-            resize=gemma_resize,
+            resize=resize,
         )
         pieces: list = []
         for stamp, frame in zip(video.timestamps(), video.frames, strict=True):
-            pieces += [stamp, _vision(gemma_image_resized(frame.image), "video")]
+            pieces += [stamp, _vision(frame.image, "video", scheme)]
         return tuple(pieces)
     return decode_audio_part(seg.payload, seg.path, max_seconds=limits.max_audio_seconds)
 
@@ -137,8 +143,10 @@ def _decoded_input(inp: InputSpec, decoded: dict[int, object]) -> InputSpec:
     return attrs.evolve(inp, segments=segments)
 
 
-def _vision(resized: np.ndarray, kind: str) -> VisionItem:
-    blocks, positions = gemma_blocks(resized)
+def _vision(image, kind: str, scheme: str) -> VisionItem | QwenVisionItem:
+    if scheme == "qwen":
+        return qwen_item(qwen_image_resized(image), kind)
+    blocks, positions = gemma_blocks(gemma_image_resized(image))
     return VisionItem(blocks, positions, kind)
 
 

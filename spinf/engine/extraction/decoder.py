@@ -43,11 +43,12 @@ class SlotStart:
     prefix: tuple[int, int]
     path: tuple[int, ...]
     row: int
+    shift: int = 0  # how far the prefix's images move later rotary positions back (the Qwen stack, A.14.3)
 
     @property
     def position(self) -> int:
         """The position of the slot's first generated token."""
-        return self.prefix[1] + len(self.path)
+        return self.prefix[1] + len(self.path) - self.shift
 
 
 @attrs.define(eq=False)

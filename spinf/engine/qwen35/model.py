@@ -130,6 +130,38 @@ def segments(pred: np.ndarray) -> tuple[tuple[tuple[int, int, int], ...], frozen
     return tuple((a, b, s) for a, b, s in out), kept
 
 
+def _job_of(layout: PassLayout, row: int) -> int:
+    for j, (start, prefix_len, num_branch) in enumerate(layout.spans):
+        if start <= row < start + prefix_len + num_branch:
+            return j
+    raise ValueError(f"row {row} is in no job of the pass")
+
+
+def mrope_positions(layout: PassLayout) -> torch.Tensor | None:
+    """Each row's (t, h, w) rotary positions [num_tokens, 3] (A.14.3), None for a pass without images: an image's
+    tokens share its first position on t and add their row and column on h and w, and every later token of its job
+    (the prefix's and every branch's) moves back by the image's `rope_shift`."""
+    items = [(row, item) for row, item in layout.media if hasattr(item, "grid")]  # the Qwen tower's items
+    if not items:
+        return None
+    base = np.asarray(layout.positions, dtype=np.int64)
+    shift = np.zeros(len(base), dtype=np.int64)
+    out = np.repeat(base[:, None], 3, axis=1)
+    spans = layout.spans
+    for row, item in sorted(items, key=lambda pair: pair[0]):
+        start, prefix_len, num_branch = spans[_job_of(layout, row)]
+        first = base[row] - shift[row]
+        r, c = np.divmod(np.arange(item.num_tokens), item.cols)
+        out[row : row + item.num_tokens] = np.stack([np.full_like(r, first), first + r, first + c], axis=1)
+        after = slice(row + item.num_tokens, start + prefix_len + num_branch)  # the job's later rows
+        shift[after] += item.rope_shift
+    text = np.ones(len(base), dtype=bool)
+    for row, item in items:
+        text[row : row + item.num_tokens] = False
+    out[text] = (base - shift)[text][:, None]
+    return torch.from_numpy(out)
+
+
 def pass_plan(
     layout: PassLayout,
     kernel: int,
@@ -149,8 +181,11 @@ def pass_plan(
     segs, kept = segments(pred)
     taps_rows = np.stack(taps[::-1], axis=1).copy()
     attention = attention_plan(layout, device)
+    positions3 = mrope_positions(layout)
+    positions3 = None if positions3 is None else positions3.to(device)
     if device.type != "cuda":
-        return Qwen35Plan(attention=attention, taps=torch.from_numpy(taps_rows).to(device), segments=segs, kept=kept)
+        taps_on = torch.from_numpy(taps_rows).to(device)
+        return Qwen35Plan(attention=attention, taps=taps_on, segments=segs, kept=kept, positions3=positions3)
     from spinf.engine.kernels import kernel_plan, tile_rows, to_device
     from spinf.engine.kernels.gdn import segment_table
 
@@ -166,6 +201,7 @@ def pass_plan(
         recurrent=to_device(table, device),
         levels=levels,
         num_slots=num_slots,
+        positions3=positions3,
     )
 
 
@@ -482,6 +518,9 @@ class Qwen35Text(nn.Module):
         if isinstance(plan, AttentionPlan):
             plan = Qwen35Plan(attention=plan, taps=None, segments=(), kept=frozenset())
         h = F.embedding(token_ids, self.embed)
+        if plan.attention.media is not None:  # the placeholders' rows become the tower's embeddings (A.14.1)
+            rows, embedded = plan.attention.media
+            h = h.index_copy(0, rows, embedded.to(h.dtype))
         if plan.positions3 is None:
             freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
         else:  # each pair turns with its own axis's position (`rope_axes`)

@@ -189,3 +189,68 @@ def write_tiny_decider(folder: str | Path) -> Path:
             codes.append(token_id)
     write_readout(folder, hidden_size=TINY_TEXT_CONFIG["hidden_size"], token_ids=codes, temperature=0.7, seed=_SEED)
     return folder
+
+
+# A small tower of the published layout: the real 16-pixel patches, temporal patch of 2 and 2 x 2 merge (the pixel
+# layout of engine spec A.14.3), a narrow width and an 8 x 8 position table (resampled to every image's grid).
+TINY_VISION_CONFIG: dict[str, Any] = {
+    "model_type": "qwen3_5_vision",
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "in_channels": 3,
+    "out_hidden_size": TINY_TEXT_CONFIG["hidden_size"],
+    "num_position_embeddings": 64,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+# The image markers and placeholder of the tiny tokenizer (the tiny Gemma's <start_of_image>, <end_of_image> and
+# <image_soft_token>). It has no video placeholder, and transformers' Qwen3.5 tells image from video placeholders by
+# id, so the video one is <audio_soft_token>, a special token the Qwen stack never reads otherwise.
+TINY_VISION_TOKENS: dict[str, int] = {
+    "vision_start_token_id": 6,
+    "vision_end_token_id": 7,
+    "image_token_id": 8,
+    "video_token_id": 11,
+}
+_VISION_SEED = 1  # the tower's own stream, so the text weights stay those of `write_tiny_qwen35`
+
+
+def tiny_vision_state_dict() -> dict[str, torch.Tensor]:
+    """The tower's float32 weights under ``model.visual.``, drawn from one seeded CPU generator in sorted key
+    order: norms around 1 (weights) and 0 (biases), other biases small, matrices scaled by 1/sqrt(fan-in)."""
+    from spinf.engine.qwen35.vision import QwenVisionConfig, vision_weight_shapes
+
+    cfg = QwenVisionConfig.from_dict({"vision_config": TINY_VISION_CONFIG, **TINY_VISION_TOKENS})
+    generator = torch.Generator(device="cpu").manual_seed(_VISION_SEED)
+    weights = {}
+    for key, shape in sorted(vision_weight_shapes(cfg).items()):
+        normal = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if "norm" in key:
+            weights[key] = normal * 0.1 + (1.0 if key.endswith("weight") else 0.0)
+        elif key.endswith("bias"):
+            weights[key] = normal * 0.1
+        elif key.endswith("pos_embed.weight"):
+            weights[key] = normal * 0.5
+        else:
+            weights[key] = normal / math.sqrt(math.prod(shape[1:]))
+    return weights
+
+
+def write_tiny_vision(folder: str | Path) -> Path:
+    """Turn the tiny checkpoint that `write_tiny_qwen35` wrote into ``folder`` into one with a vision tower: its
+    config gains ``TINY_VISION_CONFIG`` and ``TINY_VISION_TOKENS``, its ``model.safetensors`` the tower's weights
+    (the text tensors unchanged). transformers' ``Qwen3_5ForConditionalGeneration`` loads it with no missing or
+    unexpected keys. Returns the folder."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"vision_config": TINY_VISION_CONFIG, **TINY_VISION_TOKENS}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = load_file(str(folder / "model.safetensors")) | tiny_vision_state_dict()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
