@@ -72,7 +72,7 @@ class Reference:
     def logprobs(self, pieces: list, template: str) -> torch.Tensor:
         c = self.config
         ids = self.tokenizer("", add_special_tokens=True).input_ids
-        types, pixel_values, grids = [0] * len(ids), [], []
+        types, pixel_values, grids, video_values, video_grids = [0] * len(ids), [], [], [], []
         for piece in pieces:
             if isinstance(piece, str):
                 ids += self.tok(piece)
@@ -80,17 +80,21 @@ class Reference:
                 continue
             kind, pixels, detail = piece
             patches, grid = self.patches(pixels, detail)
-            pixel_values.append(patches)
-            grids.append(grid)
+            (pixel_values if kind == "image" else video_values).append(patches)
+            (grids if kind == "image" else video_grids).append(grid)  # a frame: one temporal patch of itself
             tokens = grid[1] * grid[2] // 4
-            ids += [c["vision_start_token_id"]] + [c["image_token_id"]] * tokens + [c["vision_end_token_id"]]
-            types += [0] + [1] * tokens + [0]
+            placeholder = c["image_token_id"] if kind == "image" else c["video_token_id"]
+            ids += [c["vision_start_token_id"]] + [placeholder] * tokens + [c["vision_end_token_id"]]
+            types += [0] + [1 if kind == "image" else 2] * tokens + [0]
         ids += self.tok(template)
         types += [0] * len(self.tok(template))
         kwargs = {"mm_token_type_ids": torch.tensor([types])}
         if pixel_values:
             kwargs["pixel_values"] = torch.from_numpy(np.concatenate(pixel_values))
             kwargs["image_grid_thw"] = torch.tensor(grids)
+        if video_values:
+            kwargs["pixel_values_videos"] = torch.from_numpy(np.concatenate(video_values))
+            kwargs["video_grid_thw"] = torch.tensor(video_grids)
         with torch.no_grad():
             logits = self.model(input_ids=torch.tensor([ids]), **kwargs).logits[0, -1].float()
         return torch.log_softmax(logits, dim=-1).double()
@@ -172,3 +176,25 @@ def test_an_image_over_the_aspect_ratio_is_a_400(engine):
     with pytest.raises(ApiError) as refused:
         score(engine, [image_part(noise_image(2, 500, seed=1), "low")])
     assert (refused.value.status, refused.value.code) == (400, "invalid_media")
+
+
+def test_video_frames_stay_in_place_with_their_timestamps(engine, reference):
+    """A video's frames are images at the video's detail (low by default) with their ``mm:ss`` stamps as text
+    (A.14.5); transformers reads them as one-frame video grids with video placeholders."""
+    frames = [noise_image(80, 120, seed=20 + j) for j in range(3)]
+    times = [0.0, 61.5, 125.0]
+    video = {
+        "type": "video",
+        "video": {
+            "frames": [
+                {"t": t, "image_url": {"url": data_url(image_bytes(f))}} for t, f in zip(times, frames, strict=True)
+            ]
+        },
+    }
+    response = score(engine, [{"type": "text", "text": "Clip: "}, video, {"type": "text", "text": " end"}])
+    pieces = ["Clip: 00:00 ", ("video", frames[0], "low"), " 01:01 ", ("video", frames[1], "low")]
+    pieces += [" 02:05 ", ("video", frames[2], "low"), " end"]
+    assert ours(response) == pytest.approx(theirs(reference, pieces), abs=1e-4)
+    _, grid = reference.patches(frames[0], "low")
+    usage = response["usage"]["content"]
+    assert usage["video_frames"] == 3 and usage["video_tokens"] == 3 * (grid[1] * grid[2] // 4 + 2)
