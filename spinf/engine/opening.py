@@ -24,6 +24,7 @@ from spinf.engine.hardware import (
     device_facts,
     settled_quant,
 )
+from spinf.engine.qwen35.loading import FLOAT_SCHEMES
 from spinf.engine.scales import find_table, missing_table_error, store_path
 from spinf.engine.schemes import SCHEMES
 from spinf.engine.tiny import find_or_generate
@@ -41,7 +42,7 @@ RUNNABLE_SCHEMES = {
     **dict.fromkeys(SCHEMES, torch.bfloat16),
     **{f"int4-{mode}": torch.bfloat16 for mode in INT4_MODES},
 }
-QWEN_FLOAT_SCHEMES = ("fp32", "bf16")
+QWEN_FLOAT_SCHEMES = tuple(FLOAT_SCHEMES)  # a Qwen3.5 float checkpoint's (`spinf.engine.qwen35.loading`)
 
 
 def open_checkpoint(

@@ -100,7 +100,8 @@ class Scorer:
             from spinf.engine.graphs import PassGraphs
 
             self._tile_rows = model.tile_rows()
-            self.graphs = PassGraphs(model, device, self._tile_rows) if graphs else None
+            graphable = getattr(model, "graphable", True)  # the Qwen stack replays no graph yet
+            self.graphs = PassGraphs(model, device, self._tile_rows) if graphs and graphable else None
 
     def allocated_bytes(self) -> int | None:
         """Device memory held by live tensors; None on the CPU, where it is not measured."""

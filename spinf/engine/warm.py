@@ -183,11 +183,12 @@ def steps(engine: Engine, mode: str) -> list[Step]:
     """The warm-up of ``mode`` as steps to run one after another (the server runs each as its own executor job):
     the scoring calls, the built passes, then the extraction call when the engine can extract."""
     filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
-    calls = [Step(functools.partial(engine.score, body)) for body in bodies(mode)]
+    options = answer_options(engine)
+    calls = [Step(functools.partial(engine.score, with_options(body, options))) for body in bodies(mode)]
     embedders = getattr(engine, "embedders", None)
     media = media_body(mode, engine.features.media & embedders.kinds) if embedders is not None else None
     if media is not None:
-        calls.append(Step(functools.partial(engine.score, media)))
+        calls.append(Step(functools.partial(engine.score, with_options(media, options))))
     built = passes(mode, engine.shape.token_budget)
     found = calls + [Step(functools.partial(run_pass, engine.loop, jobs(plan, filler))) for plan in built]
     if engine.extractor is not None:
@@ -197,6 +198,26 @@ def steps(engine: Engine, mode: str) -> list[Step]:
         if body is not None:
             found.append(Step(functools.partial(engine.score, body), part="warmup_extract_s"))
     return found
+
+
+def answer_options(engine: Engine) -> list[str] | None:
+    """Two options a decision model answers with (its first two codes whose text tokenizes back to that one code),
+    for warm-up questions that are not refused there (its options must be codes); None for any other model."""
+    codes = getattr(engine.shape, "answer_codes", None)
+    if not codes:
+        return None
+    tk = engine.tokenizer
+    texts = [tk.decode([code]) for code in sorted(codes)]
+    usable = [text for text, code in zip(texts, sorted(codes), strict=True) if text and tk.tok(text) == (code,)]
+    return usable[:2] if len(usable) >= 2 else None
+
+
+def with_options(body: dict, options: list[str] | None) -> dict:
+    """``body`` with every query's options replaced by ``options`` (None: as it is)."""
+    if options is None:
+        return body
+    queries = [{**q, "options": options} for q in body["scoring"]["queries"]]
+    return {**body, "scoring": {**body["scoring"], "queries": queries}}
 
 
 def check_mode(mode: str) -> None:

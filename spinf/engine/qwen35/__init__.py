@@ -4,6 +4,6 @@
 full-attention layers, the delta-rule recurrence and the causal convolution along each token's path on the GDN
 layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `int4_write`
 writes small ones in the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine;
-`tiny` writes the tiny twin and the tiny decider. Not yet: extraction and generation, Qwen images, a chunked kernel
-for long segments.
+`tiny` writes the tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
+Not yet: extraction on a GPU, a chunked kernel for long segments, CUDA graphs.
 """

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from spinf.catalog.resolve import read_config
 from spinf.engine.hardware import INT4_FORMAT
 from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35 import readout
@@ -21,6 +22,7 @@ from spinf.engine.qwen35.model import Qwen35Text, load_qwen35
 from spinf.errors import ModelError
 
 FLOAT_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FLOAT_FORMATS = ("safetensors-f32", "safetensors-bf16")
 INT4_PREFIX = "int4-"
 
 
@@ -50,6 +52,7 @@ def load_for_engine(
         linear = int4.int4_linears(read_tensors(folder, ""), mode, outliers)
         model = load_qwen35(folder, dtype, linear, readout=head)
     else:
+        _check_float(folder, weight_format)
         if scheme not in FLOAT_SCHEMES:
             raise ModelError(
                 f"{folder}: the {scheme} scheme is not built for the Qwen3.5 stack; a float checkpoint runs in "
@@ -60,3 +63,18 @@ def load_for_engine(
     if head is not None:
         model.readout = head.to(device)
     return model
+
+
+def _check_float(folder: Path, weight_format: str) -> None:
+    """A checkpoint read as float weights must be one: a quantization config other than GPTQ (an fp8 one, say) or
+    float8 tensors would load without their scales, so they are refused by name."""
+    quantization = read_config(folder).get("quantization_config")
+    if weight_format not in FLOAT_FORMATS or quantization is not None:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else weight_format
+        raise ModelError(
+            f"{folder}: a Qwen3.5 checkpoint quantized with {method!r} is not read by this build; it reads float "
+            "weights (safetensors) and GPTQ int4 (groups of 32)"
+        )
+    for name, tensor in read_tensors(folder, "").items():
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise ModelError(f"{folder}: the tensor {name} is {tensor.dtype}; a float checkpoint's weights are float")

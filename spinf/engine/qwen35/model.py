@@ -23,7 +23,8 @@ on where its trie forks or what else shares the pass (C.1); the products run in 
 On a GPU the recurrence runs in the Triton kernel by segment index (`spinf.engine.kernels.gdn`, token by token in
 every segment) and the full-attention layers in the Gemma stack's tree-attention kernel. Linears are made by a
 factory (`MakeLinear`): float (`Dense`) or int4 (`spinf.engine.qwen35.int4`); the decider's readout replaces the LM
-head. Not yet here: a chunked kernel for long segments, extraction and generation, Qwen images' 3-D positions.
+head. A decode step (extraction, `GatedDeltaNet.decode`) replays each row's recurrence from its prefix's state, on
+the CPU. Not yet here: a chunked kernel for long segments, the decode step and prefix states on a GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
-from spinf.engine.gemm import row_stable_mm
+from spinf.engine.gemm import row_stable_mm, stable_mm
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
 from spinf.engine.model import HEAD_ROWS
@@ -167,6 +168,7 @@ def pass_plan(
     kernel: int,
     device: torch.device | None = None,
     attention_shape: tuple[int, int] | None = None,
+    attention: AttentionPlan | None = None,
 ) -> Qwen35Plan:
     """The plan of a pass for a model whose convolution has ``kernel`` taps, with its tensors on ``device`` (None:
     the CPU). On a GPU, ``attention_shape`` (head dim, query heads per KV head) of the full-attention layers gives
@@ -180,7 +182,8 @@ def pass_plan(
         back = np.where(back >= 0, pred[np.maximum(back, 0)], -1)
     segs, kept = segments(pred)
     taps_rows = np.stack(taps[::-1], axis=1).copy()
-    attention = attention_plan(layout, device)
+    given = attention is not None  # the scorer's plan (its kernel tables, capture and media): kept as it is
+    attention = attention if given else attention_plan(layout, device)
     positions3 = mrope_positions(layout)
     positions3 = None if positions3 is None else positions3.to(device)
     if device.type != "cuda":
@@ -189,7 +192,7 @@ def pass_plan(
     from spinf.engine.kernels import kernel_plan, tile_rows, to_device
     from spinf.engine.kernels.gdn import segment_table
 
-    if attention_shape is not None:
+    if attention_shape is not None and not given:
         rows = tile_rows(*attention_shape, Attention.kernel_config(*attention_shape))
         attention = attrs.evolve(attention, kernel=kernel_plan(layout, device, {rows}))
     table, levels, num_slots = segment_table(segs, kept)
@@ -210,7 +213,8 @@ def delta_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the gated delta rule on one fp32 state [Hv, dk, dv]: the new state and the token's output
     [Hv, dv]. The scoring pass and the decoder both step with this, so a decoded token has the bits of a branch."""
-    heads = state.shape[0]
+    heads, dtype = state.shape[0], state.dtype  # the state is fp32; bf16 activations join it in fp32
+    q_t, k_t, v_t, decay_t, beta_t = (t.to(dtype) for t in (q_t, k_t, v_t, decay_t, beta_t))
     k_t = k_t.unsqueeze(1)  # [Hv, 1, dk]
     state = state * decay_t.view(heads, 1, 1)
     delta = (v_t - torch.bmm(k_t, state).squeeze(1)) * beta_t.view(heads, 1)  # [Hv, dv]
@@ -245,7 +249,7 @@ def delta_rule(
     out = torch.empty_like(v)
     kept: dict[int, torch.Tensor] = {}
     for index, (first, end, source) in enumerate(plan.segments):
-        state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv))
+        state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv), dtype=torch.float32)
         for t in range(first, end):
             state, out[t] = delta_step(state, q[t], k[t], v[t], decay[t], beta[t])
             if states_at is not None and t in states_at:
@@ -268,7 +272,7 @@ class Dense(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return row_stable_mm(x, self.weight.to(x.dtype))
+        return stable_mm(x, self.weight.to(x.dtype))
 
 
 # Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along
@@ -329,7 +333,7 @@ class GatedDeltaNet(nn.Module):
         o = delta_rule(q, k, v, decay, beta, plan, states_at)
         if capture is not None:  # what the decoder steps on from (`decode`): rows, and the prefixes' states
             capture.keep(qkv, _recurrent_rows(k, v, decay, beta))
-            zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]))
+            zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]), dtype=torch.float32)
             capture.states.append(torch.stack([states_at[row] if row >= 0 else zero for _, row in capture.prefixes]))
         return self.output(o, z)
 
@@ -445,6 +449,7 @@ def rope_inv_freq(cfg: Qwen35Config) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rope on the first ``cos.shape[-1]`` dims of each head. x [N, heads, d]; cos, sin [N, rotary]."""
     rot = cos.shape[-1]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 stays bf16 (fp32 angles would promote the whole residual)
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     half = rot // 2
     turned = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
@@ -538,7 +543,11 @@ class Qwen35Text(nn.Module):
         x = rms_norm(hidden_rows.float(), self.final_norm, self.cfg.rms_norm_eps)
         if self.readout is not None:
             return self.readout.logprobs(x)
-        return torch.log_softmax(row_stable_mm(x, self.lm_head.float()), dim=-1)
+        if x.is_cuda:  # the head as loaded (bf16) with fp32 output: no fp32 copy of the 2.5 GB head per chunk
+            logits = torch.mm(x.to(self.lm_head.dtype), self.lm_head.t(), out_dtype=torch.float32)
+        else:
+            logits = row_stable_mm(x, self.lm_head.float())
+        return torch.log_softmax(logits, dim=-1)
 
     def full_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """`read_logprobs` in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so that on a GPU every product
@@ -557,13 +566,21 @@ class Qwen35Text(nn.Module):
     def option_logprobs(
         self, hidden_rows: torch.Tensor, pick_rows: torch.Tensor, pick_cols: torch.Tensor, bounds: list[int]
     ) -> torch.Tensor:
-        """fp32 log-probs of token ``pick_cols[i]`` at read row ``pick_rows[i]`` (the scorer's GPU call; ``bounds``
-        are the picks of each ``HEAD_ROWS`` chunk, which `full_logprobs` runs already)."""
-        return self.full_logprobs(hidden_rows)[pick_rows, pick_cols]
+        """fp32 log-probs of token ``pick_cols[i]`` at read row ``pick_rows[i]`` (the scorer's GPU call): the read
+        rows in chunks of exactly ``HEAD_ROWS`` (the last padded), the picks of chunk ``c`` being
+        ``bounds[c]:bounds[c + 1]``, so that no [read rows, vocab] tensor is held beyond one chunk's."""
+        out = []
+        for c, start in enumerate(range(0, hidden_rows.shape[0], HEAD_ROWS)):
+            logprobs = self.full_logprobs(hidden_rows[start : start + HEAD_ROWS])
+            rows = pick_rows[bounds[c] : bounds[c + 1]] - start
+            out.append(logprobs[rows, pick_cols[bounds[c] : bounds[c + 1]]])
+        return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def head_precision(self) -> str:
         """The head's part of the fingerprint (api spec §11): the readout or the LM head, fp32 products both."""
         return "readout fp32" if self.readout is not None else "lm_head fp32"
+
+    graphable = False  # no CUDA graphs on this stack yet (the scorer builds none)
 
     def runs_fused(self) -> bool:
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
@@ -590,8 +607,7 @@ class Qwen35Text(nn.Module):
     def pass_plan(self, layout: PassLayout, attention: AttentionPlan) -> Qwen35Plan:
         """The plan of one pass around the scorer's tree-attention plan ``attention`` (its kernel tables, capture and
         media): the recurrent segments and the convolution's taps, on the model's device."""
-        plan = pass_plan(layout, self.cfg.linear_conv_kernel_dim, self.embed.device)
-        return attrs.evolve(plan, attention=attention)
+        return pass_plan(layout, self.cfg.linear_conv_kernel_dim, self.embed.device, attention=attention)
 
     def pass_logprobs(self, layout: PassLayout) -> torch.Tensor:
         """The pass's full-vocabulary log-probs at its read rows, [len(layout.read_rows), vocab]."""

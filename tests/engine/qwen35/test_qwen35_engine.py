@@ -228,3 +228,40 @@ def test_the_catalog_finds_its_qwen_checkpoints_in_a_hub_cache(tmp_path, monkeyp
     resolved, checkpoint, scheme = opening.open_checkpoint(name, device="cuda:0", cache_dirs=[str(tmp_path / "hub")])
     assert (resolved.served_name, checkpoint.folder, checkpoint.revision) == (repo, snapshot, revision)
     assert (checkpoint.family, checkpoint.weight_format, scheme) == ("qwen35", "gptq-int4-g32", "int4-i8")
+
+
+def test_bf16_on_the_cpu_runs_the_recurrence_in_fp32(folder, engine):
+    """``--quant bf16`` on a float folder emulates bf16 activations; the recurrent state stays fp32 (engine spec
+    B.14.1) and the rotary tables take the activations' dtype, so the pass runs and lands near the fp32 scores."""
+    bf16 = Engine(str(folder), device="cpu", quant="bf16")
+    body = {
+        "inputs": [text_input("in0", "I was charged twice for one order.")],
+        "scoring": {"queries": [{"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}]},
+    }
+    got = bf16.score(body)["results"][0]["queries"][0]["combinations"][0]["options"]
+    expected = engine.score(body)["results"][0]["queries"][0]["combinations"][0]["options"]
+    assert bf16.quant == "bf16"
+    assert all(abs(a["p"] - b["p"]) < 0.2 for a, b in zip(got, expected, strict=True))
+
+
+def test_a_qwen_checkpoint_quantized_another_way_is_refused(folder, tmp_path):
+    """An fp8 (or any non-GPTQ) quantization config would load as float weights without their scales."""
+    import shutil
+
+    other = tmp_path / "fp8"
+    shutil.copytree(folder, other)
+    config = json.loads((other / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="quantized with 'fp8' is not read by this build"):
+        Engine(str(other), device="cpu")
+
+
+def test_the_deciders_warm_up_asks_with_its_own_codes(decider):
+    from spinf.engine import warm
+
+    options = warm.answer_options(decider)
+    assert options is not None and len(options) == 2
+    assert all(decider.tokenizer.tok(o)[0] in decider.shape.answer_codes for o in options)
+    for step in warm.steps(decider, "short"):
+        step()
