@@ -402,8 +402,12 @@ def test_bad_files_are_one_line_and_status_2(tmp_path, capsys, tiny_env):
 
 
 def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
-    """Bit for bit on the platform it was recorded on (its name holds the torch build and the CPU's instruction
-    set); elsewhere, such as torch 2.11 on another CPU, about 94% of the values differ in the last bits."""
+    """Bit for bit on the platform it was recorded on; elsewhere, such as torch 2.11 on another CPU, about 94% of the
+    values differ in the last bits. The fixture records no platform (an older file, like those `spinf-serve parity`
+    takes for another platform), and its name says only the torch build and the instruction set: a CPU of the same
+    instruction set can still round otherwise (one with AMX, reporting AVX512, differed in 95% of the
+    values by at most 3e-5). So, as the command does, it is judged by the cross-platform bound unless it records
+    the very platform of this run."""
     fixture, reference = read_fixture(None), read_fixture(TINY_REFERENCE, flag="--reference")
     check_reference(fixture, reference)
     assert reference["reference"].startswith(f"spinf/tiny-gemma4@{tiny_engine.revision}; quant fp32; lm-head fp32")
@@ -413,7 +417,8 @@ def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
     parity = report["passes"][0]["parity"]
     assert parity["n"] == 3 * 56 and parity["raw_sign_agree"] == 1.0
     info = tiny_engine.info()
-    if reference["reference"] == engine_reference_name(info, engine_platform(info, "cpu")):
+    here = engine_platform(info, "cpu")
+    if reference.get("platform") == here and reference["reference"] == engine_reference_name(info, here):
         assert (parity["lp_exact_share"], parity["lp_max_abs"]) == (1.0, 0.0)
     else:
         assert parity["lp_max_abs"] < 1e-4, reference["reference"]
