@@ -341,7 +341,11 @@ class ModelEntry:
         capabilities = self.capabilities(engine)
         reads = engine.media if engine and engine.media is not None else self.media
         media = [kind for kind in self.resolved.media if kind in reads]
-        body.update(status=status, capabilities=capabilities, media=media, limits=dict(self.limits))
+        limits = dict(self.limits)
+        manifest = self.resolved.manifest
+        if manifest is not None and manifest.head == "readout":  # api spec §9.4: the decider forces 0
+            limits["max_extractions_per_input"] = 0
+        body.update(status=status, capabilities=capabilities, media=media, limits=limits)
         body["features"] = {
             "media": list(media),
             "extraction": "extract" in capabilities,

@@ -178,6 +178,8 @@ class Engine:
             generation=extraction and switches.generation and "generate" in capabilities,
             extraction_note=note,
         )
+        if decider:  # api spec §9.4: the decider forces max_extractions_per_input to 0
+            self.limits = attrs.evolve(self.limits, max_extractions_per_input=0)
         budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
         longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
         self.shape = EngineShape(round_up(budget), round_up(longest))

@@ -167,6 +167,7 @@ def test_the_decider_refuses_extraction_as_a_decision_model(decider):
     }
     error = refusal(decider, body)
     assert error.code == "extraction_disabled" and "decision model scores options only" in error.message
+    assert decider.limits.max_extractions_per_input == 0  # api spec §9.4: the decider forces 0
 
 
 @pytest.fixture(scope="module")
