@@ -12,6 +12,7 @@ extraction slot.
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 from spinf_client import SpinfClient, SpinfError, query, text
 
@@ -138,3 +139,30 @@ def test_an_int4_gptq_folder_is_served_in_its_i8_mode(tmp_path, int4_folder):
     assert response["results"] == expected["results"]
     assert response["system_fingerprint"] == expected["system_fingerprint"]
     assert "int4-i8" in process.output()  # the start-up line names the scheme
+
+
+def test_an_image_from_spinf_client_on_a_checkpoint_with_a_tower(tmp_path, folders):
+    """spinf-client's ``media.image`` against a Qwen3.5 folder with a vision tower: the server reads it (the Qwen-VL
+    resize, the tower, 3-D positions; tests/engine/qwen35/test_qwen35_images.py checks those against transformers)
+    and answers as the engine does in-process; /v1/models lists image and video."""
+    import shutil
+
+    from PIL import Image
+    from spinf_client import media as client_media
+
+    from spinf.engine.qwen35.tiny import write_tiny_vision
+
+    folder = tmp_path / "tiny-qwen35-vision"
+    shutil.copytree(folders[0], folder)
+    write_tiny_vision(folder)
+    process = ServerProcess(tmp_path / "server", model=str(folder))
+    try:
+        photo = Image.fromarray(np.random.default_rng(3).integers(0, 255, (200, 300, 3), dtype=np.uint8))
+        content = [text("A photo of the receipt:"), client_media.image(photo, detail="low")]
+        response = SpinfClient(base_url=process.url, model=str(folder)).score(content=content, queries=QUERIES)
+        entry = httpx.get(f"{process.url}/v1/models", timeout=30).json()["models"][0]
+    finally:
+        assert process.stop() == 0
+    body = {"model": str(folder), "messages": [{"role": "user", "content": content}], "scoring": {"queries": QUERIES}}
+    assert response["results"] == in_process(folder, body)["results"]
+    assert response["usage"]["content"]["images"] == 1 and entry["media"] == ["image", "video"]
