@@ -33,6 +33,7 @@ GPU_WORK_BYTES = 6 * GIB
 CPU_WORK_BYTES = 1 * GIB
 FP8_MIN_CAPABILITY = (8, 9)
 INT4_FORMAT = "gptq-int4-g32"
+INT4_PREFIX = "int4-"  # an int4 checkpoint's scheme is its mode with this prefix (api spec §9.8)
 DEFAULT_FORMAT = "safetensors-bf16"
 TINY_HINT = "spinf-serve serve spinf/tiny-gemma4 --device cpu"
 
@@ -125,7 +126,7 @@ def check_hardware(
     _check_gpu_model(resolved, kind)
     facts = device_facts(device) if facts is None else facts
     weight_format = weight_format or resolved.weight_format or DEFAULT_FORMAT
-    scheme = quant.removeprefix("int4-") if weight_format == INT4_FORMAT else quant
+    scheme = quant.removeprefix(INT4_PREFIX) if weight_format == INT4_FORMAT else quant
     _check_scheme(resolved, quant, scheme, allowed_schemes(resolved, weight_format, on_cpu=kind == "cpu"), facts)
     if weights_bytes is None:
         return facts
@@ -150,7 +151,7 @@ def check_requested(resolved: ResolvedModel, quant: str, device: str, facts: Dev
     _check_gpu_model(resolved, kind)
     if quant:
         allowed = allowed_schemes(resolved, resolved.weight_format, on_cpu=kind == "cpu")
-        _check_scheme(resolved, quant, quant.removeprefix("int4-"), allowed, facts)
+        _check_scheme(resolved, quant, quant.removeprefix(INT4_PREFIX), allowed, facts)
 
 
 def _check_gpu_model(resolved: ResolvedModel, kind: str) -> None:
@@ -231,10 +232,10 @@ def choose_quant(
     if not requested and manifest is not None and manifest.quant_default != "auto":
         requested = manifest.quant_default
     if requested:
-        mode = requested.removeprefix("int4-")
-        return f"int4-{mode}" if weight_format == INT4_FORMAT and mode in INT4_MODES else requested
+        mode = requested.removeprefix(INT4_PREFIX)
+        return f"{INT4_PREFIX}{mode}" if weight_format == INT4_FORMAT and mode in INT4_MODES else requested
     if weight_format == INT4_FORMAT:
-        return "int4-i8"  # the CPU emulates it (a local folder only: a catalog int4 model needs a GPU)
+        return f"{INT4_PREFIX}i8"  # the CPU emulates it (a local folder only: a catalog int4 model needs a GPU)
     if family == "qwen35":  # a float Qwen3.5 checkpoint runs as it is (its stack runs none of the Gemma schemes)
         return "fp32" if capability is None else "bf16"
     if capability is None and weight_format == "fp8-static":

@@ -4,8 +4,8 @@ scheme, in that order, before a weight is read.
 `check_before_lookup` makes every refusal that the manifest, the settings and the device decide (the family, the
 device, the scheme, the memory for the manifest's size) before any lookup or download: ``spinf-serve serve`` calls
 it before the server starts, and `open_checkpoint` before it looks for the files. What needs the files (their
-format, their exact size, a scale table shipped with them) comes after the lookup. `RUNNABLE_SCHEMES` is what this
-build runs, with the dtype a checkpoint loads in.
+format, their exact size, a scale table shipped with them) comes after the lookup. `RUNNABLE_SCHEMES` is what the
+Gemma stack runs, with the dtype a checkpoint loads in (the Qwen stack's loader chooses its own).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.catalog.manifest import FAMILIES, INT4_MODES
 from spinf.engine import fp8_static
 from spinf.engine.hardware import (
+    INT4_PREFIX,
     DeviceFacts,
     check_hardware,
     check_requested,
@@ -40,7 +41,6 @@ RUNNABLE_SCHEMES = {
     "bf16": torch.bfloat16,
     "fp8s": torch.bfloat16,
     **dict.fromkeys(SCHEMES, torch.bfloat16),
-    **{f"int4-{mode}": torch.bfloat16 for mode in INT4_MODES},
 }
 QWEN_FLOAT_SCHEMES = tuple(FLOAT_SCHEMES)  # a Qwen3.5 float checkpoint's (`spinf.engine.qwen35.loading`)
 
@@ -145,7 +145,7 @@ def _check_runnable(name: str, family: str | None, scheme: str | None) -> None:
     """
     if scheme is None or family is None:
         return
-    int4 = scheme.startswith("int4-")
+    int4 = scheme.startswith(INT4_PREFIX)
     if family == "qwen35" and not int4 and scheme not in QWEN_FLOAT_SCHEMES:
         raise ModelError(
             f"{name}: the {scheme} scheme runs the Gemma 4 stack only; a Qwen3.5 checkpoint runs "
@@ -154,5 +154,5 @@ def _check_runnable(name: str, family: str | None, scheme: str | None) -> None:
     if family != "qwen35" and int4:
         raise ModelError(
             f"{name}: the {scheme} scheme runs GPTQ checkpoints of the Qwen3.5 stack only; a Gemma 4 checkpoint runs "
-            f"{', '.join(s for s in RUNNABLE_SCHEMES if not s.startswith('int4-'))}"
+            f"{', '.join(RUNNABLE_SCHEMES)}"
         )

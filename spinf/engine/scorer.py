@@ -328,12 +328,14 @@ def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotSta
     rows: list[int] = []
     at: dict[int, int] = {}  # stream row -> capture row
     prefix_at: dict[int, int] = {}  # job -> its prefix's first capture row
+    shift_of: dict[int, int] = {}  # job -> how far its prefix's images move later rotary positions back (Qwen)
     starts = []
     for e, end_row in enumerate(layout.end_rows):
         j = job_of_end[e]
         start, prefix_len, _ = layout.spans[j]
         if j not in prefix_at:
             prefix_at[j] = len(rows)
+            shift_of[j] = sum(item.rope_shift for row, item in layout.media if start <= row < start + prefix_len)
             for r in range(start, start + prefix_len):
                 at[r] = len(rows)
                 rows.append(r)
@@ -348,8 +350,7 @@ def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotSta
             if r not in at:
                 at[r] = len(rows)
                 rows.append(r)
-        shift = sum(getattr(item, "rope_shift", 0) for row, item in layout.media if start <= row < start + prefix_len)
-        starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e, shift))
+        starts.append(SlotStart((prefix_at[j], prefix_len), tuple(at[r] for r in reversed(path)), e, shift_of[j]))
     prefixes = tuple(
         (first, layout.spans[j][0] + layout.spans[j][1] - 1 if layout.spans[j][1] else -1)
         for j, first in prefix_at.items()

@@ -203,12 +203,11 @@ def steps(engine: Engine, mode: str) -> list[Step]:
 def answer_options(engine: Engine) -> list[str] | None:
     """Two options a decision model answers with (its first two codes whose text tokenizes back to that one code),
     for warm-up questions that are not refused there (its options must be codes); None for any other model."""
-    codes = getattr(engine.shape, "answer_codes", None)
-    if not codes:
+    if not engine.shape.answer_codes:
         return None
     tk = engine.tokenizer
-    texts = [tk.decode([code]) for code in sorted(codes)]
-    usable = [text for text, code in zip(texts, sorted(codes), strict=True) if text and tk.tok(text) == (code,)]
+    texts = {code: tk.decode([code]) for code in sorted(engine.shape.answer_codes)}
+    usable = [text for code, text in texts.items() if tk.tok(text) == (code,)]
     return usable[:2] if len(usable) >= 2 else None
 
 

@@ -42,6 +42,12 @@ def data_url(data: bytes, subtype: str = "png") -> str:
     return f"data:image/{subtype};base64,{b64(data)}"
 
 
+def video_part(frames: list[np.ndarray], times: list[float]) -> dict:
+    """A ``video`` content part of PNG frames sampled at ``times`` (seconds)."""
+    sampled = [{"t": t, "image_url": {"url": data_url(image_bytes(f))}} for t, f in zip(times, frames, strict=True)]
+    return {"type": "video", "video": {"frames": sampled}}
+
+
 def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spinf.engine.tiny import TINY_MEDIA_TOKENS
 from spinf.errors import ApiError
-from tests.media.fixtures import b64, data_url, image_bytes, noise_image, wav_header
+from tests.media.fixtures import b64, data_url, image_bytes, noise_image, video_part, wav_header
 
 BOI, EOI, IMAGE = (
     TINY_MEDIA_TOKENS["boi_token_id"],
@@ -206,14 +206,7 @@ def test_audio_in_place_and_in_segments_of_750_tokens(tiny_engine, reference):
 def test_video_frames_stay_in_place_with_their_timestamps(tiny_engine, reference):
     frames = [noise_image(80, 120, seed=10 + j) for j in range(3)]
     times = [0.0, 61.5, 125.0]
-    video = {
-        "type": "video",
-        "video": {
-            "frames": [
-                {"t": t, "image_url": {"url": data_url(image_bytes(f))}} for t, f in zip(times, frames, strict=True)
-            ]
-        },
-    }
+    video = video_part(frames, times)
     response = score(tiny_engine, [{"type": "text", "text": "Clip: "}, video, {"type": "text", "text": " end"}])
     pieces = ["Clip: 00:00 ", ("image", frames[0], "low"), " 01:01 ", ("image", frames[1], "low")]
     pieces += [" 02:05 ", ("image", frames[2], "low"), " end"]

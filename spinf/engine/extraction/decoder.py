@@ -304,8 +304,8 @@ class _Chunk:
                     self.states.append(None)
                     continue
                 by_group = []
-                for (captured_id, prefix), _ in groups.items():
-                    captured = next(t.captured for t in tasks if id(t.captured) == captured_id)
+                for captured_id, prefix in groups:
+                    captured = sources[captured_id][0]
                     by_group.append(captured.states[layer][captured.state_index[prefix[0]]])
                 self.states.append(torch.stack(by_group))
         groups_out, k = [], 0

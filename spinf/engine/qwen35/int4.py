@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.gemm import row_stable_mm
+from spinf.engine.gemm import row_stable_mm, stable_mm
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
 from spinf.engine.qwen35.model import MakeLinear
 from spinf.errors import ModelError
@@ -261,13 +261,8 @@ def _int_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a.contiguous(), b_t)[:rows]
 
 
-def _float_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T``: in fixed row blocks on the CPU (`row_stable_mm`), a plain GEMM on a GPU."""
-    return x @ weight.t() if x.is_cuda else row_stable_mm(x, weight)
-
-
 def _bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return _float_mm(x.to(torch.bfloat16), w.to(torch.bfloat16))
+    return stable_mm(x.to(torch.bfloat16), w.to(torch.bfloat16))  # fixed row blocks on the GPU too
 
 
 def _f16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.hardware import INT4_FORMAT
+from spinf.engine.hardware import INT4_FORMAT, INT4_PREFIX
 from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35 import readout
 from spinf.engine.qwen35.config import read_qwen35_config
@@ -23,7 +23,6 @@ from spinf.errors import ModelError
 
 FLOAT_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOAT_FORMATS = ("safetensors-f32", "safetensors-bf16")
-INT4_PREFIX = "int4-"
 
 
 def load_for_engine(
@@ -49,8 +48,8 @@ def load_for_engine(
         mode = scheme.removeprefix(INT4_PREFIX)
         outliers = int4.read_outliers(folder) if mode == "i8" else None
         dtype = torch.float32 if on_cpu else torch.bfloat16
-        linear = int4.int4_linears(read_tensors(folder, ""), mode, outliers)
-        model = load_qwen35(folder, dtype, linear, readout=head)
+        raw = read_tensors(folder, "")
+        model = load_qwen35(folder, dtype, int4.int4_linears(raw, mode, outliers), readout=head, raw=raw)
     else:
         _check_float(folder, weight_format)
         if scheme not in FLOAT_SCHEMES:
@@ -66,8 +65,8 @@ def load_for_engine(
 
 
 def _check_float(folder: Path, weight_format: str) -> None:
-    """A checkpoint read as float weights must be one: a quantization config other than GPTQ (an fp8 one, say) or
-    float8 tensors would load without their scales, so they are refused by name."""
+    """A checkpoint read as float weights must be one: a quantization config other than GPTQ (an fp8 one, say) would
+    load without its scales, so it is refused by name (`load_qwen35` refuses a float8 tensor as it reads it)."""
     quantization = read_config(folder).get("quantization_config")
     if weight_format not in FLOAT_FORMATS or quantization is not None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else weight_format
@@ -75,6 +74,3 @@ def _check_float(folder: Path, weight_format: str) -> None:
             f"{folder}: a Qwen3.5 checkpoint quantized with {method!r} is not read by this build; it reads float "
             "weights (safetensors) and GPTQ int4 (groups of 32)"
         )
-    for name, tensor in read_tensors(folder, "").items():
-        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise ModelError(f"{folder}: the tensor {name} is {tensor.dtype}; a float checkpoint's weights are float")

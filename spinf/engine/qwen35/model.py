@@ -29,7 +29,7 @@ the CPU. Not yet here: a chunked kernel for long segments, the decode step and p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -40,6 +40,7 @@ from torch import nn
 
 from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
 from spinf.engine.gemm import row_stable_mm, stable_mm
+from spinf.engine.head import DEFAULT_HEAD, head_precision
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
 from spinf.engine.model import HEAD_ROWS
@@ -148,17 +149,14 @@ def mrope_positions(layout: PassLayout) -> torch.Tensor | None:
     base = np.asarray(layout.positions, dtype=np.int64)
     shift = np.zeros(len(base), dtype=np.int64)
     out = np.repeat(base[:, None], 3, axis=1)
-    spans = layout.spans
+    text = np.ones(len(base), dtype=bool)
     for row, item in sorted(items, key=lambda pair: pair[0]):
-        start, prefix_len, num_branch = spans[_job_of(layout, row)]
+        start, prefix_len, num_branch = layout.spans[_job_of(layout, row)]
         first = base[row] - shift[row]
         r, c = np.divmod(np.arange(item.num_tokens), item.cols)
         out[row : row + item.num_tokens] = np.stack([np.full_like(r, first), first + r, first + c], axis=1)
-        after = slice(row + item.num_tokens, start + prefix_len + num_branch)  # the job's later rows
-        shift[after] += item.rope_shift
-    text = np.ones(len(base), dtype=bool)
-    for row, item in items:
         text[row : row + item.num_tokens] = False
+        shift[row + item.num_tokens : start + prefix_len + num_branch] += item.rope_shift  # the job's later rows
     out[text] = (base - shift)[text][:, None]
     return torch.from_numpy(out)
 
@@ -213,13 +211,20 @@ def delta_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the gated delta rule on one fp32 state [Hv, dk, dv]: the new state and the token's output
     [Hv, dv]. The scoring pass and the decoder both step with this, so a decoded token has the bits of a branch."""
+    state = delta_update(state, k_t, v_t, decay_t, beta_t)
+    return state, torch.bmm(q_t.to(state.dtype).unsqueeze(1), state).squeeze(1)
+
+
+def delta_update(
+    state: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, decay_t: torch.Tensor, beta_t: torch.Tensor
+) -> torch.Tensor:
+    """`delta_step`'s new state alone (a decode step replays a path's earlier tokens with it)."""
     heads, dtype = state.shape[0], state.dtype  # the state is fp32; bf16 activations join it in fp32
-    q_t, k_t, v_t, decay_t, beta_t = (t.to(dtype) for t in (q_t, k_t, v_t, decay_t, beta_t))
+    k_t, v_t, decay_t, beta_t = (t.to(dtype) for t in (k_t, v_t, decay_t, beta_t))
     k_t = k_t.unsqueeze(1)  # [Hv, 1, dk]
     state = state * decay_t.view(heads, 1, 1)
     delta = (v_t - torch.bmm(k_t, state).squeeze(1)) * beta_t.view(heads, 1)  # [Hv, dv]
-    state = state + torch.bmm(k_t.transpose(1, 2), delta.unsqueeze(1))
-    return state, torch.bmm(q_t.unsqueeze(1), state).squeeze(1)
+    return state + torch.bmm(k_t.transpose(1, 2), delta.unsqueeze(1))
 
 
 def delta_rule(
@@ -236,8 +241,8 @@ def delta_rule(
     the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone. On a GPU,
     the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
     ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes)."""
-    if q.is_cuda and states_at:
-        raise NotImplementedError("the GPU recurrence keeps no state at a given row yet (extraction on this stack)")
+    if q.is_cuda and states_at:  # the engine refuses extraction on a GPU for this stack, so no pass asks it
+        raise ValueError("the GPU recurrence keeps no state at a given row: extraction on this stack is CPU-only")
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
 
@@ -371,7 +376,7 @@ class GatedDeltaNet(nn.Module):
                 row = rows_out[p]
                 k_p, v_p = row[:key_end].view(heads, dk), row[key_end:value_end].view(heads, dv)
                 decay_p, beta_p = row[value_end : value_end + heads], row[value_end + heads :]
-                state, _ = delta_step(state, k_p, k_p, v_p, decay_p, beta_p)
+                state = delta_update(state, k_p, v_p, decay_p, beta_p)
             _, out[r] = delta_step(state, q[r], k[r], v[r], decay[r], beta[r])
         return self.output(out, z)
 
@@ -577,8 +582,11 @@ class Qwen35Text(nn.Module):
         return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def head_precision(self) -> str:
-        """The head's part of the fingerprint (api spec §11): the readout or the LM head, fp32 products both."""
-        return "readout fp32" if self.readout is not None else "lm_head fp32"
+        """The head's part of the fingerprint (api spec §11): the readout (fp32), or the LM head: fp32 on an fp32
+        model, the head as loaded with fp32 output (``f32out``) on a bf16 one."""
+        if self.readout is not None:
+            return "readout fp32"
+        return f"lm_head {head_precision(DEFAULT_HEAD, self.lm_head.dtype)}"  # fp32, or the bf16 head's f32out
 
     graphable = False  # no CUDA graphs on this stack yet (the scorer builds none)
 
@@ -627,13 +635,18 @@ def float_linears(take: Callable[[str], torch.Tensor], dtype: torch.dtype | None
 
 
 def load_qwen35(
-    folder: str | Path, dtype: torch.dtype = torch.float32, linear: MakeLinear | None = None, readout=None
+    folder: str | Path,
+    dtype: torch.dtype = torch.float32,
+    linear: MakeLinear | None = None,
+    readout=None,
+    raw: Mapping[str, torch.Tensor] | None = None,
 ) -> Qwen35Text:
     """The text model of the Qwen3.5 checkpoint in ``folder``; ``linear`` makes its linears (None: float ones, in
-    ``dtype``, as every other tensor is); ``readout`` the decider's head, which replaces the LM head (A.15)."""
+    ``dtype``, as every other tensor is); ``readout`` the decider's head, which replaces the LM head (A.15); ``raw``
+    the checkpoint's tensors by full name when the caller has read them already (an int4 ``linear`` reads them)."""
     folder = Path(folder)
     cfg, prefix = read_qwen35_config(folder)
-    raw = read_tensors(folder, "")
+    raw = read_tensors(folder, "") if raw is None else raw
     if prefix + "embed_tokens.weight" not in raw:
         raise ModelError(f"{folder}: the checkpoint has no {prefix}embed_tokens.weight")
     head = raw.get("lm_head.weight")
@@ -643,6 +656,8 @@ def load_qwen35(
     def take(name: str) -> torch.Tensor:
         if name not in raw:
             raise ModelError(f"{folder}: the checkpoint has no tensor {name}")
+        if raw[name].dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # its scales would be lost
+            raise ModelError(f"{folder}: the tensor {name} is {raw[name].dtype}; this stack reads float or GPTQ int4")
         return raw[name].to(dtype)
 
     model = Qwen35Text(

@@ -20,7 +20,7 @@ from transformers import AutoModelForImageTextToText, PreTrainedTokenizerFast
 
 from spinf import Engine
 from spinf.engine.qwen35.tiny import write_tiny_qwen35, write_tiny_vision
-from tests.media.fixtures import data_url, image_bytes, noise_image
+from tests.media.fixtures import data_url, image_bytes, noise_image, video_part
 
 BUDGET = {"low": 256, "auto": 1024, "high": 4096}
 TEMPLATE = "\n\nIs this about money? Answer:{?}"
@@ -183,14 +183,7 @@ def test_video_frames_stay_in_place_with_their_timestamps(engine, reference):
     (A.14.5); transformers reads them as one-frame video grids with video placeholders."""
     frames = [noise_image(80, 120, seed=20 + j) for j in range(3)]
     times = [0.0, 61.5, 125.0]
-    video = {
-        "type": "video",
-        "video": {
-            "frames": [
-                {"t": t, "image_url": {"url": data_url(image_bytes(f))}} for t, f in zip(times, frames, strict=True)
-            ]
-        },
-    }
+    video = video_part(frames, times)
     response = score(engine, [{"type": "text", "text": "Clip: "}, video, {"type": "text", "text": " end"}])
     pieces = ["Clip: 00:00 ", ("video", frames[0], "low"), " 01:01 ", ("video", frames[1], "low")]
     pieces += [" 02:05 ", ("video", frames[2], "low"), " end"]
