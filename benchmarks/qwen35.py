@@ -264,25 +264,33 @@ def main(argv: list[str] | None = None) -> None:
     engine = open_engine(args, folder)
     load_s = time.perf_counter() - started
     flops = 2 * linear_parameters(text)
-    lines = [
+    lines: list[str] = []
+
+    def emit(*new: str) -> None:  # printed as they come: a run cut short keeps what it measured
+        lines.extend(new)
+        print(*new, sep="\n", flush=True)
+
+    print(f"checkpoint written in {written_s:.0f} s, engine loaded in {load_s:.0f} s ({engine.quant})", flush=True)
+    emit(
         "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |",
         "|---|---|---|---|---|---|---|---|---|",
-    ]
+    )
     jobs = {}
     for job in args.jobs.split(","):
         bodies, note = job_bodies(job, args.max_inputs)
         if bodies is None:
-            lines.append(note_row(job, note))
+            emit(note_row(job, note))
             continue
         jobs[job] = bodies
         engine_call(engine, bodies[0])  # warm: Triton compiles here
         m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
-        lines.append(row(job, f"ours, {engine.quant}", m, flops, peak))
+        emit(row(job, f"ours, {engine.quant}", m, flops, peak))
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
 
         j2 = jobs.get("J2", [None])[0]
-        lines += [note_row(job, text) for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64)]
+        for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64):
+            emit(note_row(job, text))
     if args.cap_gib and device.type == "cuda":
         del engine
         gc.collect()
@@ -293,14 +301,14 @@ def main(argv: list[str] | None = None) -> None:
         for job in ("J1", "J2"):
             if job in jobs:
                 m = measure(lambda body: engine_call(engine, body), jobs[job], device, 1, (0.0, 120.0))
-                lines.append(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap", m, flops, peak))
+                emit(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap", m, flops, peak))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
     command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
     head += f"engine loaded in {load_s:.0f} s"
     head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
     body = head + "\n\n" + "\n".join(lines)
-    print(body)
+    print(head)
     if args.results:
         append_section(f"Qwen3.8-27B int4 ({args.shape} shape)", body)
 

@@ -35,7 +35,8 @@ if not torch.cuda.is_available():
     if _interpreter is not None and hasattr(_interpreter, "InterpreterBuilder"):
         # The interpreter's tl.dot is numpy's matmul, whose BLAS gives an element low bits that depend on where it
         # sits in the product (edge blocks take other code paths). A GPU tensor-core product does not, and the
-        # kernels' invariance rests on that, so on the CPU every element is summed the same way: in k order.
+        # kernels' invariance rests on that, so on the CPU every element is summed the same way: in k order (in the
+        # accumulator's dtype: numpy would sum int32 products in int64).
         import numpy as _np
         import triton.language as tl
 
@@ -48,7 +49,7 @@ if not torch.cuda.is_available():
                 b_data = _interpreter._convert_float(b_data, b.dtype, tl.float16, None).view(_np.float16)
             dtype = d.data.dtype
             products = a_data.astype(dtype)[:, :, None] * b_data.astype(dtype)[None, :, :]
-            return _interpreter.TensorHandle(_np.add.reduce(products, axis=1) + d.data, d.dtype.scalar)
+            return _interpreter.TensorHandle(_np.add.reduce(products, axis=1, dtype=dtype) + d.data, d.dtype.scalar)
 
         _interpreter.InterpreterBuilder.create_dot = _create_dot
 

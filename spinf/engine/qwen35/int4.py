@@ -42,8 +42,10 @@ integer products exact through ``torch._int_mm``, which CPU torch has):
 One entry per norm-fed linear, keyed by the first full weight name (without ``.weight``) of its fused group: the
 input channels whose max |activation| over the calibration stream was largest, unique, inside the input width.
 
-The CUDA branches (``torch._int_mm``, fp16/bf16 ``mm``, ``torch._scaled_mm`` with row-wise scales) are plain and
-unmeasured here.
+On a GPU the weights are unpacked per call by `spinf.engine.kernels.int4` (the ``i8`` mode's int8 codes, or the
+fp32 weight of the others); the ``i8`` products run through ``torch._int_mm`` (split) and the block-scaled kernel of
+that module, with the same bits as the torch code here (the fp16 outlier product sums in another order); the other
+modes' products through fp16/bf16 ``mm`` and ``torch._scaled_mm`` with row-wise scales.
 """
 
 from __future__ import annotations
@@ -183,9 +185,11 @@ def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str) -> Int4Weight:
             f"a symmetric int4 GPTQ v1 checkpoint stores 7 (zero-point 8) everywhere"
         )
     g_idx = tensors.get(f"{name}.g_idx")
-    if g_idx is not None and not torch.equal(g_idx, torch.arange(width, dtype=torch.int32) // GROUP):
+    if g_idx is not None and not torch.equal(
+        g_idx, torch.arange(width, dtype=torch.int32, device=g_idx.device) // GROUP
+    ):
         raise ModelError(f"{name}.g_idx: not i // {GROUP} (act-order or another group size is not supported)")
-    shifts = torch.arange(0, 32, BITS, dtype=torch.int32)
+    shifts = torch.arange(0, 32, BITS, dtype=torch.int32, device=qweight.device)
     codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(width, out).t()  # [out, in]
     q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return Int4Weight(q=q.contiguous(), scales=scales.t().contiguous())
@@ -306,8 +310,11 @@ class Int4Linear(nn.Module):
             else:
                 self.register_buffer(f"w{index}", part.float(), persistent=False)
                 self.kinds.append("float")
-        idx = None if outliers is None else torch.tensor(sorted(outliers), dtype=torch.long)
+        idx = None if outliers is None else torch.tensor(sorted(outliers), dtype=torch.long, device=self._device())
         self.register_buffer("outliers", idx, persistent=False)
+        # each output row's largest |weight| (1 for an all-zero row): the i8 mode's per-channel scale is amax / 127
+        amax = self._row_amax() if mode == "i8" else None
+        self.register_buffer("amax", amax, persistent=False)
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
             "bf16": _bf16,
             "f16": _f16,
@@ -315,8 +322,76 @@ class Int4Linear(nn.Module):
             "i8": self._split if outliers is not None else self._blocked,
         }[mode]
 
+    def _device(self) -> torch.device:
+        return next(self.buffers()).device
+
+    def _parts(self):
+        """(kind, first output row, the part's tensors) for each fused part."""
+        row0 = 0
+        for index, kind in enumerate(self.kinds):
+            part = (
+                (getattr(self, f"q{index}"), getattr(self, f"s{index}"))
+                if kind == "int4"
+                else getattr(self, f"w{index}")
+            )
+            yield kind, row0, part
+            row0 += part[0].shape[0] if kind == "int4" else part.shape[0]
+
+    def _row_amax(self) -> torch.Tensor:
+        """Each output row's largest |weight| in fp32 [out], 1 for an all-zero row: for an int4 part the largest
+        ``|s_g| · |q − 8|`` over its groups (the products are exact, so this is the largest |w| of the row)."""
+        rows = []
+        for kind, _, part in self._parts():
+            if kind == "int4":
+                q, scales = part
+                codes = (Int4Weight(q, scales).codes() - ZERO).abs().view(q.shape[0], -1, GROUP)
+                rows.append((codes.amax(dim=-1).float() * scales.float().abs()).amax(dim=-1))
+            else:
+                rows.append(part.abs().amax(dim=1))
+        amax = torch.cat(rows)
+        return torch.where(amax > 0, amax, torch.ones_like(amax))
+
+    def _gpu_weight(self, int8: bool) -> torch.Tensor:
+        """The fused weight [out, in] on the GPU by `spinf.engine.kernels.int4.unpack_int4`: the i8 mode's int8
+        codes (``int8``), else fp32; the same values as `weight` and `_int8_weight` compute in torch."""
+        from spinf.engine.kernels.int4 import unpack_int4
+
+        width = self.in_features
+        out = torch.empty(
+            (self.out_features, width), dtype=torch.int8 if int8 else torch.float32, device=self._device()
+        )
+        for kind, row0, part in self._parts():
+            if kind == "int4":
+                q, scales = part
+                unpack_int4(q, scales, out, row0, self.amax[row0 : row0 + q.shape[0]] if int8 else None)
+            elif int8:
+                amax = self.amax[row0 : row0 + part.shape[0], None]
+                out[row0 : row0 + part.shape[0]] = torch.round(part * 127 / amax).to(torch.int8)
+            else:
+                out[row0 : row0 + part.shape[0]] = part
+        return out
+
+    def _columns(self, channels: torch.Tensor) -> torch.Tensor:
+        """The fused fp32 weight's input columns ``channels`` [out, len(channels)], without unpacking the rest."""
+        cols = []
+        for kind, _, part in self._parts():
+            if kind == "int4":
+                q, scales = part
+                codes = (q.index_select(1, channels // 2).to(torch.int16) >> (4 * (channels % 2))) & 0xF
+                cols.append((codes - ZERO).float() * scales.index_select(1, channels // GROUP).float())
+            else:
+                cols.append(part.index_select(1, channels))
+        return torch.cat(cols)
+
+    @property
+    def in_features(self) -> int:
+        kind, _, part = next(self._parts())
+        return 2 * part[0].shape[1] if kind == "int4" else part.shape[1]
+
     def weight(self) -> torch.Tensor:
         """The fused fp32 weight [out, in], the int4 parts dequantized."""
+        if self._device().type == "cuda":
+            return self._gpu_weight(int8=False)
         rows = []
         for index, kind in enumerate(self.kinds):
             if kind == "int4":
@@ -333,7 +408,32 @@ class Int4Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.mode == "i8":
+            return self._gpu_i8(x).to(x.dtype)
         return self._forward(x, self.weight()).to(x.dtype)
+
+    def _gpu_i8(self, x: torch.Tensor) -> torch.Tensor:
+        """The i8 mode on a GPU, the same bits as `_split` / `_blocked` (checked in tests/engine/qwen35): the int8
+        weight unpacked by a kernel per call (the checkpoint stays packed in memory), the split scheme's int32
+        product by ``torch._int_mm``, the block-scaled one by `spinf.engine.kernels.int4.blocked_int8_mm`."""
+        wq = self._gpu_weight(int8=True)
+        w_scale = self.amax / 127
+        xf = x.float()
+        if self.outliers is not None:
+            inliers = xf.index_fill(1, self.outliers, 0.0)
+            x_scale = _per_token(inliers, 127.0)
+            exact = _int_mm(_to_int8(inliers, x_scale), wq.t())
+            x_out = xf.index_select(1, self.outliers).to(torch.float16)  # fp16 values, fp32 sums in fixed blocks
+            w_out = self._columns(self.outliers).to(torch.float16)
+            return exact.float() * x_scale * w_scale[None, :] + stable_mm(x_out.float(), w_out.float())
+        from spinf.engine.kernels.int4 import blocked_int8_mm
+
+        rows, width = xf.shape
+        blocks = -(-width // ACT_BLOCK)
+        padded = torch.nn.functional.pad(xf, (0, blocks * ACT_BLOCK - width)).view(rows, blocks, ACT_BLOCK)
+        scales = _per_token(padded, 127.0)  # zero padding leaves a narrower last block's amax as it is
+        xq = _to_int8(padded, scales).view(rows, -1)[:, :width].contiguous()
+        return blocked_int8_mm(xq, scales.view(rows, blocks), wq, w_scale)
 
     @staticmethod
     def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,10 +450,7 @@ class Int4Linear(nn.Module):
         exact = _int_mm(_to_int8(inliers, x_scale), wq.t().contiguous())  # [M, out] int32
         x_out = xf.index_select(1, self.outliers).to(torch.float16)
         w_out = w.index_select(1, self.outliers).to(torch.float16)
-        if x.is_cuda:
-            outlier = (x_out @ w_out.t()).float()
-        else:
-            outlier = row_stable_mm(x_out.float(), w_out.float())  # fp16 values, fp32 accumulation
+        outlier = row_stable_mm(x_out.float(), w_out.float())  # fp16 values, fp32 accumulation
         return exact.float() * x_scale * w_scale + outlier
 
     def _blocked(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -380,10 +477,15 @@ def scheme(mode: str) -> str:
 
 
 def int4_linears(
-    raw: Mapping[str, torch.Tensor], mode: str, outliers: Mapping[str, Sequence[int]] | None = None
+    raw: Mapping[str, torch.Tensor],
+    mode: str,
+    outliers: Mapping[str, Sequence[int]] | None = None,
+    device: str | torch.device = "cpu",
 ) -> MakeLinear:
     """`MakeLinear` for an int4 GPTQ checkpoint whose tensors (by full name) are ``raw``, in ``mode``; ``outliers``
-    is the checkpoint's outlier table (`read_outliers`), needed by ``i8``. Each name is read as int4 when it has a
+    is the checkpoint's outlier table (`read_outliers`), needed by ``i8``. Each linear is unpacked and kept on
+    ``device`` (a GPU unpacks the 27B's linears in seconds, and the packed weights never pass through host memory
+    twice). Each name is read as int4 when it has a
     ``.qweight``, as float when it has a ``.weight``; the parts are fused along the output (`Int4Linear`)."""
     check_mode(mode)
     if mode == "i8" and outliers is None:
@@ -396,9 +498,10 @@ def int4_linears(
         parts: list[Int4Weight | torch.Tensor] = []
         for name in names:
             if f"{name}.qweight" in raw:
-                parts.append(unpack_gptq(raw, name))
+                fields = (f"{name}.{part}" for part in ("qweight", "qzeros", "scales", "g_idx"))
+                parts.append(unpack_gptq({key: raw[key].to(device) for key in fields if key in raw}, name))
             elif f"{name}.weight" in raw:
-                parts.append(raw[f"{name}.weight"])
+                parts.append(raw[f"{name}.weight"].to(device))
             else:
                 raise ModelError(f"the int4 checkpoint has neither {name}.qweight nor {name}.weight")
         channels = None

@@ -49,7 +49,7 @@ def load_for_engine(
         outliers = int4.read_outliers(folder) if mode == "i8" else None
         dtype = torch.float32 if on_cpu else torch.bfloat16
         raw = read_tensors(folder, "")
-        model = load_qwen35(folder, dtype, int4.int4_linears(raw, mode, outliers), readout=head, raw=raw)
+        model = load_qwen35(folder, dtype, int4.int4_linears(raw, mode, outliers, device), readout=head, raw=raw)
     else:
         _check_float(folder, weight_format)
         if scheme not in FLOAT_SCHEMES:
