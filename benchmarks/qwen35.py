@@ -1,6 +1,7 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
-    python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24] [--results]
+    python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24] [--linears]
+        [--no-j2-invariance] [--results]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
@@ -230,10 +231,46 @@ def int8_peak_tops(device: torch.device) -> float | None:
     return 2 * m * k * n / seconds / 1e12
 
 
-def open_engine(args: argparse.Namespace, folder: Path) -> Engine:
+def linear_lines(device: torch.device, rows: tuple[int, ...] = (16384, 512)) -> list[str]:
+    """Where an i8 linear's time goes at the 27B's widest shapes: the unpacking kernel alone, the whole forward
+    (activation quantizer, unpacking, product and epilogue), against a bf16 GEMM and ``torch._int_mm`` of the same
+    shape (weights already there): the cost of keeping the checkpoint packed."""
+    from benchmarks.gpu_probe import timed
+    from spinf.engine.qwen35.int4 import Int4Linear, Int4Weight
+
+    lines = [
+        "| linear | rows | unpack | i8 forward | bf16 GEMM | _int_mm | i8 / bf16 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    generator = torch.Generator(device=device).manual_seed(5)
+    for name, out, width, split in (
+        ("MLP gate+up (split)", 34_816, 5120, True),
+        ("MLP down (block-scaled)", 5120, 17_408, False),
+    ):
+        q = torch.randint(0, 256, (out, width // 2), generator=generator, device=device, dtype=torch.int32)
+        scales = (torch.rand((out, width // GROUP), generator=generator, device=device) / 300 + 1e-3).half()
+        linear = Int4Linear(
+            [Int4Weight(q.to(torch.uint8), scales)], "i8", list(range(0, 64 * 8, 8)) if split else None
+        )
+        dense = torch.randn((out, width), device=device, dtype=torch.bfloat16)
+        int8 = linear._gpu_weight(int8=True)
+        unpack = timed(lambda linear=linear: linear._gpu_weight(int8=True), 10)
+        for m in rows:
+            x = torch.randn((m, width), generator=generator, device=device).bfloat16()
+            xq = torch.randint(-127, 127, (max(m, 32), width), device=device, dtype=torch.int8)
+            forward = timed(lambda linear=linear, x=x: linear(x), 10)
+            bf16 = timed(lambda x=x, dense=dense: x @ dense.t(), 10)
+            int_mm = timed(lambda xq=xq, int8=int8: torch._int_mm(xq, int8.t()), 10)
+            ms = [f"{1000 * t:.2f} ms" for t in (unpack, forward, bf16, int_mm)]
+            lines.append(f"| {name}, {out} × {width} | {m} | " + " | ".join(ms) + f" | {forward / bf16:.2f} |")
+    return lines
+
+
+def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
     if args.device == "cpu":
-        return Engine(str(folder), device="cpu", quant=args.quant)
-    return Engine(MODEL, device=args.device, quant=args.quant, cache_dirs=[str(args.root / "hub")])
+        return Engine(str(folder), device="cpu", quant=args.quant, token_budget=token_budget)
+    cache = [str(args.root / "hub")]
+    return Engine(MODEL, device=args.device, quant=args.quant, cache_dirs=cache, token_budget=token_budget)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -246,6 +283,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-inputs", type=int, default=None, help="cut each job set to this many inputs")
     parser.add_argument("--invariance", action="store_true")
     parser.add_argument("--cap-gib", type=float, default=None)
+    parser.add_argument("--cap-jobs", default="J1,J2", help="the job sets measured under --cap-gib")
+    parser.add_argument("--cap-token-budget", type=int, default=None, help="the engine's token budget under the cap")
+    parser.add_argument("--linears", action="store_true", help="time an i8 linear's parts at the widest shapes")
+    parser.add_argument("--no-j2-invariance", action="store_true", help="leave J2 out of the invariance check")
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     return parser.parse_args(argv)
 
@@ -260,6 +301,11 @@ def main(argv: list[str] | None = None) -> None:
     folder = write_random_int4(snapshot, text, device if device.type == "cuda" else torch.device("cpu"))
     written_s = time.perf_counter() - started
     peak = int8_peak_tops(device)
+    if args.linears and device.type == "cuda":
+        linears = linear_lines(device)
+        print(*linears, sep="\n", flush=True)
+    else:
+        linears = []
     started = time.perf_counter()
     engine = open_engine(args, folder)
     load_s = time.perf_counter() - started
@@ -288,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
 
-        j2 = jobs.get("J2", [None])[0]
+        j2 = None if args.no_j2_invariance else jobs.get("J2", [None])[0]
         for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64):
             emit(note_row(job, text))
     if args.cap_gib and device.type == "cuda":
@@ -297,17 +343,21 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
-        engine = open_engine(args, folder)
-        for job in ("J1", "J2"):
-            if job in jobs:
-                m = measure(lambda body: engine_call(engine, body), jobs[job], device, 1, (0.0, 120.0))
-                emit(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap", m, flops, peak))
+        engine = open_engine(args, folder, args.cap_token_budget)
+        budget = f", token budget {engine.shape.token_budget}"
+        for job in args.cap_jobs.split(","):
+            bodies = jobs.get(job) or job_bodies(job, args.max_inputs)[0]
+            if bodies:
+                m = measure(lambda body: engine_call(engine, body), bodies, device, 1, (0.0, 120.0))
+                emit(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap{budget}", m, flops, peak))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
     command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
     head += f"engine loaded in {load_s:.0f} s"
     head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
     body = head + "\n\n" + "\n".join(lines)
+    if linears:
+        body += "\n\nOne i8 linear at the 27B's widest shapes (`--linears`):\n\n" + "\n".join(linears)
     print(head)
     if args.results:
         append_section(f"Qwen3.8-27B int4 ({args.shape} shape)", body)

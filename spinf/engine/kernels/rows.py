@@ -409,3 +409,52 @@ def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, which: torch.Tensor, k
             x.contiguous(), flags, which.contiguous(), out, vocab, KEEP=keep, BLOCK=_LSE_BLOCK, num_warps=8
         )
     return out
+
+
+# Qwen3.5's norms (`spinf.engine.qwen35.model.rms_norm` and `l2_norm`) one row per program: torch's GPU reductions
+# choose how to split a row by the number of rows, so a row's sum, and its bits, changed with what shared the pass.
+# RMS: ``x / sqrt(mean(x²) + eps)`` in fp32, times ``offset + w``; L2: ``x / sqrt(sum(x²) + eps)`` in x's dtype,
+# each step rounded to bf16 as torch's bf16 ops round (BF16), the sum accumulated in fp32.
+@triton.jit
+def _round_to(v, BF16: tl.constexpr):
+    if BF16:
+        return v.to(tl.bfloat16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _qwen_norm_kernel(
+    x_ptr, w_ptr, out_ptr, n, eps, offset, L2: tl.constexpr, HAS_W: tl.constexpr, BF16: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    if L2:
+        total = _round_to(tl.sum(_round_to(x * x, BF16), axis=0), BF16)
+        root = _round_to(tl.sqrt_rn(_round_to(total + eps, BF16)), BF16)
+        out = _round_to(x * _round_to(tl.math.div_rn(1.0, root), BF16), BF16)
+    else:
+        mean = tl.math.div_rn(tl.sum(x * x, axis=0), n.to(tl.float32))
+        out = x * tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
+        if HAS_W:
+            out = out * (offset + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32))
+    tl.store(out_ptr + row * n + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def qwen_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset: float = 1.0, l2: bool = False
+) -> torch.Tensor:
+    """Qwen3.5's RMSNorm (``l2`` False: fp32 inside, ``offset + weight``) or L2 norm (``l2``: in x's dtype, no
+    weight) over the last dim of ``x``, row by row; the result in x's dtype and shape."""
+    n = x.shape[-1]
+    flat = x.reshape(-1, n).contiguous()
+    out = torch.empty_like(flat)
+    if flat.shape[0]:
+        w = weight if weight is not None else flat  # any pointer; unread without HAS_W
+        _qwen_norm_kernel[(flat.shape[0],)](
+            flat, w, out, n, eps, offset,
+            L2=l2, HAS_W=weight is not None, BF16=l2 and x.dtype == torch.bfloat16, BLOCK=_block(n),
+        )  # fmt: skip
+    return out.view(x.shape)

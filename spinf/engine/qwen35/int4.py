@@ -43,9 +43,9 @@ One entry per norm-fed linear, keyed by the first full weight name (without ``.w
 input channels whose max |activation| over the calibration stream was largest, unique, inside the input width.
 
 On a GPU the weights are unpacked per call by `spinf.engine.kernels.int4` (the ``i8`` mode's int8 codes, or the
-fp32 weight of the others); the ``i8`` products run through ``torch._int_mm`` (split) and the block-scaled kernel of
-that module, with the same bits as the torch code here (the fp16 outlier product sums in another order); the other
-modes' products through fp16/bf16 ``mm`` and ``torch._scaled_mm`` with row-wise scales.
+fp32 weight of the others); the ``i8`` products and their epilogues run in one kernel of that module, which computes
+what the torch code here states (the fp16 outlier product sums in another order); the other modes' products run
+through fp16/bf16 ``mm`` and ``torch._scaled_mm`` with row-wise scales.
 """
 
 from __future__ import annotations
@@ -248,7 +248,13 @@ def norm_fed_names(layer_types: Sequence[str], prefix: str) -> list[str]:
 def _per_token(x: torch.Tensor, top: float) -> torch.Tensor:
     """Each row's scale ``amax / top`` [rows, 1] (1 for a zero row, whose codes are all zero anyway)."""
     amax = x.abs().amax(dim=-1, keepdim=True)
-    return torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    return torch.where(amax > 0, _divide(amax, top), torch.ones_like(amax))
+
+
+def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
+    """``x / by`` correctly rounded on every device: CUDA torch divides by a Python number as ``x · (1 / by)``, one
+    ulp off at times, which moved int8 codes against the CPU's; a divisor tensor on x's device is divided."""
+    return x / x.new_tensor(by)
 
 
 def _to_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -409,31 +415,31 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.mode == "i8":
-            return self._gpu_i8(x).to(x.dtype)
+            return self._gpu_i8(x)
         return self._forward(x, self.weight()).to(x.dtype)
 
     def _gpu_i8(self, x: torch.Tensor) -> torch.Tensor:
-        """The i8 mode on a GPU, the same bits as `_split` / `_blocked` (checked in tests/engine/qwen35): the int8
-        weight unpacked by a kernel per call (the checkpoint stays packed in memory), the split scheme's int32
-        product by ``torch._int_mm``, the block-scaled one by `spinf.engine.kernels.int4.blocked_int8_mm`."""
+        """The i8 mode through `spinf.engine.kernels.int4`, in x's dtype: the int8 weight unpacked per call (the
+        checkpoint stays packed in memory), the activations quantized as in `_split` / `_blocked`, the product and
+        its epilogue in one kernel (tests/engine/qwen35/test_int4_kernels.py compares them with the torch code)."""
+        from spinf.engine.kernels.int4 import int8_mm
+
         wq = self._gpu_weight(int8=True)
-        w_scale = self.amax / 127
+        w_scale = _divide(self.amax, 127)
         xf = x.float()
         if self.outliers is not None:
             inliers = xf.index_fill(1, self.outliers, 0.0)
             x_scale = _per_token(inliers, 127.0)
-            exact = _int_mm(_to_int8(inliers, x_scale), wq.t())
-            x_out = xf.index_select(1, self.outliers).to(torch.float16)  # fp16 values, fp32 sums in fixed blocks
+            x_out = xf.index_select(1, self.outliers).to(torch.float16)
             w_out = self._columns(self.outliers).to(torch.float16)
-            return exact.float() * x_scale * w_scale[None, :] + stable_mm(x_out.float(), w_out.float())
-        from spinf.engine.kernels.int4 import blocked_int8_mm
-
+            xq = _to_int8(inliers, x_scale)
+            return int8_mm(xq, x_scale, wq, w_scale, x.dtype, blocked=False, x_out=x_out, w_out=w_out)
         rows, width = xf.shape
         blocks = -(-width // ACT_BLOCK)
         padded = torch.nn.functional.pad(xf, (0, blocks * ACT_BLOCK - width)).view(rows, blocks, ACT_BLOCK)
         scales = _per_token(padded, 127.0)  # zero padding leaves a narrower last block's amax as it is
-        xq = _to_int8(padded, scales).view(rows, -1)[:, :width].contiguous()
-        return blocked_int8_mm(xq, scales.view(rows, blocks), wq, w_scale)
+        xq = _to_int8(padded, scales).view(rows, -1)[:, :width]
+        return int8_mm(xq, scales.view(rows, blocks), wq, w_scale, x.dtype, blocked=True)
 
     @staticmethod
     def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

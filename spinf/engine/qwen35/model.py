@@ -64,7 +64,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset
     """RMSNorm over the last dim in fp32, times ``offset + weight`` (Qwen3.5's norms: 1; the GDN's gated norm: 0).
 
     A square root and a division (correctly rounded in every code path) rather than ``rsqrt``, as in
-    `spinf.engine.model.rms_norm`."""
+    `spinf.engine.model.rms_norm`. On a GPU one row per program (`spinf.engine.kernels.rows.qwen_norm`): torch's
+    reductions there split a row by how many rows there are."""
+    if x.is_cuda:
+        from spinf.engine.kernels.rows import qwen_norm
+
+        return qwen_norm(x, weight, eps, offset=offset)
     xf = x.float()
     out = xf * (1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
     if weight is not None:
@@ -73,6 +78,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / ‖x‖`` over the last dim in x's dtype; on a GPU row by row, as `rms_norm`."""
+    if x.is_cuda:
+        from spinf.engine.kernels.rows import qwen_norm
+
+        return qwen_norm(x, None, eps, l2=True)
     return x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) + eps))
 
 
