@@ -152,7 +152,9 @@ def test_the_beam_equals_an_independent_search(tiny_engine, ref, content, templa
     assert len(got) == len(decoded.answers)  # a path is recorded once
     assert got.keys() == expected.keys()
     for path, lp in expected.items():
-        assert abs(got[path] - lp) <= 1e-4 and abs(math.exp(got[path]) - math.exp(lp)) <= 1e-5, path
+        # a path's log-prob sums its tokens' and its end's (each within the parity test's cross-platform 1e-4): on a
+        # 2-core AMD EPYC one one-token path came 1.05e-4 off, at 4f17d3e as at baea941 (a platform's rounding)
+        assert abs(got[path] - lp) <= 1e-4 * (len(path) + 1) and abs(math.exp(got[path]) - math.exp(lp)) <= 1e-5, path
     assert decoded.steps == steps
     # the response fields, by the formulas of A.12.5 on the reference's answers
     kind = KINDS[slot]
