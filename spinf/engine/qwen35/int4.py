@@ -254,7 +254,7 @@ def _per_token(x: torch.Tensor, top: float) -> torch.Tensor:
 def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
     """``x / by`` correctly rounded on every device: CUDA torch divides by a Python number as ``x · (1 / by)``, one
     ulp off at times, which moved int8 codes against the CPU's; a divisor tensor on x's device is divided."""
-    return x / x.new_tensor(by)
+    return x / torch.full((), by, dtype=x.dtype, device=x.device)  # filled on the device: no host copy per call
 
 
 def _to_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -321,6 +321,7 @@ class Int4Linear(nn.Module):
         # each output row's largest |weight| (1 for an all-zero row): the i8 mode's per-channel scale is amax / 127
         amax = self._row_amax() if mode == "i8" else None
         self.register_buffer("amax", amax, persistent=False)
+        self.register_buffer("w_scale", None if amax is None else _divide(amax, 127), persistent=False)
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
             "bf16": _bf16,
             "f16": _f16,
@@ -398,20 +399,13 @@ class Int4Linear(nn.Module):
         """The fused fp32 weight [out, in], the int4 parts dequantized."""
         if self._device().type == "cuda":
             return self._gpu_weight(int8=False)
-        rows = []
-        for index, kind in enumerate(self.kinds):
-            if kind == "int4":
-                rows.append(Int4Weight(getattr(self, f"q{index}"), getattr(self, f"s{index}")).dequantize())
-            else:
-                rows.append(getattr(self, f"w{index}"))
-        return torch.cat(rows)
+        return torch.cat(
+            [Int4Weight(*part).dequantize() if kind == "int4" else part for kind, _, part in self._parts()]
+        )
 
     @property
     def out_features(self) -> int:
-        return sum(
-            getattr(self, f"q{i}").shape[0] if kind == "int4" else getattr(self, f"w{i}").shape[0]
-            for i, kind in enumerate(self.kinds)
-        )
+        return sum((part[0] if kind == "int4" else part).shape[0] for kind, _, part in self._parts())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.mode == "i8":
@@ -424,8 +418,7 @@ class Int4Linear(nn.Module):
         its epilogue in one kernel (tests/engine/qwen35/test_int4_kernels.py compares them with the torch code)."""
         from spinf.engine.kernels.int4 import int8_mm
 
-        wq = self._gpu_weight(int8=True)
-        w_scale = _divide(self.amax, 127)
+        wq, w_scale = self._gpu_weight(int8=True), self.w_scale
         xf = x.float()
         if self.outliers is not None:
             inliers = xf.index_fill(1, self.outliers, 0.0)
@@ -490,9 +483,8 @@ def int4_linears(
 ) -> MakeLinear:
     """`MakeLinear` for an int4 GPTQ checkpoint whose tensors (by full name) are ``raw``, in ``mode``; ``outliers``
     is the checkpoint's outlier table (`read_outliers`), needed by ``i8``. Each linear is unpacked and kept on
-    ``device`` (a GPU unpacks the 27B's linears in seconds, and the packed weights never pass through host memory
-    twice). Each name is read as int4 when it has a
-    ``.qweight``, as float when it has a ``.weight``; the parts are fused along the output (`Int4Linear`)."""
+    ``device`` (a GPU unpacks the 27B's linears in seconds). Each name is read as int4 when it has a ``.qweight``,
+    as float when it has a ``.weight``; the parts are fused along the output (`Int4Linear`)."""
     check_mode(mode)
     if mode == "i8" and outliers is None:
         raise ModelError(
