@@ -42,12 +42,15 @@ def phase(server: ServerProcess, body_file: Path, connections: int, seconds: flo
     }
 
 
-def measure(folder: Path, *, clients: int = 5, flood: int = 500, seconds: float = 20.0) -> dict:
-    """Both phases on one fresh server; the figures and the two ratios."""
+def measure(
+    folder: Path, *, clients: int = 5, flood: int = 500, seconds: float = 20.0, reject_rate: float | None = None
+) -> dict:
+    """Both phases on one fresh server (its ``reject_rate`` given, or its default); the figures and the two
+    ratios."""
     body_file = folder / "body.json"
     folder.mkdir(parents=True, exist_ok=True)
     body_file.write_text(json.dumps(score_body()))
-    server = ServerProcess(folder)
+    server = ServerProcess(folder, env=None if reject_rate is None else {"SPINF_REJECT_RATE": str(reject_rate)})
     try:
         run_wrk(server.url, body_file, connections=clients, seconds=2)  # warm the path
         polite = phase(server, body_file, clients, seconds)
@@ -60,6 +63,7 @@ def measure(folder: Path, *, clients: int = 5, flood: int = 500, seconds: float 
         "goodput_ratio": flooded["goodput"] / polite["goodput"],
         "p99_ratio": flooded["p99_ms"] / polite["p99_ms"],
         "exit_code": exit_code,
+        "reject_rate": reject_rate,
     }
 
 
@@ -78,6 +82,7 @@ def report(figures: dict) -> str:
     rows.append(
         f"goodput ratio {figures['goodput_ratio']:.2f} (target >= 0.80), p99 ratio {figures['p99_ratio']:.2f} "
         f"(target <= 2.0), server exit {figures['exit_code']}"
+        + ("" if figures.get("reject_rate") is None else f", reject_rate {figures['reject_rate']:.0f}")
     )
     return "\n".join(rows)
 
@@ -87,10 +92,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=5)
     parser.add_argument("--flood", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--reject-rate", type=float, help="the server's reject_rate (default: its own default)")
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        figures = measure(Path(folder), clients=args.clients, flood=args.flood, seconds=args.seconds)
+        figures = measure(
+            Path(folder), clients=args.clients, flood=args.flood, seconds=args.seconds, reject_rate=args.reject_rate
+        )
     text = report(figures)
     print(text)
     if args.results:

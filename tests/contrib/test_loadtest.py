@@ -21,28 +21,42 @@ if shutil.which("wrk") is None:
     pytest.skip("wrk is not installed (apt-get install wrk)", allow_module_level=True)
 
 
+# The default reject_rate (200 a second) is sized for the 2-core machine of RESULTS.md's overload figures, which
+# answered 52 polite calls a second: about 4 refusals per polite answer. deployment.md tells a slower machine to
+# keep that proportion, and the test does the same when the default misses.
+REFUSALS_PER_POLITE_ANSWER = 4.0
+
+
 @pytest.mark.slow
 def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
     """The issue's targets are goodput >= 0.8 and p99 <= 2x; idle 2-core machines measure about 0.85 and 1.7 over
-    15-second phases (RESULTS.md), and this test measures 15-second phases too, allowing 0.7 and 2.5. Shorter phases
+    15-second phases (RESULTS.md). This test measures 30-second phases, allowing 0.7 and 2.5. Shorter phases
     measure the flood's first moment rather than the flood: when 500 connections open at once, the event loop
-    spends about a quarter of a second accepting them, and the calls admitted just then (at most the 5 slots) answer
-    that much later (about 380 ms against 140 ms). Over 10 seconds, ~440 answers, those 5 are the p99 (the 5th
-    slowest), and every attempt missed (ratios 3.4-5.1, on the revision before the media work too); over 15 seconds
-    the p99 is the 7th slowest, a call of the flood proper. The max column of the report shows the first moment.
-    A miss is measured again up to four more times on a fresh server: on 2 cores the load generator shares the CPU
-    with the server, and the p99 ratio moves from one measurement to the next. A regression still fails every
-    attempt: before the pacing the same flood gave a goodput ratio of 0.02 and a p99 ratio of 63."""
+    spends a quarter of a second (on a slow CPU a second) accepting them, and the calls admitted just then (at most
+    the 5 slots) answer that much later. Over 30 seconds those 5 are not the p99; the max column shows them.
+
+    The first attempt runs the default reject_rate. Refusals are work the engine's thread waits behind, so on a CPU
+    that is slower than the one the default was sized for (CI's machines vary by 3x: 18 to 52 polite answers a
+    second), 200 refusals a second take a larger share and the flood's goodput falls to 0.4-0.55 (measured on such
+    machines; with 70 a second, 0.92 and a p99 ratio of 2.03). A miss is therefore measured again on a fresh
+    server whose reject_rate keeps the default's proportion to this machine's polite rate, up to three more times
+    (on 2 cores the load generator shares the CPU with the server, and the p99 ratio moves between measurements).
+    A regression still fails every attempt: before the pacing the same flood gave a goodput ratio of 0.02 and a p99
+    ratio of 63."""
     reports = []
-    for attempt in range(5):
-        figures = overload.measure(tmp_path / f"attempt-{attempt}", clients=5, flood=500, seconds=15)
+    reject_rate = None
+    for attempt in range(4):
+        figures = overload.measure(
+            tmp_path / f"attempt-{attempt}", clients=5, flood=500, seconds=30, reject_rate=reject_rate
+        )
         reports.append(overload.report(figures))
         report = "\n\n".join(reports)
         assert figures["flood"]["unexpected"] == 0 and figures["polite"]["unexpected"] == 0, report
         assert figures["exit_code"] == 0, report
         if figures["goodput_ratio"] >= 0.7 and figures["p99_ratio"] <= 2.5:
             return
-    pytest.fail(f"goodput ratio below 0.7 or p99 ratio above 2.5 in all five attempts:\n{report}")
+        reject_rate = min(200.0, REFUSALS_PER_POLITE_ANSWER * figures["polite"]["goodput"])
+    pytest.fail(f"goodput ratio below 0.7 or p99 ratio above 2.5 in all four attempts:\n{report}")
 
 
 def test_two_thousand_connections_get_only_spec_answers_and_leave_nothing_behind(tmp_path):
