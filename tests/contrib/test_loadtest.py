@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from contrib.loadtest import overload, soak
+from spinf.settings import SETTING
 
 if shutil.which("wrk") is None:
     if os.environ.get("CI"):
@@ -36,9 +37,10 @@ def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
     the 5 slots) answer that much later. Over 30 seconds those 5 are not the p99; the max column shows them.
 
     The first attempt runs the default reject_rate. Refusals are work the engine's thread waits behind, so on a CPU
-    that is slower than the one the default was sized for (CI's machines vary by 3x: 18 to 52 polite answers a
-    second), 200 refusals a second take a larger share and the flood's goodput falls to 0.4-0.55 (measured on such
-    machines; with 70 a second, 0.92 and a p99 ratio of 2.03). A miss is therefore measured again on a fresh
+    that is slower than the one the default was sized for (the machines this suite has run on answered 18 to 52
+    polite calls a second), 200 refusals a second take a larger share and the flood's goodput ratio fell to
+    0.37-0.56 over 15-second phases (CI's machine at 18 a second, and one at 25); on the second, 70 a second gave
+    0.92 and a p99 ratio of 2.03 over 30-second phases. A miss is therefore measured again on a fresh
     server whose reject_rate keeps the default's proportion to this machine's polite rate, up to three more times
     (on 2 cores the load generator shares the CPU with the server, and the p99 ratio moves between measurements).
     A regression still fails every attempt: before the pacing the same flood gave a goodput ratio of 0.02 and a p99
@@ -55,7 +57,7 @@ def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
         assert figures["exit_code"] == 0, report
         if figures["goodput_ratio"] >= 0.7 and figures["p99_ratio"] <= 2.5:
             return
-        reject_rate = min(200.0, REFUSALS_PER_POLITE_ANSWER * figures["polite"]["goodput"])
+        reject_rate = min(SETTING["reject_rate"].default, REFUSALS_PER_POLITE_ANSWER * figures["polite"]["goodput"])
     pytest.fail(f"goodput ratio below 0.7 or p99 ratio above 2.5 in all four attempts:\n{report}")
 
 
