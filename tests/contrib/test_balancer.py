@@ -155,9 +155,11 @@ class Load:
         for thread in self._threads:
             thread.start()
 
-    def _client(self, first: int, calls: int | None) -> None:
+    def _client(self, first: int, calls: int | None, go: threading.Event | None = None) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(base_url=self.url, headers=headers, timeout=60) as client:
+            if go is not None:
+                go.wait()
             k = first
             while not self._stop.is_set() and (calls is None or k < first + calls):
                 index = k % len(BODIES)
@@ -171,12 +173,15 @@ class Load:
                     self.answers.append((index, status, got))
                 k += 1
 
-    def burst(self, calls: int) -> None:
-        """``calls`` calls at once, on new connections, beside the steady clients."""
-        threads = [threading.Thread(target=self._client, args=(k, 1)) for k in range(calls)]
+    def burst(self, calls: int) -> threading.Event:
+        """``calls`` one-call clients, on new connections beside the steady clients, made ready now (a client takes
+        tens of milliseconds to build on a slow machine) and sent at once when the returned event is set."""
+        go = threading.Event()
+        threads = [threading.Thread(target=self._client, args=(k, 1, go)) for k in range(calls)]
         for thread in threads:
             thread.start()
         self._threads += threads
+        return go
 
     def count(self) -> int:
         with self._lock:
@@ -209,6 +214,19 @@ def _post_in_thread(url: str, body: dict) -> _Post:
 
 def results_of(answer: httpx.Response) -> str:
     return json.dumps(answer.json()["results"], ensure_ascii=False)
+
+
+def _wait_stopping(replica: Replica, timeout_s: float = 10.0) -> None:
+    """Until ``replica``'s /readyz answers 503 (its process has taken the signal and refuses new calls)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(replica.url + "/readyz", timeout=2).status_code == 503:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{replica.url} did not begin stopping {timeout_s:g} s after SIGTERM:\n{replica.output()}")
 
 
 def _run_for(load: Load, seconds: float) -> None:
@@ -257,13 +275,17 @@ def test_drain_restart_and_sigterm_behind_haproxy_lose_no_call(tmp_path):
         # answering 503 to new calls until haproxy takes it out
         stopped = replicas[1]
         long_call = _post_in_thread(stopped.url, LONG_BODY)
+        burst = load.burst(BURST)
         time.sleep(1.0)  # admitted by then (checked below: it must be answered), and far from done
         refused = stopped.output().count("POST /v1/score 503")
         stopped.process.send_signal(signal.SIGTERM)
         # The steady clients alone seldom reach it now: leastconn sends each new call to the replica whose call just
-        # ended, and replica 1's calls wait behind the long one. A burst makes the other two the busier ones.
-        time.sleep(0.2)
-        load.burst(BURST)
+        # ended, and replica 1's calls wait behind the long one. A burst makes the other two the busier ones. It
+        # goes once replica 1 is stopping (its /readyz answers 503) and well before haproxy's checks can take it
+        # out (two failed checks a second apart): a burst sent a fixed 0.2 s after the signal came too late on a
+        # loaded 2-core machine, and no call reached the stopping replica.
+        _wait_stopping(stopped)
+        burst.set()
         balancer.wait_status("replica1", "DOWN")
         assert stopped.process.wait(timeout=60) == 0
         long_call.join(timeout=60)
