@@ -153,14 +153,15 @@ def tiny_models(tmp_path_factory):
 
 
 def cuda_prompt_logprobs(model, jobs) -> list[list[torch.Tensor]]:
-    """`Qwen35Text.pass_logprobs` on CUDA: the plan on the device, with the tree-attention kernel's tables."""
+    """`Qwen35Text.pass_logprobs` on CUDA: the plan on the device, with the tree-attention kernel's tables, and the
+    head in the scorer's fixed chunks (`full_logprobs`: a product of the read rows alone changes with their count)."""
     cfg = model.cfg
     layout = build_pass([job for job, _ in jobs])
     plan = pass_plan(layout, cfg.linear_conv_kernel_dim, DEVICE, (cfg.head_dim, cfg.num_heads // cfg.num_kv_heads))
     assert plan.attention.kernel is not None and plan.recurrent is not None
     with torch.inference_mode():
         hidden = model(torch.tensor(layout.token_ids, dtype=torch.long, device=DEVICE), plan)
-        rows = model.read_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long, device=DEVICE)]).cpu()
+        rows = model.full_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long, device=DEVICE)]).cpu()
     return [[rows[layout.read_index[(j, *read)][0]] for read in reads] for j, (_, reads) in enumerate(jobs)]
 
 
