@@ -139,6 +139,51 @@ def profile(engine, body: dict, device: torch.device) -> None:
     engine.extractor.decode = original
 
 
+def cost_lines(
+    engine, device: torch.device, inputs: int, questions: int, repeats: int, say, raised_gib: float = 0.0
+) -> None:
+    """The base call and the slot calls of the module docstring on ``engine``, each line through ``say``."""
+    base = base_body(inputs, questions)
+    base_s, base_response = timed(engine, base, repeats, device)
+    tokens = base_response["usage"]["processed_tokens"]
+    per_token = base_s / tokens
+    say(
+        f"base: {inputs} inputs × {questions} questions, {tokens} processed tokens in "
+        f"{base_s * 1000:.1f} ms: {per_token * 1e6:.2f} µs per token of scoring"
+    )
+    say("")
+    say("| call | mode | slots | ms | ms per slot | tokens of scoring per slot | slots/s | decode steps |")
+    say("|---|---|---|---|---|---|---|---|")
+    cases = [
+        ("+1 searched {n} per input", [SEARCHED_N]),
+        ("+1 generated 32-token {*} per input", [GENERATED]),
+        ("+8 searched slots per input", EIGHT_SEARCHED),
+        ("+8 generated 32-token slots per input", EIGHT_GENERATED),
+    ]
+    runs = [(name, slots, mode, 0.0) for name, slots in cases for mode in ("as served", "full_length")]
+    if raised_gib:
+        runs += [(name, slots, "full_length", raised_gib) for name, slots in cases]
+    for name, slots, mode, raised in runs:
+        engine.extractor.full_length = mode == "full_length"
+        budgets(engine, raised)
+        if raised:
+            mode = f"full_length, budgets {raised:g} GiB"
+        seconds, response = timed(engine, with_slots(base, slots), repeats, device)
+        usage = response["usage"]
+        count = inputs * len(slots)
+        extra = (seconds - base_s) / count
+        steps = usage["extraction"]["decode_tokens"] + usage["completion_tokens"]
+        say(
+            f"| {name} | {mode} | {count} | {seconds * 1000:.1f} | {extra * 1000:.3f} | "
+            f"{extra / per_token:.0f} | {count / (seconds - base_s):.0f} | {steps} |"
+        )
+    engine.extractor.full_length = False
+    budgets(engine, 0.0)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    say("")
+    say(f"peak GPU memory {peak:.2f} GiB" if device.type == "cuda" else "CPU run")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -178,48 +223,10 @@ def main(argv=None) -> None:
         engine = open_engine(folder, root, quant=quant, limits=BENCH_LIMITS)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        base = base_body(args.inputs, args.questions)
-        base_s, base_response = timed(engine, base, args.repeats, device)
-        tokens = base_response["usage"]["processed_tokens"]
-        per_token = base_s / tokens
-        say(
-            f"base: {args.inputs} inputs × {args.questions} questions, {tokens} processed tokens in "
-            f"{base_s * 1000:.1f} ms: {per_token * 1e6:.2f} µs per token of scoring"
-        )
-        say("")
-        say("| call | mode | slots | ms | ms per slot | tokens of scoring per slot | slots/s | decode steps |")
-        say("|---|---|---|---|---|---|---|---|")
         if args.profile:
-            profile(engine, with_slots(base, [SEARCHED_N]), device)
+            profile(engine, with_slots(base_body(args.inputs, args.questions), [SEARCHED_N]), device)
             return
-        cases = [
-            ("+1 searched {n} per input", [SEARCHED_N]),
-            ("+1 generated 32-token {*} per input", [GENERATED]),
-            ("+8 searched slots per input", EIGHT_SEARCHED),
-            ("+8 generated 32-token slots per input", EIGHT_GENERATED),
-        ]
-        runs = [(name, slots, mode, 0.0) for name, slots in cases for mode in ("as served", "full_length")]
-        if args.raised_gib:
-            runs += [(name, slots, "full_length", args.raised_gib) for name, slots in cases]
-        for name, slots, mode, raised in runs:
-            engine.extractor.full_length = mode == "full_length"
-            budgets(engine, raised)
-            if raised:
-                mode = f"full_length, budgets {raised:g} GiB"
-            seconds, response = timed(engine, with_slots(base, slots), args.repeats, device)
-            usage = response["usage"]
-            count = args.inputs * len(slots)
-            extra = (seconds - base_s) / count
-            steps = usage["extraction"]["decode_tokens"] + usage["completion_tokens"]
-            say(
-                f"| {name} | {mode} | {count} | {seconds * 1000:.1f} | {extra * 1000:.3f} | "
-                f"{extra / per_token:.0f} | {count / (seconds - base_s):.0f} | {steps} |"
-            )
-        engine.extractor.full_length = False
-        budgets(engine, 0.0)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-        say("")
-        say(f"peak GPU memory {peak:.2f} GiB" if device.type == "cuda" else "CPU run")
+        cost_lines(engine, device, args.inputs, args.questions, args.repeats, say, args.raised_gib)
     if args.no_results:
         return
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()

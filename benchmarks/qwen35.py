@@ -1,7 +1,7 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
     python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24] [--linears]
-        [--no-j2-invariance] [--results]
+        [--no-j2-invariance] [--extraction 16] [--results]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
@@ -16,7 +16,10 @@
    parameters / time / int8 rate.
 4. ``--invariance``: per-question invariance over the compositions of `benchmarks.invariance` (alone, with its
    input's other questions, as concurrent calls, shuffled, floor cache off, beside J2): differing bits.
-5. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
+5. ``--extraction N``: the extraction and generation slot calls of benchmarks/extraction.py on ``N`` inputs (a
+   base call of 20 scored questions per input, then +1 or +8 searched or generated slots per input, as served and
+   at full length): milliseconds per slot and slots/s.
+6. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
    it fit a 24 GB card, and at what peak.
 """
 
@@ -287,6 +290,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cap-token-budget", type=int, default=None, help="the engine's token budget under the cap")
     parser.add_argument("--linears", action="store_true", help="time an i8 linear's parts at the widest shapes")
     parser.add_argument("--no-j2-invariance", action="store_true", help="leave J2 out of the invariance check")
+    parser.add_argument(
+        "--extraction", type=int, default=0, help="also time benchmarks/extraction.py's slot calls on this many inputs"
+    )
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     return parser.parse_args(argv)
 
@@ -337,6 +343,15 @@ def main(argv: list[str] | None = None) -> None:
         j2 = None if args.no_j2_invariance else jobs.get("J2", [None])[0]
         for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64):
             emit(note_row(job, text))
+    if args.extraction:
+        from benchmarks.extraction import cost_lines
+
+        emit(
+            "",
+            f"Extraction and generation slots (`--extraction {args.extraction}`, benchmarks/extraction.py's calls):",
+        )
+        emit("")
+        cost_lines(engine, device, args.extraction, 20, 3, emit)
     if args.cap_gib and device.type == "cuda":
         del engine
         gc.collect()

@@ -190,7 +190,9 @@ def test_a_malformed_file_is_refused_with_its_line(tmp_path, text, line):
 
 def test_a_duplicate_key_is_malformed_toml(tmp_path):
     message, path = file_refusal(tmp_path, "[server]\nport = 1\nport = 2\n")
-    assert message.startswith(f"config {path} (flag --config): not valid TOML: ") and '"port"' in message
+    # tomlkit 0.15 names the duplicate's line (3); earlier versions give none, and the message names the file alone
+    assert re.match(rf"config {re.escape(str(path))}(:3)? \(flag --config\): not valid TOML: ", message), message
+    assert '"port"' in message
 
 
 def test_a_missing_config_file_names_where_it_was_given(tmp_path):

@@ -164,14 +164,10 @@ class Engine:
         decider = qwen and (
             (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(self.folder)
         )
-        # extraction on the Qwen stack decodes on the CPU only so far (its GPU recurrence keeps no prefix state yet)
-        on_gpu = torch.device(device).type == "cuda"
-        extraction = switches.extraction and "extract" in capabilities and not decider and not (qwen and on_gpu)
+        extraction = switches.extraction and "extract" in capabilities and not decider
         note = ""  # why extraction is refused, when the model rather than the server's switch refuses it
         if decider:
             note = "a decision model scores options only: it has no extraction or generation slots"
-        elif qwen and on_gpu and switches.extraction:
-            note = "extraction and generation slots on the Qwen3.5 stack run on the CPU only in this build"
         self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
             media=switches.media & self.media,
             extraction=extraction,
@@ -273,7 +269,7 @@ class Engine:
                 decoder_budget_gib=decoder_budget_gib,
                 kernel_plan=self.scorer.decode_plan if self.device.type == "cuda" else None,
                 context=cpu_context(self.device),
-                graphs=self.scorer.graphs is not None,  # decode steps replay CUDA graphs unless --no-compile
+                graphs=compile and self.device.type == "cuda",  # decode steps replay CUDA graphs unless --no-compile
             )
             self.shape = attrs.evolve(self.shape, capture_tokens=self.extractor.capture_tokens())
         # every caller's work reaches the device through this one loop (spinf.engine.loop)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import qwen35
 from spinf.engine.qwen35.int4 import read_gptq_config, read_outliers
 
@@ -31,3 +33,13 @@ def test_the_27b_shape_has_the_spec_s_sizes():
         if not name.endswith(("in_proj_b", "in_proj_a"))
     )
     assert 12.5e9 < quantized * (0.5 + 2 / 32) < 14.5e9
+
+
+@pytest.mark.slow
+def test_the_tiny_run_times_extraction_and_generation_slots(tmp_path, capsys):
+    """``--extraction``: benchmarks/extraction.py's slot calls on the Qwen stack (about 30 s on a 2-core machine)."""
+    argv = ["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"]
+    qwen35.main([*argv, "--extraction", "1"])
+    out = capsys.readouterr().out
+    assert "| +8 generated 32-token slots per input | full_length | 8 |" in out
+    assert "| 256 |" in out  # 8 slots × 32 decode steps, every one run at full length

@@ -9,7 +9,14 @@ One program takes one (segment, value head, block of ``BV`` value columns). It k
 registers in fp32, as ``[BV, dk]`` (value columns by key dims, so both products with a key-sized vector reduce along
 the tile's fast dimension), loads its initial state by slot from the kept-states buffer, and walks the
 segment's tokens one by one, indexing the stream tensors directly:
-``S ← decay·S;  S ← S + beta·(v − Sk) ⊗ k;  o = Sq``. A kept segment writes its final state to its slot.
+``S ← decay·S;  S ← S + beta·(v − Sk) ⊗ k;  o = Sq``. A kept segment writes its final state to its slot, and a
+captured one (the end of a prefix that extraction slots decode from) to its place in the captured-states buffer.
+
+A decode step (`decode_delta_rule`, extraction and generation, engine spec B.14.4) runs the same step body: one
+program per (row, value head, block of value columns) loads its group's prefix state, replays the row's path (the
+template and the tokens generated so far) from the decoder's buffer of recurrence inputs, then steps on the row's own
+token, so a decoded token gets the bits it gets as a branch of a scoring pass. Its bounds come from device memory: a
+step reads nothing from the host, so it can be captured in a CUDA graph.
 
 Every token of every segment goes through the same instructions (one loop body; the next token's inputs are loaded
 one step ahead), and a state passes between launches as its exact fp32 bits, so cutting a segment in two gives the
@@ -30,7 +37,8 @@ import triton
 import triton.language as tl
 
 BV = 32  # value columns per program (the state block a program holds: BV × dk fp32)
-TABLE_COLUMNS = 5  # first row, end row, source slot (-1: zero state), own slot (-1: not kept), level
+# first row, end row, source slot (-1: zero state), own slot (-1: not kept), level, captured index (-1: none)
+TABLE_COLUMNS = 6
 
 
 @triton.jit
@@ -51,20 +59,30 @@ def _load_token(
 
 
 @triton.jit
+def _step(state, k, v, decay, beta):
+    """One token of the delta rule on a state tile Sᵀ [BV, BK]: both kernels step through this one body."""
+    state = state * decay
+    delta = (v - tl.sum(state * k[None, :], axis=1)) * beta  # [BV]
+    return state + delta[:, None] * k[None, :]
+
+
+@triton.jit
 def _recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, o_ptr, states_ptr, table_ptr, level_start,
+    q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, o_ptr, states_ptr, captured_ptr, table_ptr, level_start,
     q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, o_row, o_head,
     HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    COLUMNS: tl.constexpr,
 ):  # fmt: skip
     seg = (level_start + tl.program_id(0)).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns: the state tile's rows
     dims = tl.arange(0, BK)
     col_ok, dim_ok = cols < DV, dims < DK
-    first = tl.load(table_ptr + seg * 5 + 0).to(tl.int64)
-    end = tl.load(table_ptr + seg * 5 + 1).to(tl.int64)
-    source = tl.load(table_ptr + seg * 5 + 2).to(tl.int64)
-    slot = tl.load(table_ptr + seg * 5 + 3).to(tl.int64)
+    first = tl.load(table_ptr + seg * COLUMNS + 0).to(tl.int64)
+    end = tl.load(table_ptr + seg * COLUMNS + 1).to(tl.int64)
+    source = tl.load(table_ptr + seg * COLUMNS + 2).to(tl.int64)
+    slot = tl.load(table_ptr + seg * COLUMNS + 3).to(tl.int64)
+    captured = tl.load(table_ptr + seg * COLUMNS + 5).to(tl.int64)
 
     # S[key dim, value column] of a slot sits at [slot, head, key dim, value column]; the tile holds Sᵀ
     tile = head * DK * DV + dims[None, :] * DV + cols[:, None]
@@ -82,23 +100,59 @@ def _recurrent_kernel(
             t + 1, t + 1 < end, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, head, dims, cols,
             q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, DK, DV,
         )  # fmt: skip
-        state = state * decay
-        delta = (v - tl.sum(state * k[None, :], axis=1)) * beta  # [BV]
-        state = state + delta[:, None] * k[None, :]
+        state = _step(state, k, v, decay, beta)
         o = tl.sum(state * q[None, :], axis=1)
         tl.store(o_ptr + t * o_row + head * o_head + cols, o.to(o_ptr.dtype.element_ty), mask=col_ok)
     if slot >= 0:
         tl.store(states_ptr + slot * HEADS * DK * DV + tile, state, mask=tile_ok)
+    if captured >= 0:
+        tl.store(captured_ptr + captured * HEADS * DK * DV + tile, state, mask=tile_ok)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, o_ptr, states_ptr, group_ptr, rows_ptr, path_ptr, len_ptr,
+    q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, o_row, o_head, rows_row, path_row,
+    HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)
+    dims = tl.arange(0, BK)
+    col_ok, dim_ok = cols < DV, dims < DK
+    tile = head * DK * DV + dims[None, :] * DV + cols[:, None]
+    tile_ok = col_ok[:, None] & dim_ok[None, :]
+    group = tl.load(group_ptr + row).to(tl.int64)
+    state = tl.load(states_ptr + group * HEADS * DK * DV + tile, mask=tile_ok, other=0.0)
+    # a buffer row of recurrence inputs: k [HEADS·DK], v [HEADS·DV], decay [HEADS], beta [HEADS]
+    v_at, decay_at, beta_at = HEADS * DK, HEADS * (DK + DV), HEADS * (DK + DV + 1)
+    length = tl.load(len_ptr + row).to(tl.int64) - 1  # the path before the row (its last entry is the row)
+    for s in range(0, length):
+        at = rows_ptr + tl.load(path_ptr + row * path_row + s).to(tl.int64) * rows_row
+        k = tl.load(at + head * DK + dims, mask=dim_ok, other=0.0).to(tl.float32)
+        v = tl.load(at + v_at + head * DV + cols, mask=col_ok, other=0.0).to(tl.float32)
+        decay = tl.load(at + decay_at + head).to(tl.float32)
+        beta = tl.load(at + beta_at + head).to(tl.float32)
+        state = _step(state, k, v, decay, beta)
+    q, k, v, decay, beta = _load_token(
+        row, row >= 0, q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, head, dims, cols,
+        q_row, q_head, k_row, k_head, v_row, v_head, decay_row, beta_row, DK, DV,
+    )  # fmt: skip
+    state = _step(state, k, v, decay, beta)
+    o = tl.sum(state * q[None, :], axis=1)
+    tl.store(o_ptr + row * o_row + head * o_head + cols, o.to(o_ptr.dtype.element_ty), mask=col_ok)
 
 
 def segment_table(
-    segments: tuple[tuple[int, int, int], ...], kept: frozenset[int]
+    segments: tuple[tuple[int, int, int], ...], kept: frozenset[int], captured: tuple[int, ...] = ()
 ) -> tuple[np.ndarray, tuple[int, ...], int]:
     """The kernel's table of a pass's segments (``(first row, end row, source segment)`` in stream order, sources
-    first; ``kept``: the segments others start from), its level bounds and its number of slots, on the host.
+    first; ``kept``: the segments others start from; ``captured``: stream rows whose state is wanted, each the last
+    row of a segment), its level bounds and its number of slots, on the host.
 
     The table [S, `TABLE_COLUMNS`] int32 has one row per segment, sorted by level (stable: stream order within a
-    level): first row, end row, the source's slot (-1: zero state), its own slot (-1: not kept), level. Level ``l``
+    level): first row, end row, the source's slot (-1: zero state), its own slot (-1: not kept), level, and the
+    place in ``captured`` of the row it ends with (-1: not captured). Level ``l``
     is rows ``levels[l]:levels[l + 1]``. A kept segment of an even level takes slot ``rank``, of an odd level
     ``max_even + rank`` (``rank``: its place among its level's kept segments), so a launch never writes a slot that
     it reads, and overwrites only states of the level before its parent, which no later level reads."""
@@ -121,7 +175,13 @@ def segment_table(
     slot = np.full(len(seg), -1, dtype=np.int64)
     slot[order] = np.where(kept_sorted, np.where(by_level % 2 == 1, even + rank, rank), -1)
     source_slot = np.where(source >= 0, slot[np.maximum(source, 0)], -1)
-    table = np.stack([seg[:, 0], seg[:, 1], source_slot, slot, level], axis=1)[order].astype(np.int32)
+    capture = np.full(len(seg), -1, dtype=np.int64)
+    ends = {int(end) - 1: s for s, end in enumerate(seg[:, 1])}
+    for place, row in enumerate(captured):
+        if row not in ends:
+            raise ValueError(f"captured row {row} does not end a segment (pass_plan cuts the segments after it)")
+        capture[ends[row]] = place
+    table = np.stack([seg[:, 0], seg[:, 1], source_slot, slot, level, capture], axis=1)[order].astype(np.int32)
     return table.reshape(-1, TABLE_COLUMNS), tuple(bounds.tolist()), even + odd
 
 
@@ -140,13 +200,15 @@ def recurrent_delta_rule(
     levels: tuple[int, ...],
     num_slots: int,
     config: tuple[int, int] | None = None,
+    captured: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The gated delta rule along each segment, token by token (`spinf.engine.qwen35.model.delta_rule`).
 
     q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``), beta [N, Hv] (any row strides) -> o [N, Hv, dv] in v's
     dtype. ``table`` [S, `TABLE_COLUMNS`] int32 on the device, sorted by level; level ``l`` is its rows
     ``levels[l]:levels[l + 1]``; ``num_slots`` the kept-states slots the table's slot numbers use. ``config``
-    (value columns per program, warps) replaces the fixed one for measurements.
+    (value columns per program, warps) replaces the fixed one for measurements. ``captured`` [P, Hv, dk, dv] fp32
+    gets the final state of each segment whose table row names a captured place (needed when one does).
     """
     n, heads, dk = k.shape
     dv = v.shape[-1]
@@ -156,17 +218,66 @@ def recurrent_delta_rule(
     for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("beta", beta)):
         _check_rows(name, t)
     states = torch.empty((max(num_slots, 1), heads, dk, dv), dtype=torch.float32, device=v.device)
+    if captured is None:
+        captured = states  # never written: no table row names a captured place
+    elif captured.dtype != torch.float32 or captured.shape[1:] != (heads, dk, dv) or not captured.is_contiguous():
+        raise ValueError(f"the captured states need a contiguous fp32 [P, {heads}, {dk}, {dv}] buffer")
+    bk, bv, warps = _tile(dk, dv, config)
+    for start, stop in zip(levels[:-1], levels[1:], strict=True):
+        _recurrent_kernel[(stop - start, heads, triton.cdiv(dv, bv))](
+            q, k, v, decay, beta, out, states, captured, table, start,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            decay.stride(0), beta.stride(0), out.stride(0), out.stride(1),
+            HEADS=heads, DK=dk, DV=dv, BK=bk, BV=bv, COLUMNS=TABLE_COLUMNS, num_warps=warps, num_stages=1,
+        )  # fmt: skip
+    return out
+
+
+def _tile(dk: int, dv: int, config: tuple[int, int] | None) -> tuple[int, int, int]:
+    """Key dims, value columns and warps of a program: the same for a scoring pass and a decode step, so that their
+    reductions group the same terms."""
     bk, bv = triton.next_power_of_2(dk), min(BV, triton.next_power_of_2(dv))
     warps = 4 if bk * bv >= 4096 else 1  # the tile over whole warps: 4 warps at the 27B's 32 × 128
     if config is not None:
         bv, warps = config
-    for start, stop in zip(levels[:-1], levels[1:], strict=True):
-        _recurrent_kernel[(stop - start, heads, triton.cdiv(dv, bv))](
-            q, k, v, decay, beta, out, states, table, start,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            decay.stride(0), beta.stride(0), out.stride(0), out.stride(1),
-            HEADS=heads, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=warps, num_stages=1,
-        )  # fmt: skip
+    return bk, bv, warps
+
+
+def decode_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    group_of: torch.Tensor,
+    rows: torch.Tensor,
+    path_index: torch.Tensor,
+    path_len: torch.Tensor,
+) -> torch.Tensor:
+    """A decode step's delta rule: each row from its group's prefix state over its path, then its own token.
+
+    q, k [n, Hv, dk]; v [n, Hv, dv]; decay, beta [n, Hv]: the step's rows. ``states`` [G, Hv, dk, dv] fp32 the
+    groups' prefix states; ``group_of`` [n] each row's group; ``rows`` [B, Hv·dk + Hv·dv + 2·Hv] the decoder's
+    buffer of recurrence inputs (k, v, decay, beta side by side, as `spinf.engine.qwen35.model` keeps them);
+    ``path_index`` [n, W] each row's buffer rows, root first, and ``path_len`` [n] how many (the last: the row
+    itself, replaced by its own inputs). -> o [n, Hv, dv] in v's dtype."""
+    n, heads, dk = k.shape
+    dv = v.shape[-1]
+    out = torch.empty((n, heads, dv), dtype=v.dtype, device=v.device)
+    if n == 0:
+        return out
+    for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("beta", beta), ("rows", rows)):
+        _check_rows(name, t)
+    if states.dtype != torch.float32 or not states.is_contiguous() or path_index.stride(-1) != 1:
+        raise ValueError("the decode step needs contiguous fp32 prefix states and contiguous path rows")
+    bk, bv, warps = _tile(dk, dv, None)
+    _decode_kernel[(n, heads, triton.cdiv(dv, bv))](
+        q, k, v, decay, beta, out, states, group_of, rows, path_index, path_len,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        decay.stride(0), beta.stride(0), out.stride(0), out.stride(1), rows.stride(0), path_index.stride(0),
+        HEADS=heads, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=warps, num_stages=1,
+    )  # fmt: skip
     return out
 
 

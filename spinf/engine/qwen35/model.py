@@ -106,9 +106,12 @@ class Qwen35Plan:
     # per row its (t, h, w) rotary positions (engine spec A.14.3: an image's tokens share t and add their row and
     # column); None: text only, t = h = w = the row's position
     positions3: torch.Tensor | None = None  # [num_tokens, 3] int64
-    recurrent: torch.Tensor | None = None  # [num_segments, 5] int32 on the GPU; None on the CPU
+    recurrent: torch.Tensor | None = None  # [num_segments, TABLE_COLUMNS] int32 on the GPU; None on the CPU
     levels: tuple[int, ...] = ()
     num_slots: int = 0
+    # stream rows whose state after them the pass keeps (its capture's prefixes, each the end of a segment), in the
+    # capture's order: the GPU kernel writes them to a buffer in this order
+    captured_rows: tuple[int, ...] = ()
 
 
 def predecessors(layout: PassLayout) -> np.ndarray:
@@ -124,13 +127,16 @@ def predecessors(layout: PassLayout) -> np.ndarray:
     return pred
 
 
-def segments(pred: np.ndarray) -> tuple[tuple[tuple[int, int, int], ...], frozenset[int]]:
-    """The recurrence's segments of a stream with path predecessors ``pred`` (see `Qwen35Plan`)."""
+def segments(
+    pred: np.ndarray, cut_after: frozenset[int] = frozenset()
+) -> tuple[tuple[tuple[int, int, int], ...], frozenset[int]]:
+    """The recurrence's segments of a stream with path predecessors ``pred`` (see `Qwen35Plan`); each row of
+    ``cut_after`` ends a segment (a cut changes no bits: the next segment starts from the exact state)."""
     children = np.bincount(pred[pred >= 0], minlength=len(pred))
     out: list[list[int]] = []
     segment_of = np.full(len(pred), -1, dtype=np.int64)
     for row, p in enumerate(pred.tolist()):
-        if p < 0 or p != row - 1 or children[p] > 1:
+        if p < 0 or p != row - 1 or children[p] > 1 or p in cut_after:
             source = int(segment_of[p]) if p >= 0 else -1
             if source >= 0 and out[source][1] != p + 1:
                 raise ValueError(f"row {row}: its predecessor {p} does not end a segment (not a pre-order layout)")
@@ -188,22 +194,31 @@ def pass_plan(
     for _ in range(kernel - 1):
         taps.append(back + 1)
         back = np.where(back >= 0, pred[np.maximum(back, 0)], -1)
-    segs, kept = segments(pred)
-    taps_rows = np.stack(taps[::-1], axis=1).copy()
     given = attention is not None  # the scorer's plan (its kernel tables, capture and media): kept as it is
     attention = attention if given else attention_plan(layout, device)
+    capture = attention.capture
+    captured_rows = () if capture is None else tuple(row for _, row in capture.prefixes if row >= 0)
+    segs, kept = segments(pred, frozenset(captured_rows))
+    taps_rows = np.stack(taps[::-1], axis=1).copy()
     positions3 = mrope_positions(layout)
     positions3 = None if positions3 is None else positions3.to(device)
     if device.type != "cuda":
         taps_on = torch.from_numpy(taps_rows).to(device)
-        return Qwen35Plan(attention=attention, taps=taps_on, segments=segs, kept=kept, positions3=positions3)
+        return Qwen35Plan(
+            attention=attention,
+            taps=taps_on,
+            segments=segs,
+            kept=kept,
+            positions3=positions3,
+            captured_rows=captured_rows,
+        )
     from spinf.engine.kernels import kernel_plan, tile_rows, to_device
     from spinf.engine.kernels.gdn import segment_table
 
     if attention_shape is not None and not given:
         rows = tile_rows(*attention_shape, Attention.kernel_config(*attention_shape))
         attention = attrs.evolve(attention, kernel=kernel_plan(layout, device, {rows}))
-    table, levels, num_slots = segment_table(segs, kept)
+    table, levels, num_slots = segment_table(segs, kept, captured_rows)
     return Qwen35Plan(
         attention=attention,
         taps=to_device(taps_rows, device),
@@ -213,6 +228,7 @@ def pass_plan(
         levels=levels,
         num_slots=num_slots,
         positions3=positions3,
+        captured_rows=captured_rows,
     )
 
 
@@ -250,16 +266,26 @@ def delta_rule(
     beta [N, Hv] -> [N, Hv, dv]. Each step has the same shapes whatever the pass, and a segment starts from exactly
     the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone. On a GPU,
     the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
-    ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes)."""
-    if q.is_cuda and states_at:  # the engine refuses extraction on a GPU for this stack, so no pass asks it
-        raise ValueError("the GPU recurrence keeps no state at a given row: extraction on this stack is CPU-only")
+    ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes; on
+    a GPU they must be the plan's ``captured_rows``)."""
+    _, heads, dk = k.shape
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
 
         if plan.recurrent is None:
             raise ValueError("the delta rule on a GPU needs a plan made for the GPU (pass_plan with its device)")
-        return recurrent_delta_rule(q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots)
-    _, heads, dk = k.shape
+        captured = None
+        if states_at:
+            if not set(states_at) <= set(plan.captured_rows):
+                raise ValueError("the GPU recurrence keeps the state only after the plan's captured rows")
+            captured = v.new_empty((len(plan.captured_rows), heads, dk, v.shape[-1]), dtype=torch.float32)
+        out = recurrent_delta_rule(
+            q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots, captured=captured
+        )
+        for place, row in enumerate(plan.captured_rows if states_at else ()):
+            if row in states_at:
+                states_at[row] = captured[place]
+        return out
     dv = v.shape[-1]
     out = torch.empty_like(v)
     kept: dict[int, torch.Tensor] = {}
@@ -355,33 +381,42 @@ class GatedDeltaNet(nn.Module):
     def decode(self, x: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
         """A decode step's rows (engine spec B.14.4): each row's convolution reads its path's last rows (the
         template's, those generated so far, then the prefix's tail), and its recurrence runs again from its group's
-        prefix state over its path, token by token with `delta_step`, so the row gets the bits it would get as a
-        branch of its input's trie. The layer's buffers (``kv.keys`` / ``kv.values`` at its index) hold each row's
-        pre-convolution q/k/v and its recurrence inputs (`_recurrent_rows`)."""
-        cfg = self.cfg
-        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        prefix state over its path, token by token (`delta_step`; on a GPU the kernel's decode step), so the row
+        gets the bits it would get as a branch of its input's trie. The layer's buffers (``kv.keys`` /
+        ``kv.values`` at its index) hold each row's pre-convolution q/k/v and its recurrence inputs
+        (`_recurrent_rows`). Nothing here reads the device from the host on a GPU (a CUDA graph can hold it)."""
         kernel = self.conv.shape[1]
         rows_in, rows_out = kv.keys[self.index], kv.values[self.index]
         qkv, z, b, a = self.project(x)
         rows_in.index_copy_(0, kv.write, qkv.to(rows_in.dtype))
-        group_of = torch.empty(x.shape[0], dtype=torch.long)
-        tails = []  # per row, the buffer rows its convolution reads, oldest first (-1: none)
-        for g, (first, count, start, prefix_len) in enumerate(kv.groups):
-            group_of[first : first + count] = g
-            for r in range(first, first + count):
-                path = kv.path_index[r, : int(kv.path_len[r])].tolist()  # ends with the row itself
-                behind = [start + prefix_len - 1 - i for i in range(max(0, kernel - len(path)))][::-1]
-                tails.append(([-1] * kernel + [p for p in behind if p >= start] + path)[-kernel:])
-        needed = sorted({p for tail in tails for p in tail if p >= 0})
-        local = {p: i + 1 for i, p in enumerate(needed)}  # row 0 of the local stream: the zero row
-        stream = torch.cat([rows_in.new_zeros((1, rows_in.shape[1])), rows_in[torch.tensor(needed, dtype=torch.long)]])
-        taps = torch.tensor([[local.get(p, 0) for p in tail] for tail in tails], dtype=torch.long)
-        q, k, v, decay, beta = self.recurrence_inputs(stream, taps, b, a)
+        group_of, starts, prefix_lens = _decode_groups(kv.groups, x.device)
+        # tap j (oldest first) of a row of path length L is its path's entry L - kernel + j, or before the path
+        # the prefix's row at that distance from its end, or none (a zero row)
+        back = kv.path_len[:, None] - kernel + torch.arange(kernel, device=x.device)[None, :]
+        from_path = kv.path_index.gather(1, back.clamp(min=0))
+        in_prefix = prefix_lens[:, None] + back >= 0
+        taps = torch.where(
+            back >= 0, from_path, torch.where(in_prefix, starts[:, None] + prefix_lens[:, None] + back, -1)
+        )
+        n = x.shape[0]
+        read = rows_in.index_select(0, taps.clamp(min=0).reshape(-1))
+        read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
+        stream = torch.cat([read.new_zeros((1, read.shape[1])), read])  # row 0: the missing predecessor
+        local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)
+        q, k, v, decay, beta = self.recurrence_inputs(stream, local, b, a)
         rows_out.index_copy_(0, kv.write, _recurrent_rows(k, v, decay, beta))
-        out = torch.empty_like(v)
+        states = kv.states[self.index]
+        if x.is_cuda:
+            from spinf.engine.kernels.gdn import decode_delta_rule
+
+            out = decode_delta_rule(q, k, v, decay, beta, states, group_of, rows_out, kv.path_index, kv.path_len)
+            return self.output(out, z)
+        cfg = self.cfg
+        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         key_end, value_end = heads * dk, heads * dk + heads * dv
-        for r in range(x.shape[0]):
-            state = kv.states[self.index][int(group_of[r])]
+        out = torch.empty_like(v)
+        for r in range(n):
+            state = states[int(group_of[r])]
             for p in kv.path_index[r, : int(kv.path_len[r]) - 1].tolist():  # the path before the row
                 row = rows_out[p]
                 k_p, v_p = row[:key_end].view(heads, dk), row[key_end:value_end].view(heads, dv)
@@ -389,6 +424,24 @@ class GatedDeltaNet(nn.Module):
                 state = delta_update(state, k_p, v_p, decay_p, beta_p)
             _, out[r] = delta_step(state, q[r], k[r], v[r], decay[r], beta[r])
         return self.output(out, z)
+
+
+_GROUPS: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _decode_groups(groups: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of a decode step: its group, its group's prefix start and length (device tensors), made once per
+    chunk (the groups of `DecodeKV` stay the same over a chunk's steps) and kept for the last chunk only."""
+    key = (groups, str(device))
+    if key not in _GROUPS:
+        group_of, starts, lengths = [], [], []
+        for g, (_, count, start, prefix_len) in enumerate(groups):
+            group_of += [g] * count
+            starts += [start] * count
+            lengths += [prefix_len] * count
+        _GROUPS.clear()
+        _GROUPS[key] = tuple(torch.tensor(t, dtype=torch.long).to(device) for t in (group_of, starts, lengths))
+    return _GROUPS[key]
 
 
 def _recurrent_rows(k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -419,14 +472,16 @@ class Attention(nn.Module):
         if plan.attention.capture is not None:  # what the decoder attends to: these rows' keys and values
             plan.attention.capture.keep(k, v.reshape(n, -1, d))
             plan.attention.capture.states.append(None)
+        keys, values = k, v.reshape(n, -1, d)
         if plan.attention.decode is not None:  # a decode step: this step's keys and values into the buffers
-            keys, values = plan.attention.decode.store(self.index, k, v.reshape(n, -1, d))
-            a = decode_attention(q * scale, keys, values, plan.attention, None)
-        elif plan.attention.kernel is not None:
+            keys, values = plan.attention.decode.store(self.index, keys, values)
+        if plan.attention.kernel is not None:  # a pass, or a decode step over the buffers (the scorer's plan)
             from spinf.engine.kernels import tree_attention_kernel
 
             config = self.kernel_config(d, cfg.num_heads // cfg.num_kv_heads)
-            a = tree_attention_kernel(q * scale, k, v.reshape(n, -1, d), plan.attention.kernel, None, config)
+            a = tree_attention_kernel(q * scale, keys, values, plan.attention.kernel, None, config)
+        elif plan.attention.decode is not None:
+            a = decode_attention(q * scale, keys, values, plan.attention, None)
         else:
             a = tree_attention(q * scale, k, v.reshape(n, -1, d), plan.attention, None)
         return self.wo(a.reshape(n, -1) * _pointwise(torch.sigmoid, gate.reshape(n, -1)))

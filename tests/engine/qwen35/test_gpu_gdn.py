@@ -15,9 +15,9 @@ import time
 import pytest
 import torch
 
-from spinf.engine.kernels.gdn import recurrent_delta_rule, segment_table
+from spinf.engine.kernels.gdn import decode_delta_rule, recurrent_delta_rule, segment_table
 from spinf.engine.layout import build_pass
-from spinf.engine.qwen35.model import delta_rule, load_qwen35, pass_plan
+from spinf.engine.qwen35.model import delta_rule, load_qwen35, pass_plan, predecessors, segments
 from spinf.engine.qwen35.tiny import write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
@@ -78,6 +78,64 @@ def test_the_kernel_matches_the_reference_on_forked_passes(shape):
     assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
 
 
+def _prefix_ends(layout) -> tuple[int, ...]:
+    return tuple(start + prefix_len - 1 for start, prefix_len, _ in layout.spans if prefix_len)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_the_kernel_keeps_the_state_after_each_captured_row_and_cutting_there_changes_no_bit(shape):
+    layout = build_pass(several_jobs(300 if CUDA else 40))
+    inputs = stream_inputs(layout.token_ids, *shape)
+    heads, dk, dv = shape
+    rows = _prefix_ends(layout)  # what extraction captures: the state at each job's prefix end
+    expected = dict.fromkeys(rows)
+    with one_cpu_thread(torch.device("cpu")):
+        expected_out = delta_rule(*inputs, pass_plan(layout, 4), expected)
+    segs, kept = segments(predecessors(layout), frozenset(rows))
+    table, levels, slots = segment_table(segs, kept, rows)
+    captured = torch.full((len(rows), heads, dk, dv), float("nan"), device=DEVICE)
+    on = [t.to(DEVICE) for t in inputs]
+    got = recurrent_delta_rule(*on, torch.from_numpy(table).to(DEVICE), levels, slots, captured=captured).cpu()
+    assert torch.equal(got, kernel_rule(inputs, layout))  # the uncut segments' bits
+    scale = expected_out.abs().max().item()
+    assert (got - expected_out).abs().max().item() <= 1e-5 * scale
+    for place, row in enumerate(rows):
+        assert (captured[place].cpu() - expected[row]).abs().max().item() <= 1e-5 * expected[row].abs().max().item()
+    with pytest.raises(ValueError, match="does not end a segment"):
+        segment_table(*segments(predecessors(layout)), (rows[0] - 1,))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_a_decode_step_replays_each_rows_path_to_the_bits_of_the_pass(shape):
+    """A decode row whose path is the first m tokens of a branch gets, from the state captured at the prefix's end,
+    the branch's m-th output of the scoring kernel bit for bit (the decoder's buffer: every stream row's inputs)."""
+    prefix, branch = tokens(5, 30), tokens(6, 12)
+    layout = build_pass([job_of(prefix, [branch, tokens(7, 4)])[0], job_of(tokens(8, 9), [tokens(9, 3)])[0]])
+    heads, dk, dv = shape
+    q, k, v, decay, beta = (t.to(DEVICE) for t in stream_inputs(layout.token_ids, *shape))
+    rows = _prefix_ends(layout)
+    segs, kept = segments(predecessors(layout), frozenset(rows))
+    table, levels, slots = segment_table(segs, kept, rows)
+    captured = torch.empty((len(rows), heads, dk, dv), device=DEVICE)
+    scored = recurrent_delta_rule(q, k, v, decay, beta, torch.from_numpy(table).to(DEVICE), levels, slots,
+                                  captured=captured)  # fmt: skip
+    start, prefix_len, _ = layout.spans[0]
+    path = list(range(start + prefix_len, start + prefix_len + len(branch)))  # the first branch, in stream order
+    assert layout.token_ids[path[0] : path[-1] + 1] == list(branch)
+    n = len(path)
+    buffer = torch.cat([k.reshape(len(k), -1), v.reshape(len(v), -1), decay, beta], dim=1)
+    path_index = torch.zeros((n, n), dtype=torch.long)
+    for m in range(1, n + 1):
+        path_index[m - 1, :m] = torch.tensor(path[:m])
+    own = torch.tensor(path, device=DEVICE)
+    states = captured[:1].contiguous()  # group 0: the first job's prefix
+    group_of = torch.zeros(n, dtype=torch.long, device=DEVICE)
+    lengths = torch.arange(1, n + 1, device=DEVICE)
+    got = decode_delta_rule(q[own], k[own], v[own], decay[own], beta[own], states, group_of, buffer,
+                            path_index.to(DEVICE), lengths)  # fmt: skip
+    assert torch.equal(got.cpu(), scored[own].cpu())
+
+
 def test_slots_alternate_by_level_and_each_segment_reads_its_sources_slot():
     prefix, branches = (7, 8, 9), [(1, 2, 3), (1, 2, 4), (1, 5), (6,)]
     layout = build_pass([job_of((3, 4), [(5,)])[0], job_of(prefix, branches)[0]])
@@ -87,15 +145,20 @@ def test_slots_alternate_by_level_and_each_segment_reads_its_sources_slot():
     # 7 (11,12,1); levels: {0, 1}, {2, 7}, {3, 6}, {4, 5}; kept 1 (level 0), 2 (level 1), 3 (level 2)
     assert levels == (0, 2, 4, 6, 8) and slots == 2
     assert table.tolist() == [
-        [0, 3, -1, -1, 0],
-        [3, 6, -1, 0, 0],
-        [6, 7, 0, 1, 1],
-        [11, 12, 0, -1, 1],
-        [7, 8, 1, 0, 2],
-        [10, 11, 1, -1, 2],
-        [8, 9, 0, -1, 3],
-        [9, 10, 0, -1, 3],
+        [0, 3, -1, -1, 0, -1],
+        [3, 6, -1, 0, 0, -1],
+        [6, 7, 0, 1, 1, -1],
+        [11, 12, 0, -1, 1, -1],
+        [7, 8, 1, 0, 2, -1],
+        [10, 11, 1, -1, 2, -1],
+        [8, 9, 0, -1, 3, -1],
+        [9, 10, 0, -1, 3, -1],
     ]
+    # the states after row 1 (inside segment 0, which is cut there) and row 7 (a segment's end): captured
+    segs, kept = segments(predecessors(layout), frozenset({1, 7}))
+    assert segs[:3] == ((0, 2, -1), (2, 3, 0), (3, 6, -1)) and len(segs) == len(plan.segments) + 1
+    table, _, _ = segment_table(segs, kept, (7, 1))
+    assert [(first, end, place) for first, end, *_, place in table.tolist() if place >= 0] == [(0, 2, 1), (7, 8, 0)]
 
 
 def path_rows(layout, job: int, read: tuple[int, int]) -> list[int]:

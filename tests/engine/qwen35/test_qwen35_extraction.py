@@ -48,26 +48,37 @@ def ref(tiny_engine):
         return Reference(tiny_engine.folder)
 
 
-@pytest.mark.parametrize(("content", "template"), [(REFUND, "\n\nSummary:{*}"), (ORDER, '\n\nName: "{*}"')])
-def test_a_long_generated_path_replays_its_recurrence_to_the_same_bits(tiny_engine, monkeypatch, content, template):
+LONG_PATHS = [(REFUND, "\n\nSummary:{*}"), (ORDER, '\n\nName: "{*}"')]
+
+
+def check_a_long_generated_path(engine: Engine, monkeypatch, content: str, template: str) -> None:
     """Every step of a 64-token generation against the same path scored as a branch: one pass of the model over
     the input's job whose branches are the template followed by the first m generated tokens, for every m at
-    once. Each decode step runs the recurrence again from the prefix state over the template and every token so
-    far; it gets, bit for bit, the log-prob the scoring pass reads at that path's end."""
+    once, its head read in the scorer's fixed chunks (`full_logprobs`). Each decode step runs the recurrence again
+    from the prefix state over the template and every token so far; it gets, bit for bit, the log-prob the scoring
+    pass reads at that path's end. (On a GPU, with the decode's CUDA graphs off: `Steps` records eager steps.)"""
     gen = {"id": "g", "template": template, "generate": True, "max_tokens": 64}
-    monkeypatch.setattr(tiny_engine.extractor, "full_length", True)  # nothing ends before 64 tokens
-    with outcomes(tiny_engine.loop) as found:
+    monkeypatch.setattr(engine.extractor, "full_length", True)  # nothing ends before 64 tokens
+    monkeypatch.setattr(engine.extractor, "graphs", False)
+    with outcomes(engine.loop) as found:
         steps = Steps(monkeypatch)
-        tiny_engine.score(one_query(content, gen))
+        engine.score(one_query(content, gen))
     [(tokens, _)] = only(found, "g")[0].sequences
     assert len(tokens) == 64
-    tk = tiny_engine.tokenizer
+    tk = engine.tokenizer
     before = split(template)[0]
     assert tk.tok(content + before) == tk.tok(content) + tk.tok(before)  # a clean join: no cut
     job = Job(tuple(tk.bos) + tk.tok(content))
     reads = [add_prompt(job, tk.tok(before) + tuple(tokens[:m]), [(tokens[m],)])[0][0] for m in range(64)]
     layout = build_pass([job])
-    with one_cpu_thread(torch.device("cpu")), torch.inference_mode():
-        rows = tiny_engine.model.pass_logprobs(layout)
+    model, device = engine.model, engine.device
+    with one_cpu_thread(device), torch.inference_mode():
+        hidden = model(torch.tensor(layout.token_ids, dtype=torch.long, device=device), model.plan(layout))
+        rows = model.full_logprobs(hidden[torch.tensor(layout.read_rows, dtype=torch.long, device=device)]).cpu()
     scored = [float(rows[layout.read_index[(0, *read)][0], tokens[m]]) for m, read in enumerate(reads)]
     assert [float(steps.generate[m][0][0, 0, tokens[m]]) for m in range(64)] == scored
+
+
+@pytest.mark.parametrize(("content", "template"), LONG_PATHS)
+def test_a_long_generated_path_replays_its_recurrence_to_the_same_bits(tiny_engine, monkeypatch, content, template):
+    check_a_long_generated_path(tiny_engine, monkeypatch, content, template)
