@@ -80,10 +80,20 @@ class Capture:
     # recurrent layer keeps its state after that row (the Qwen3.5 stack), in this order
     prefixes: tuple[tuple[int, int], ...] = ()
     states: list[torch.Tensor | None] = attrs.field(factory=list)  # per layer [P, ...], None for an attention layer
+    # the captured rows a recurrent layer keeps (each prefix's last few, every path row): per captured row its
+    # place among them, -1 for one it does not keep; None: it keeps every captured row
+    compact: tuple[int, ...] | None = None
+    compact_rows: torch.Tensor | None = None  # [R'] int64 stream rows of the kept ones
 
     def keep(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.keys.append(k.index_select(0, self.rows))
         self.values.append(v.index_select(0, self.rows))
+
+    def keep_recurrent(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """A recurrent layer's rows: those of ``compact`` alone."""
+        rows = self.rows if self.compact_rows is None else self.compact_rows
+        self.keys.append(a.index_select(0, rows))
+        self.values.append(b.index_select(0, rows))
 
 
 @attrs.define(eq=False)
@@ -106,6 +116,8 @@ class DecodeKV:
     groups: tuple[tuple[int, int, int, int], ...]  # (first row, row count, prefix start, prefix length)
     # per layer, each group's prefix state [G, ...] (a recurrent layer of the Qwen3.5 stack), else None
     states: list[torch.Tensor | None] | None = None
+    # a recurrent layer's buffers hold only its rows (`Capture.compact`): per buffer row its row there, -1 for none
+    compact: torch.Tensor | None = None  # [B] int64
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's keys and values into layer ``layer``'s buffers; the buffers."""

@@ -95,7 +95,8 @@ class EngineShape:
 
     token_budget: int
     max_tokens: int
-    capture_tokens: int = 0  # the most tokens one input's extraction slots may keep for decoding (0: no bound)
+    capture_tokens: int = 0  # the most prefix rows' worth one input's extraction slots may keep (0: no bound)
+    capture_cost: object = None  # the decoder's `CaptureCost` (what a row and a prefix hold); None: rows alike
     media_tokens: object = None  # the checkpoint's `spinf.engine.embedders.MediaTokens`; None: it reads no media
     media_kinds: frozenset[str] = frozenset()  # the kinds whose embedders are loaded
     answer_codes: frozenset[int] | None = None  # a decision model's answer codes (A.15); None: any option
@@ -335,14 +336,15 @@ def _check_capture(req, i, shape, prefix, cut, tail, queries, tk) -> None:
     if not slots or not shape.capture_tokens:
         return
     template = sum(map(len, (t for cq in slots for t in cq.filled_tokens))) + (len(tk.tok(tail)) if cut else 0)
-    needed = len(prefix) + template
+    cost = shape.capture_cost
+    needed = cost.units(len(prefix), template) if cost is not None else len(prefix) + template
     if needed > shape.capture_tokens:
         raise ApiError(
             413,
             "request_too_large",
             None,
-            f"input {i} keeps {needed} tokens of keys and values for its extraction slots; the decode budget holds "
-            f"{shape.capture_tokens}",
+            f"input {i} keeps {needed} tokens' worth of keys and values (and recurrent state) for its extraction "
+            f"slots; the decode budget holds {shape.capture_tokens}",
         )
 
 

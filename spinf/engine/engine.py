@@ -271,7 +271,9 @@ class Engine:
                 context=cpu_context(self.device),
                 graphs=compile and self.device.type == "cuda",  # decode steps replay CUDA graphs unless --no-compile
             )
-            self.shape = attrs.evolve(self.shape, capture_tokens=self.extractor.capture_tokens())
+            self.shape = attrs.evolve(
+                self.shape, capture_tokens=self.extractor.capture_tokens(), capture_cost=self.extractor.cost
+            )
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
 

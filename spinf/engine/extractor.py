@@ -14,7 +14,7 @@ import torch
 
 from spinf.engine.compiler import CompiledInput, Prompt, slot_tokens
 from spinf.engine.extraction.answers import Generated, generated_combination, searched_combination
-from spinf.engine.extraction.decoder import Captured, Decoded, SlotStart, SlotTask, decode, kv_bytes_per_token
+from spinf.engine.extraction.decoder import Captured, Decoded, SlotStart, SlotTask, capture_cost, decode
 from spinf.engine.extraction.sampling import GenerateSlot
 from spinf.engine.extraction.search import SearchSlot
 from spinf.engine.extraction.vocab import vocabulary
@@ -44,7 +44,7 @@ class Extractor:
         self.decode_budget = int(decode_budget_gib * 2**30)
         self.decoder_budget = int(decoder_budget_gib * 2**30)
         self.kernel_plan, self.context, self.graphs = kernel_plan, context, graphs
-        self.kv_bytes_per_token = kv_bytes_per_token(model)
+        self.cost = capture_cost(model)  # what the decoder holds per token and per prefix
         # Measurement only, never a setting (benchmarks/extraction.py): random weights spread the next-token mass so
         # thin that every beam is pruned and every sequence ends at once; with ``full_length`` beams are never
         # pruned and nothing ends before ``max_tokens``, so a slot's full cost can be timed.
@@ -102,8 +102,13 @@ class Extractor:
         )
 
     def capture_tokens(self) -> int:
-        """How many tokens of keys and values one input's slots may hold: the decode budget's worth."""
-        return self.decode_budget // self.kv_bytes_per_token
+        """How many prefix rows' worth of keys and values (`CaptureCost.units`) one pass may keep for its slots: the
+        decode budget's worth."""
+        return self.decode_budget // self.cost.prefix_token
+
+    def capture_units(self, job) -> int:
+        """What a job's pass keeps for its slots (its prefix, the paths to its slots' starts), in prefix rows."""
+        return self.cost.units(len(job.prefix), job.path_nodes())
 
     def query_entry(self, ci: CompiledInput, qi: int, decoded: dict[int, Decoded]) -> dict:
         """The result entry of one chosen extraction query (api spec §5.2) from its prompts' outcomes."""

@@ -210,7 +210,8 @@ class EngineLoop:
     def _schedule(self, work: Work, indices: Iterable[int]) -> None:
         for j in indices:
             job = work.jobs[j]
-            self.scheduler.add(work, j, job.num_tokens, job.num_tokens if job.ends else 0)
+            capture = self.extractor.capture_units(job) if job.ends and self.extractor else 0
+            self.scheduler.add(work, j, job.num_tokens, capture)
             work.outstanding += 1
 
     def _claim_floors(self, call: Call) -> None:

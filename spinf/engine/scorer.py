@@ -95,6 +95,8 @@ class Scorer:
         # the attention kernel's query-tile sizes, one per layer kind (the GPU path's pass plans hold these tables)
         self._tile_rows: set[int] = set()
         self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
+        # the prefix rows a recurrent layer keeps for the decoder (`CaptureCost.tail`); 0: every captured row
+        self._capture_tail = model.capture_cost().tail if hasattr(model, "capture_cost") else 0
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
             from spinf.engine.graphs import PassGraphs
@@ -164,7 +166,7 @@ class Scorer:
         """Start one pass; its wanted log-probs, flat in ``layout.read_columns`` order (`_finish` reads them)."""
         flat_rows = [r for r, cols in enumerate(layout.read_columns) for _ in cols]
         flat_cols = [c for cols in layout.read_columns for c in cols]
-        starts, capture = capture_plan(layout, self.device)
+        starts, capture = capture_plan(layout, self.device, self._capture_tail)
         if self.device.type != "cuda":
             pass_started = time.perf_counter()
             with one_cpu_thread(self.device):
@@ -281,6 +283,7 @@ class Scorer:
         if any(state is not None for state in capture.states):  # the recurrent layers' prefix states (Qwen3.5)
             captured.states = capture.states
             captured.state_index = {first: i for i, (first, _) in enumerate(capture.prefixes)}
+            captured.compact = capture.compact
         return captured
 
 
@@ -318,9 +321,11 @@ def _pick_offsets(layout: PassLayout) -> list[int]:
     return offsets
 
 
-def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotStart], Capture | None]:
+def capture_plan(layout: PassLayout, device: torch.device, tail: int = 0) -> tuple[list[SlotStart], Capture | None]:
     """Which rows a pass with extraction slots keeps: the prefix of every job with a slot, then the paths of its
-    slots' starts (each row once); and where each slot starts in them, in ``layout.end_rows`` order."""
+    slots' starts (each row once); and where each slot starts in them, in ``layout.end_rows`` order. With ``tail``
+    (a model with recurrent layers, `CaptureCost.tail`), those layers keep of each prefix its last ``tail`` rows
+    only (`Capture.compact`)."""
     if not layout.end_rows:
         return [], None
     parent_of = dict(zip(layout.branch_rows, layout.parents, strict=True))
@@ -355,4 +360,17 @@ def capture_plan(layout: PassLayout, device: torch.device) -> tuple[list[SlotSta
         (first, layout.spans[j][0] + layout.spans[j][1] - 1 if layout.spans[j][1] else -1)
         for j, first in prefix_at.items()
     )
-    return starts, Capture(torch.tensor(rows, dtype=torch.long, device=device), prefixes=prefixes)
+    capture = Capture(torch.tensor(rows, dtype=torch.long, device=device), prefixes=prefixes)
+    if tail:
+        dropped = set()
+        for first, _ in prefixes:
+            length = next(start.prefix[1] for start in starts if start.prefix[0] == first)
+            dropped.update(range(first, first + max(0, length - tail)))
+        compact, kept = [], []
+        for k, row in enumerate(rows):
+            compact.append(-1 if k in dropped else len(kept))
+            if k not in dropped:
+                kept.append(row)
+        capture.compact = tuple(compact)
+        capture.compact_rows = torch.tensor(kept, dtype=torch.long, device=device)
+    return starts, capture

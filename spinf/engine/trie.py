@@ -76,6 +76,15 @@ class Job:
     def num_tokens(self) -> int:
         return len(self.prefix) + len(self.trie)
 
+    def path_nodes(self) -> int:
+        """The trie nodes on the paths from the root to the ``ends`` (each once): the branch rows a pass captures."""
+        seen: set[int] = set()
+        for node in self.ends:
+            while node != PREFIX_END and node not in seen:
+                seen.add(node)
+                node = self.trie.parent[node]
+        return len(seen)
+
 
 def add_prompt(
     job: Job, branch: tuple[int, ...], spellings: list[tuple[int, ...]], *, extracts: bool = False

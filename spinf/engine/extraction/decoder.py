@@ -64,6 +64,9 @@ class Captured:
     # first captured row (``state_index``); empty for a model of attention layers only
     states: list[torch.Tensor | None] = attrs.field(factory=list)
     state_index: dict[int, int] = attrs.field(factory=dict)
+    # per captured row its row in a recurrent layer's tensors (`spinf.engine.attention.Capture.compact`), -1 for
+    # a prefix row it does not keep; None: a recurrent layer keeps every captured row (or there is none)
+    compact: tuple[int, ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -107,14 +110,36 @@ class Decoded:
     steps: int = 0
 
 
-def kv_bytes_per_token(model) -> int:
-    """The bytes one token's keys and values (or a recurrent layer's rows) take over all layers."""
-    return model.kv_bytes_per_token()
+@attrs.frozen
+class CaptureCost:
+    """What the decoder holds per captured or generated token, in bytes, over all layers: a prefix row
+    (``prefix_token``), a template or generated row (``path_token``), and once per prefix (``per_prefix``). A model
+    of attention layers only keeps every row's keys and values alike and nothing per prefix; the Qwen3.5 stack's
+    recurrent layers keep no prefix row but its last ``tail`` (their convolution's reach), and the state after the
+    prefix instead (``per_prefix``), and the pre-convolution rows and recurrence inputs of every path row."""
+
+    prefix_token: int
+    path_token: int
+    per_prefix: int = 0
+    tail: int = 0  # the prefix rows a recurrent layer keeps; 0: a model without recurrent layers
+
+    def units(self, prefix_tokens: int, path_tokens: int) -> int:
+        """One prefix and its paths in prefix rows' worth (what the capture budget counts, `capture_tokens`)."""
+        path = -(-path_tokens * self.path_token // self.prefix_token)
+        return prefix_tokens + path + -(-self.per_prefix // self.prefix_token)
 
 
-def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
+def capture_cost(model) -> CaptureCost:
+    """The model's `CaptureCost`: its own, or keys and values alike on every row (``kv_bytes_per_token``)."""
+    if hasattr(model, "capture_cost"):
+        return model.capture_cost()
+    per_token = model.kv_bytes_per_token()
+    return CaptureCost(per_token, per_token)
+
+
+def chunk_bytes(tasks: list[SlotTask], cost: CaptureCost, vocab: int) -> int:
     """The working set of decoding ``tasks`` together: the buffers' rows and the step's log-probs."""
-    size = _ChunkSize(per_token, vocab)
+    size = _ChunkSize(cost, vocab)
     for task in tasks:
         size.add(task)
     return size.bytes
@@ -123,8 +148,8 @@ def chunk_bytes(tasks: list[SlotTask], per_token: int, vocab: int) -> int:
 class _ChunkSize:
     """`chunk_bytes` kept as running sums, so packing slots into chunks adds each slot once."""
 
-    def __init__(self, per_token: int, vocab: int):
-        self.per_token, self.vocab = per_token, vocab
+    def __init__(self, cost: CaptureCost, vocab: int):
+        self.cost, self.vocab = cost, vocab
         self.groups: set = set()
         self.prefix = self.paths = self.rows = self.steps = 0
 
@@ -140,25 +165,30 @@ class _ChunkSize:
     def with_task(self, task: SlotTask) -> int:
         """The bytes the chunk would take with ``task`` added (nothing is changed)."""
         group = (id(task.captured), task.start.prefix)
-        prefix = self.prefix + (0 if group in self.groups else task.start.prefix[1])
+        new = group not in self.groups
+        prefix = self.prefix + (task.start.prefix[1] if new else 0)
         rows, steps = self.rows + task.rows, max(self.steps, task.steps)
-        buffered = prefix + self.paths + len(task.start.path) + rows * steps
-        return buffered * self.per_token + rows * self.vocab * LOGIT_BYTES
+        paths = self.paths + len(task.start.path) + rows * steps
+        return self._bytes(len(self.groups) + new, prefix, paths, rows)
 
     @property
     def bytes(self) -> int:
-        buffered = self.prefix + self.paths + self.rows * self.steps
-        return buffered * self.per_token + self.rows * self.vocab * LOGIT_BYTES
+        return self._bytes(len(self.groups), self.prefix, self.paths + self.rows * self.steps, self.rows)
+
+    def _bytes(self, groups: int, prefix: int, paths: int, rows: int) -> int:
+        cost = self.cost
+        buffered = prefix * cost.prefix_token + paths * cost.path_token + groups * cost.per_prefix
+        return buffered + rows * self.vocab * LOGIT_BYTES
 
 
-def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> list[list[int]]:
+def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) -> list[list[int]]:
     """Task indices in chunks whose working set stays within ``budget`` bytes, each group's slots together; a slot
     over the budget alone is a 413."""
     order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
     out: list[list[int]] = []
-    size = _ChunkSize(per_token, vocab)
+    size = _ChunkSize(cost, vocab)
     for i in order:
-        alone = chunk_bytes([tasks[i]], per_token, vocab)
+        alone = chunk_bytes([tasks[i]], cost, vocab)
         if alone > budget:
             raise ApiError(
                 413,
@@ -169,7 +199,7 @@ def chunks(tasks: list[SlotTask], per_token: int, vocab: int, budget: int) -> li
             )
         if not out or size.with_task(tasks[i]) > budget:
             out.append([])
-            size = _ChunkSize(per_token, vocab)
+            size = _ChunkSize(cost, vocab)
         out[-1].append(i)
         size.add(tasks[i])
     return out
@@ -195,10 +225,10 @@ def decode(
     began = time.perf_counter()
     if not tasks:
         return [], 0.0
-    per_token = kv_bytes_per_token(model)
+    cost = capture_cost(model)
     vocab = tasks[0].captured.logprobs.shape[1]
     out: list[Decoded | None] = [None] * len(tasks)
-    planned = chunks(tasks, per_token, vocab, budget)
+    planned = chunks(tasks, cost, vocab, budget)
     last = {id(tasks[i].captured): c for c, indices in enumerate(planned) for i in indices}
     for c, indices in enumerate(planned):
         chunk = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan, (min_p, rel_p))
@@ -278,12 +308,29 @@ class _Chunk:
         picks = [
             (captured, torch.tensor(rows, dtype=torch.long, device=device)) for captured, rows in sources.values()
         ]
+        generated = num_rows * self.steps
+        # a recurrent layer keeps fewer rows (`Captured.compact`): its own picks, and per buffer row its row there
+        self.compact, compact_picks = None, picks
+        if tasks[0].captured.compact is not None:
+            lut, compact_picks, kept = [], [], 0
+            for captured, rows in sources.values():
+                mine = []
+                for pos in rows:
+                    lut.append(-1 if captured.compact[pos] < 0 else kept + len(mine))
+                    if captured.compact[pos] >= 0:
+                        mine.append(captured.compact[pos])
+                compact_picks.append((captured, torch.tensor(mine, dtype=torch.long, device=device)))
+                kept += len(mine)
+            self.compact = torch.tensor(lut + list(range(kept, kept + generated)), dtype=torch.long, device=device)
         for layer in range(len(self.model.layers)):
+            recurrent = bool(tasks[0].captured.states) and tasks[0].captured.states[layer] is not None
+            layer_picks = compact_picks if recurrent else picks
             for name, out in (("keys", self.keys), ("values", self.values)):
-                source = getattr(picks[0][0], name)[layer]
-                buffer = source.new_empty((at + num_rows * self.steps, *source.shape[1:]))
+                source = getattr(layer_picks[0][0], name)[layer]
+                held = sum(len(rows) for _, rows in layer_picks)
+                buffer = source.new_empty((held + generated, *source.shape[1:]))
                 filled = 0
-                for captured, rows in picks:  # each pass's rows straight into place: one copy, no concatenation
+                for captured, rows in layer_picks:  # each pass's rows straight into place: one copy, no concatenation
                     torch.index_select(
                         getattr(captured, name)[layer], 0, rows, out=buffer[filled : filled + len(rows)]
                     )
@@ -424,7 +471,7 @@ class _Chunk:
         self.paths.scatter_(1, self.lengths[:, None], write[:, None])
         self.lengths += 1
         positions = self.first_positions + self.u
-        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups, self.states)
+        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups, self.states, self.compact)
         kernel = self.kernel_plan(positions, kv) if self.kernel_plan else None
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)

@@ -375,7 +375,7 @@ class GatedDeltaNet(nn.Module):
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
         o = delta_rule(q, k, v, decay, beta, plan, states_at)
         if capture is not None:  # what the decoder steps on from (`decode`): rows, and the prefixes' states
-            capture.keep(qkv, _recurrent_rows(k, v, decay, beta))
+            capture.keep_recurrent(qkv, _recurrent_rows(k, v, decay, beta))
             zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]), dtype=torch.float32)
             capture.states.append(torch.stack([states_at[row] if row >= 0 else zero for _, row in capture.prefixes]))
         return self.output(o, z)
@@ -390,7 +390,6 @@ class GatedDeltaNet(nn.Module):
         kernel = self.conv.shape[1]
         rows_in, rows_out = kv.keys[self.index], kv.values[self.index]
         qkv, z, b, a = self.project(x)
-        rows_in.index_copy_(0, kv.write, qkv.to(rows_in.dtype))
         group_of, starts, prefix_lens = _decode_groups(kv.groups, x.device)
         # tap j (oldest first) of a row of path length L is its path's entry L - kernel + j, or before the path
         # the prefix's row at that distance from its end, or none (a zero row)
@@ -400,18 +399,23 @@ class GatedDeltaNet(nn.Module):
         taps = torch.where(
             back >= 0, from_path, torch.where(in_prefix, starts[:, None] + prefix_lens[:, None] + back, -1)
         )
+        write, path_index = kv.write, kv.path_index
+        if kv.compact is not None:  # this layer's buffers hold its rows alone: buffer rows to theirs
+            write, path_index = kv.compact[write], kv.compact[path_index]
+            taps = torch.where(taps >= 0, kv.compact[taps.clamp(min=0)], -1)
+        rows_in.index_copy_(0, write, qkv.to(rows_in.dtype))
         n = x.shape[0]
         read = rows_in.index_select(0, taps.clamp(min=0).reshape(-1))
         read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
         stream = torch.cat([read.new_zeros((1, read.shape[1])), read])  # row 0: the missing predecessor
         local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)
         q, k, v, decay, beta = self.recurrence_inputs(stream, local, b, a)
-        rows_out.index_copy_(0, kv.write, _recurrent_rows(k, v, decay, beta))
+        rows_out.index_copy_(0, write, _recurrent_rows(k, v, decay, beta))
         states = kv.states[self.index]
         if x.is_cuda:
             from spinf.engine.kernels.gdn import decode_delta_rule
 
-            out = decode_delta_rule(q, k, v, decay, beta, states, group_of, rows_out, kv.path_index, kv.path_len)
+            out = decode_delta_rule(q, k, v, decay, beta, states, group_of, rows_out, path_index, kv.path_len)
             return self.output(out, z)
         cfg = self.cfg
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -419,7 +423,7 @@ class GatedDeltaNet(nn.Module):
         out = torch.empty_like(v)
         for r in range(n):
             state = states[int(group_of[r])]
-            for p in kv.path_index[r, : int(kv.path_len[r]) - 1].tolist():  # the path before the row
+            for p in path_index[r, : int(kv.path_len[r]) - 1].tolist():  # the path before the row
                 row = rows_out[p]
                 k_p, v_p = row[:key_end].view(heads, dk), row[key_end:value_end].view(heads, dv)
                 decay_p, beta_p = row[value_end : value_end + heads], row[value_end + heads :]
@@ -661,13 +665,30 @@ class Qwen35Text(nn.Module):
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
 
     def kv_bytes_per_token(self) -> int:
-        """The bytes one token holds in the decoder's buffers over all layers: an attention layer's keys and
-        values, a recurrent layer's pre-convolution q/k/v and recurrence inputs (`GatedDeltaNet.decode`)."""
+        """The bytes one template or generated token holds in the decoder's buffers over all layers: an attention
+        layer's keys and values, a recurrent layer's pre-convolution q/k/v and recurrence inputs
+        (`GatedDeltaNet.decode`)."""
+        return self.capture_cost().path_token
+
+    def capture_cost(self):
+        """What the decoder holds (`spinf.engine.extraction.decoder.CaptureCost`): a prefix row only in the attention
+        layers; per prefix, each recurrent layer's fp32 state and its last ``kernel - 1`` rows (the convolution's
+        reach); a path row in every layer."""
+        from spinf.engine.extraction.decoder import CaptureCost
+
         cfg, size = self.cfg, self.embed.element_size()
-        heads = cfg.linear_num_value_heads
+        heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         attention = 2 * cfg.num_kv_heads * cfg.head_dim * size
-        recurrent = (cfg.conv_dim + heads * (cfg.linear_key_head_dim + cfg.linear_value_head_dim) + 2 * heads) * 4
-        return sum(attention if layer.is_attention else recurrent for layer in self.layers)
+        recurrent = (cfg.conv_dim + heads * (dk + dv) + 2 * heads) * 4  # fp32 at most (the rows' dtypes)
+        kinds = [layer.is_attention for layer in self.layers]
+        tail = cfg.linear_conv_kernel_dim - 1
+        per_prefix = kinds.count(False) * (heads * dk * dv * 4 + tail * recurrent)
+        return CaptureCost(
+            prefix_token=max(1, kinds.count(True) * attention),
+            path_token=kinds.count(True) * attention + kinds.count(False) * recurrent,
+            per_prefix=per_prefix,
+            tail=tail,
+        )
 
     def attention_shape(self) -> tuple[int, int]:
         """The full-attention layers' (head dim, query heads per KV head)."""

@@ -98,7 +98,7 @@ def alone(tiny_engine):
 
 @pytest.fixture(scope="module")
 def per_token(tiny_engine):
-    return tiny_engine.extractor.kv_bytes_per_token
+    return tiny_engine.extractor.cost.prefix_token
 
 
 @pytest.fixture(scope="module")

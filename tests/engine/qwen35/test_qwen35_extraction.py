@@ -82,3 +82,31 @@ def check_a_long_generated_path(engine: Engine, monkeypatch, content: str, templ
 @pytest.mark.parametrize(("content", "template"), LONG_PATHS)
 def test_a_long_generated_path_replays_its_recurrence_to_the_same_bits(tiny_engine, monkeypatch, content, template):
     check_a_long_generated_path(tiny_engine, monkeypatch, content, template)
+
+
+def test_a_recurrent_layer_captures_only_the_rows_its_decode_steps_read(tiny_engine):
+    """Of each prefix a recurrent layer keeps its last ``kernel - 1`` rows (its convolution's reach; the state after
+    the prefix stands for the rest) and every template row; an attention layer keeps every row. The budgets count
+    a prefix row at the attention layers' bytes."""
+    from spinf.engine.scorer import capture_plan
+
+    long_job, short_job = Job(tuple(range(10, 50))), Job((7, 8))
+    for job, templates in ((long_job, [(60, 61, 62), (60, 63)]), (short_job, [(64,)])):
+        for template in templates:
+            add_prompt(job, template, [], extracts=True)
+    layout = build_pass([long_job, short_job])
+    cost = tiny_engine.model.capture_cost()
+    assert cost.tail == tiny_engine.model.cfg.linear_conv_kernel_dim - 1 == 3
+    starts, capture = capture_plan(layout, torch.device("cpu"), cost.tail)
+    rows = capture.rows.tolist()
+    assert len(rows) == 40 + 4 + 2 + 1  # both prefixes, the long job's 4 template rows (60 shared), the short one's
+    kept = [row for row, place in zip(rows, capture.compact, strict=True) if place >= 0]
+    assert kept == capture.compact_rows.tolist() == rows[37:40] + rows[40:44] + rows[44:]
+    assert [place for place in capture.compact if place >= 0] == list(range(len(kept)))
+    model = tiny_engine.model
+    attention = sum(layer.is_attention for layer in model.layers)
+    per_row = 2 * model.cfg.num_kv_heads * model.cfg.head_dim * model.embed.element_size()
+    assert cost.prefix_token == attention * per_row < cost.path_token
+    assert cost.units(40, 4) == 40 + -(-4 * cost.path_token // cost.prefix_token) + -(
+        -cost.per_prefix // cost.prefix_token
+    )
