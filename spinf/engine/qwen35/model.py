@@ -24,9 +24,9 @@ On a GPU the recurrence runs in the Triton kernel by segment index (`spinf.engin
 every segment) and the full-attention layers in the Gemma stack's tree-attention kernel. Linears are made by a
 factory (`MakeLinear`): float (`Dense`) or int4 (`spinf.engine.qwen35.int4`); the decider's readout replaces the LM
 head. A decode step (extraction, `GatedDeltaNet.decode`) replays each row's recurrence from its prefix's state (on a
-GPU in the kernel's decode step, from the state the scoring pass's kernel wrote at the prefix's end). Not yet here:
-a chunked kernel for long segments, and a compact capture (a pass keeps every prefix row's recurrent inputs, though
-a decode step reads only the prefix's state and its last rows).
+GPU in the kernel's decode step, from the state the scoring pass's kernel wrote at the prefix's end); of a prefix
+a recurrent layer captures only that state and its last ``kernel - 1`` rows (`CaptureCost`). Not yet here: a chunked
+kernel for long segments.
 """
 
 from __future__ import annotations
