@@ -226,8 +226,9 @@ def _score_response(*, chat: bool) -> dict:
 
 def _decision_schemas() -> dict:
     text = loose({"type": {"const": "input_text"}, "text": STR})
-    image = loose({"type": {"const": "input_image"}, "image_url": STR},
-                  description="known, but refused: 400 media_not_supported (no media yet)")  # fmt: skip
+    image = loose({"type": {"const": "input_image"}, "image_url": STR, "detail?": enum("low", "auto", "high")},
+                  description="a data URL, read as a score body's image_url part where it stands; refused in a "
+                  "question's instructions (400 media_not_supported), and by file_id")  # fmt: skip
     data = {"anyOf": [{"type": "object"}, array({"type": "object"})]}
     json_part = loose({"type": {"const": "input_json"}, "data": data}, description=(
         f"rendered as compact JSON; at most {JSON_MAX_DEPTH} container levels, {JSON_MAX_VALUES:,} values and "

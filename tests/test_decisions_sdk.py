@@ -29,6 +29,7 @@ import spinf
 from contrib.loadtest.harness import ServerProcess, tiny_cache
 from spinf.decisions import plan_decisions
 from spinf.openapi import openapi_document
+from tests.media.fixtures import b64, image_bytes, noise_image
 
 TOKEN = "tok"
 CONTENT = "I was charged twice for order 1234. Please refund one payment, or I will cancel my account."
@@ -161,6 +162,28 @@ def test_messages_and_tool_items(server, client):
     same_as_score(server, decision, [PREDICATE, ANGER], items)
 
 
+def test_images_in_a_message_and_a_tool_output_are_read(server, client):
+    photo = "data:image/png;base64," + b64(image_bytes(noise_image(40, 56, seed=3)))
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "My receipt: "},
+                                     {"type": "input_image", "image_url": photo, "detail": "low"}]},
+        {"type": "function_call", "call_id": "c1", "name": "scan", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_image", "image_url": photo}, {"type": "input_text", "text": "scanned"}]},
+    ]  # fmt: skip
+    decision = decide(client, PREDICATE, ANGER, input=items)
+    same_as_score(server, decision, [PREDICATE, ANGER], items)
+    # the images are read: as text instead, the input is shorter and the answers move
+    as_text = [
+        {"role": "user", "content": "My receipt: "},
+        items[1],
+        {"type": "function_call_output", "call_id": "c1", "output": "scanned"},
+    ]
+    without = decide(client, PREDICATE, ANGER, input=as_text)
+    assert decision.usage.input_tokens > without.usage.input_tokens
+    assert probabilities(decision.answers[0]) != probabilities(without.answers[0])
+
+
 # the SDK's limits
 
 
@@ -238,7 +261,11 @@ def refused(client, *questions: dict, input: object = CONTENT, model: str = "tin
          "option_too_long", "questions.0.levels.1"),
         ([{**PREDICATE, "instructions": "word " * 300}], CONTENT, "template_too_long", "questions.0.instructions"),
         ([PREDICATE], "word " * 5000, "content_too_long", "input"),
-        ([PREDICATE], [{"role": "user", "content": [IMAGE]}], "media_not_supported", "input.0.content.0"),
+        ([PREDICATE], [{"role": "user", "content": [IMAGE]}], "invalid_media", "input.0.content.0"),
+        ([PREDICATE], [{"role": "user", "content": [{"type": "input_text", "text": "See: "},
+                                                    {**IMAGE, "detail": "max"}]}],
+         "invalid_media", "input.0.content.1"),
+        ([{**PREDICATE, "instructions": [IMAGE]}], CONTENT, "media_not_supported", "questions.0.instructions.0"),
         ([PREDICATE], [{"type": "function_call_output", "call_id": "nope", "output": "x"}], "invalid_field",
          "input.0.call_id"),
         ([{"type": "rating", "instructions": "x"}], CONTENT, "invalid_field", "questions.0.type"),

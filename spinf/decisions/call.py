@@ -22,20 +22,23 @@ import re
 
 import attrs
 
-from spinf.decisions.render import ScoredQuestion, content_text, scored_question
+from spinf.decisions.render import ScoredQuestion, score_content, scored_question
 from spinf.decisions.request import DecisionRequest, Question, parse_decision_request
 from spinf.decisions.styles import DEFAULT_STYLE, PromptStyle, style_for
 from spinf.errors import ApiError
 
 _QUERY_PARAM = re.compile(r"^scoring\.queries\.(\d+)(?:\.(.*))?$")
 _OPTION_PARAM = re.compile(r"^options\.(\d+)(?:\..*)?$")
+_PART_PARAM = re.compile(r"^(?:inputs\.0\.)?messages\.0\.content\.(\d+)(?:\.(.*))?$")
+_IMAGE_FIELDS = {"image_url.url": "image_url", "image_url.detail": "detail"}  # a score part's field -> the SDK's
 
 
 @attrs.frozen
 class DecisionCall:
     request: DecisionRequest
-    content: str
+    content: str | list[dict]  # the text, or score-body parts when the input holds images
     questions: tuple[ScoredQuestion, ...]
+    content_params: tuple[str, ...] = ()  # per part of a list content, its SDK path
 
     def score_body(self) -> dict:
         """The ``/v1/score`` body of this call: one input, one scored query per question (ids ``"0"``, ``"1"``...)."""
@@ -55,6 +58,11 @@ class DecisionCall:
     def _param(self, param: str | None) -> str | None:
         if param is None or param == "model":
             return param
+        part = _PART_PARAM.match(param)
+        if part is not None and int(part[1]) < len(self.content_params):
+            at = self.content_params[int(part[1])]
+            field = _IMAGE_FIELDS.get(part[2] or "")
+            return at if at == "input" or field is None else f"{at}.{field}"
         if param.startswith(("inputs.0", "messages")):
             return "input"
         match = _QUERY_PARAM.match(param)
@@ -95,7 +103,8 @@ def plan_decisions(body: object, prompt_style: str = DEFAULT_STYLE.name) -> Deci
     request = parse_decision_request(body)
     style: PromptStyle = style_for(prompt_style)
     questions = tuple(scored_question(q, f"questions.{k}", style) for k, q in enumerate(request.questions))
-    return DecisionCall(request, content_text(request, style), questions)
+    content, params = score_content(request, style)
+    return DecisionCall(request, content, questions, params)
 
 
 def _answer(question: Question, options: list[dict]) -> dict:

@@ -1,9 +1,10 @@
-"""A parsed decision call written out as scoring: the input as one content text, each question as one query.
+"""A parsed decision call written out as scoring: the input as one content, each question as one query.
 
 The content: a string input as it is; a list of items one text per item (a message as ``Role: text``, a tool call
 and its output by name), joined by the style's separator. Parts are concatenated as they are (api spec §4.3), a JSON
 part as compact JSON. Trailing whitespace is dropped, so every question's template (which starts with a blank line)
-joins the content at a clean token boundary (api spec §4.8).
+joins the content at a clean token boundary (api spec §4.8). An input with images is a list of score-body parts
+instead: the same text cut where each image stands, and each image an ``image_url`` part (its data URL and detail).
 
 A question: its template in the style's wording (the instructions, and for a choice with descriptions or a score
 the listing of its values), escaped for the template grammar and ended by ``{?}``; its options are the values
@@ -31,25 +32,63 @@ class ScoredQuestion:
     options_param: str
 
 
-def content_text(request: DecisionRequest, style: PromptStyle) -> str:
+_CUT = "\x00"  # where an item's parts go in its pattern (no pattern holds it)
+
+
+def score_content(request: DecisionRequest, style: PromptStyle) -> tuple[str | list[dict], tuple[str, ...]]:
+    """The score body's content and, for a list of parts, each part's SDK path (``input`` for a text part, the
+    ``input_image``'s own for an image part): a string when the input holds no image."""
     if isinstance(request.input, str):
-        return request.input.rstrip()
-    return style.separator.join(_item(item, style) for item in request.input).rstrip()
+        return request.input.rstrip(), ()
+    pieces: list[str | Part] = []
+    for k, item in enumerate(request.input):
+        if k:
+            pieces.append(style.separator)
+        pieces.extend(_item(item, style))
+    merged: list[str | Part] = []
+    for piece in pieces:
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        elif piece != "":
+            merged.append(piece)
+    if merged and isinstance(merged[-1], str):
+        merged[-1] = merged[-1].rstrip()
+    if not any(isinstance(piece, Part) for piece in merged):
+        return "".join(merged), ()
+    parts, params = [], []
+    for piece in merged:
+        if isinstance(piece, Part):
+            parts.append({"type": "image_url", "image_url": {"url": piece.url, "detail": piece.detail}})
+            params.append(piece.at)
+        elif piece:
+            parts.append({"type": "text", "text": piece})
+            params.append("input")
+    return parts, tuple(params)
 
 
-def _item(item: Item, style: PromptStyle) -> str:
+def _item(item: Item, style: PromptStyle) -> list[str | Part]:
     if item.kind == "message":
-        return style.message.format(role=style.roles[item.role], text=parts_text(item.parts))
+        return _around(style.message.format(role=style.roles[item.role], text=_CUT), item.parts)
     if item.kind == "function_call":
-        return style.function_call.format(name=item.name, arguments=item.text)
+        return [style.function_call.format(name=item.name, arguments=item.text)]
     if item.kind == "custom_tool_call":
-        return style.custom_tool_call.format(name=item.name, input=item.text)
+        return [style.custom_tool_call.format(name=item.name, input=item.text)]
     pattern = style.function_call_output if item.kind == "function_call_output" else style.custom_tool_call_output
-    return pattern.format(name=item.name, output=parts_text(item.parts))
+    return _around(pattern.format(name=item.name, output=_CUT), item.parts)
+
+
+def _around(pattern: str, parts: tuple[Part, ...]) -> list[str | Part]:
+    """``pattern`` with ``parts`` where its cut is: texts as text, images as parts."""
+    head, tail = pattern.split(_CUT)
+    return [head, *(part if part.kind == "image" else _part_text(part) for part in parts), tail]
+
+
+def _part_text(part: Part) -> str:
+    return compact_json(part.data) if part.kind == "json" else part.text
 
 
 def parts_text(parts: tuple[Part, ...]) -> str:
-    return "".join(compact_json(part.data) if part.kind == "json" else part.text for part in parts)
+    return "".join(_part_text(part) for part in parts)
 
 
 def value_text(value: str | bool) -> str:

@@ -27,7 +27,8 @@ JSON_MAX_DEPTH, JSON_MAX_VALUES, JSON_MAX_BYTES = 32, 10_000, 256 * 1024
 KINDS = ("predicate", "choice", "score")
 ROLES = ("user", "developer", "system", "assistant")
 TOOL_ITEMS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
-# content part types by role (the SDK's unions); input_image is known everywhere but not read (no media yet)
+# content part types by role (the SDK's unions); an input_image is read in the input (a message, a tool output), not
+# in a question's instructions (they become a prompt template, which is text)
 PARTS = {
     "user": ("input_text", "input_image", "input_json"),
     "developer": ("input_text",),
@@ -40,11 +41,15 @@ PARTS = {
 
 @attrs.frozen
 class Part:
-    """A content part: ``kind`` is its type; ``text`` its text (the refusal's, for a refusal) or ``data`` (JSON)."""
+    """A content part: ``kind`` is its type (``text``, ``json``, ``image``); ``text`` its text (the refusal's, for a
+    refusal), ``data`` (JSON), or an image's data URL ``url`` and ``detail``, with its SDK path ``at``."""
 
     kind: str
     text: str = ""
     data: Any = None
+    url: str = ""
+    detail: str = "auto"
+    at: str = ""
 
 
 @attrs.frozen
@@ -163,19 +168,40 @@ def _parts(value: object, at: str, owner: str) -> tuple[Part, ...]:
         return (Part("text", value),)
     if not isinstance(value, list):
         raise _invalid(at, "content must be a string or a list of parts")
-    return tuple(_part(part, f"{at}.{k}", PARTS[owner]) for k, part in enumerate(value))
+    return tuple(_part(part, f"{at}.{k}", owner) for k, part in enumerate(value))
 
 
-def _part(part: object, at: str, allowed: tuple[str, ...]) -> Part:
+def _part(part: object, at: str, owner: str) -> Part:
     kind = part.get("type") if isinstance(part, dict) else None
+    allowed = PARTS[owner]
     if kind not in allowed:
         raise bad_request("unsupported_content", at, f"a part here must have a type among {', '.join(allowed)}")
     if kind == "input_image":
-        raise bad_request("media_not_supported", at, "images are not read by this server yet: send text or JSON parts")
+        return _image(part, at, owner)
     if kind == "input_json":
         return Part("json", data=_json_data(part.get("data"), f"{at}.data"))
     key = "refusal" if kind == "refusal" else "text"
     return Part("text", _text(part.get(key), f"{at}.{key}", key))
+
+
+def _image(part: dict, at: str, owner: str) -> Part:
+    """An ``input_image``: its ``image_url`` (a data URL, checked later as a score body's) and its ``detail``."""
+    if owner == "instructions":
+        raise bad_request(
+            "media_not_supported",
+            at,
+            "a question's instructions become its prompt template, which holds text only: put the image in the input",
+        )
+    url = part.get("image_url")
+    if url is None and part.get("file_id") is not None:
+        raise bad_request(
+            "media_not_supported", f"{at}.file_id", "file ids are not read: send the image as a data URL in image_url"
+        )
+    url = _text(url, f"{at}.image_url", "image_url")
+    detail = part.get("detail", "auto")
+    if detail is None:
+        detail = "auto"
+    return Part("image", url=url, detail=_text(detail, f"{at}.detail", "detail"), at=at)
 
 
 def _json_data(data: object, at: str) -> object:

@@ -152,8 +152,15 @@ def test_repeated_choices_and_levels_are_refused_at_the_later_one():
          "invalid_field", "input.0.call_id"),
         (body(PREDICATE, input=[{"role": "system", "content": [{"type": "input_json", "data": {}}]}]),
          "unsupported_content", "input.0.content.0"),
-        (body(PREDICATE, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
-         "media_not_supported", "input.0.content.0"),
+        (body(PREDICATE, input=[{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]),
+         "media_not_supported", "input.0.content.0.file_id"),
+        (body(PREDICATE, input=[{"role": "user", "content": [{"type": "input_image", "image_url": 3}]}]),
+         "invalid_field", "input.0.content.0.image_url"),
+        (body(PREDICATE, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "data:,",
+                                                               "detail": 1}]}]),
+         "invalid_field", "input.0.content.0.detail"),
+        (body(PREDICATE, input=[{"role": "system", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
+         "unsupported_content", "input.0.content.0"),
         (body({**PREDICATE, "instructions": [{"type": "input_image", "image_url": "https://x/y.png"}]}),
          "media_not_supported", "questions.0.instructions.0"),
         (body({"type": "rating", "instructions": "x"}), "invalid_field", "questions.0.type"),
@@ -260,3 +267,48 @@ def test_the_answer_parses_as_the_sdks_decision():
         "total_tokens": 321,
     }
     assert answer["answers"][1]["name"] is None and "name" in answer["answers"][1]  # null when unnamed
+
+
+IMAGE_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def test_images_in_the_input_become_image_url_parts_where_they_stand():
+    tool = [
+        {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_image", "image_url": IMAGE_URL}, {"type": "input_text", "text": "a receipt "}]},
+    ]  # fmt: skip
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "Look:"},
+            {"type": "input_image", "image_url": IMAGE_URL, "detail": "low"},
+            {"type": "input_text", "text": " is this a refund?  "},
+        ],
+    }
+    call = plan_decisions(body(PREDICATE, input=[message, *tool]))
+    assert call.score_body()["messages"][0]["content"] == [
+        {"type": "text", "text": "User: Look:"},
+        {"type": "image_url", "image_url": {"url": IMAGE_URL, "detail": "low"}},
+        {"type": "text", "text": " is this a refund?  \n\nFunction call look: {}\n\nFunction output (look): "},
+        {"type": "image_url", "image_url": {"url": IMAGE_URL, "detail": "auto"}},
+        {"type": "text", "text": "a receipt"},  # the content's trailing whitespace dropped
+    ]
+    assert call.content_params == ("input", "input.0.content.1", "input", "input.2.output.0", "input")
+    # the score body's refusals at a part come back at the SDK's part
+    for param, expected in [
+        ("messages.0.content.1.image_url.url", "input.0.content.1.image_url"),
+        ("messages.0.content.3.image_url.detail", "input.2.output.0.detail"),
+        ("inputs.0.messages.0.content.3", "input.2.output.0"),  # the score API's param (api spec §4.3)
+        ("messages.0.content.2.text", "input"),
+    ]:
+        assert call.translate(ApiError(400, "invalid_media", param, "x")).param == expected
+    # without an image the content stays one text, as before
+    plain = plan_decisions(body(PREDICATE, input=[{"role": "user", "content": "Refund me.  "}]))
+    assert plain.score_body()["messages"][0]["content"] == "User: Refund me."
+
+
+def test_an_image_in_a_questions_instructions_is_refused():
+    image = {"type": "input_image", "image_url": IMAGE_URL}
+    exc = refused(body({**PREDICATE, "instructions": [{"type": "input_text", "text": "Is it a receipt?"}, image]}))
+    assert (exc.code, exc.param) == ("media_not_supported", "questions.0.instructions.1")
