@@ -198,10 +198,9 @@ def _image(part: dict, at: str, owner: str) -> Part:
             "media_not_supported", f"{at}.file_id", "file ids are not read: send the image as a data URL in image_url"
         )
     url = _text(url, f"{at}.image_url", "image_url")
-    detail = part.get("detail", "auto")
-    if detail is None:
-        detail = "auto"
-    return Part("image", url=url, detail=_text(detail, f"{at}.detail", "detail"), at=at)
+    detail = part.get("detail")
+    detail = "auto" if detail is None else _text(detail, f"{at}.detail", "detail")
+    return Part("image", url=url, detail=detail, at=at)
 
 
 def _json_data(data: object, at: str) -> object:

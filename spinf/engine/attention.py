@@ -118,6 +118,11 @@ class DecodeKV:
     states: list[torch.Tensor | None] | None = None
     # a recurrent layer's buffers hold only its rows (`Capture.compact`): per buffer row its row there, -1 for none
     compact: torch.Tensor | None = None  # [B] int64
+    # each row's group, that group's prefix start and its prefix length ([3, n] int64, each a contiguous row; made
+    # once per chunk)
+    row_groups: torch.Tensor | None = None
+    # what a model derives from this step once for all its layers of a kind (the recurrent layers' rows and taps)
+    derived: dict = attrs.field(factory=dict)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's keys and values into layer ``layer``'s buffers; the buffers."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from spinf.engine.attention import AttentionPlan, Capture, JobSpan
-from spinf.engine.extraction.decoder import Captured, SlotStart
+from spinf.engine.extraction.decoder import Captured, SlotStart, capture_cost
 from spinf.engine.layout import PassLayout, build_pass, vision_groups
 from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.trie import Job
@@ -96,7 +96,7 @@ class Scorer:
         self._tile_rows: set[int] = set()
         self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
         # the prefix rows a recurrent layer keeps for the decoder (`CaptureCost.tail`); 0: every captured row
-        self._capture_tail = model.capture_cost().tail if hasattr(model, "capture_cost") else 0
+        self._capture_tail = capture_cost(model).tail
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
             from spinf.engine.graphs import PassGraphs
@@ -332,6 +332,7 @@ def capture_plan(layout: PassLayout, device: torch.device, tail: int = 0) -> tup
     job_of_end = {e: j for (j, _), e in layout.end_index.items()}
     rows: list[int] = []
     at: dict[int, int] = {}  # stream row -> capture row
+    prefix_end: dict[int, int] = {}  # a prefix's stream row -> the row after its prefix
     prefix_at: dict[int, int] = {}  # job -> its prefix's first capture row
     shift_of: dict[int, int] = {}  # job -> how far its prefix's images move later rotary positions back (Qwen)
     starts = []
@@ -344,6 +345,7 @@ def capture_plan(layout: PassLayout, device: torch.device, tail: int = 0) -> tup
             for r in range(start, start + prefix_len):
                 at[r] = len(rows)
                 rows.append(r)
+                prefix_end[r] = start + prefix_len
         path = []
         row = end_row
         while row >= start + prefix_len:  # a branch row: walk up to the prefix
@@ -361,16 +363,11 @@ def capture_plan(layout: PassLayout, device: torch.device, tail: int = 0) -> tup
         for j, first in prefix_at.items()
     )
     capture = Capture(torch.tensor(rows, dtype=torch.long, device=device), prefixes=prefixes)
-    if tail:
-        dropped = set()
-        for first, _ in prefixes:
-            length = next(start.prefix[1] for start in starts if start.prefix[0] == first)
-            dropped.update(range(first, first + max(0, length - tail)))
-        compact, kept = [], []
-        for k, row in enumerate(rows):
-            compact.append(-1 if k in dropped else len(kept))
-            if k not in dropped:
-                kept.append(row)
+    if tail:  # a prefix row more than ``tail`` rows before its prefix's end is not kept
+        kept = [k for k, row in enumerate(rows) if row not in prefix_end or prefix_end[row] - row <= tail]
+        compact = [-1] * len(rows)
+        for place, k in enumerate(kept):
+            compact[k] = place
         capture.compact = tuple(compact)
-        capture.compact_rows = torch.tensor(kept, dtype=torch.long, device=device)
+        capture.compact_rows = torch.tensor([rows[k] for k in kept], dtype=torch.long, device=device)
     return starts, capture

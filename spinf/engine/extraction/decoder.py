@@ -315,10 +315,10 @@ class _Chunk:
             lut, compact_picks, kept = [], [], 0
             for captured, rows in sources.values():
                 mine = []
-                for pos in rows:
-                    lut.append(-1 if captured.compact[pos] < 0 else kept + len(mine))
-                    if captured.compact[pos] >= 0:
-                        mine.append(captured.compact[pos])
+                for place in (captured.compact[pos] for pos in rows):
+                    lut.append(kept + len(mine) if place >= 0 else -1)
+                    if place >= 0:
+                        mine.append(place)
                 compact_picks.append((captured, torch.tensor(mine, dtype=torch.long, device=device)))
                 kept += len(mine)
             self.compact = torch.tensor(lut + list(range(kept, kept + generated)), dtype=torch.long, device=device)
@@ -361,6 +361,10 @@ class _Chunk:
             groups_out.append((k, count, start, key[1][1]))
             k += count
         self.groups = tuple(groups_out)
+        # each row's group, prefix start and prefix length, as three contiguous rows (read by every recurrent layer
+        # in every step; the decode kernel reads the groups by row)
+        per_row = [(g, start, length) for g, (_, count, start, length) in enumerate(groups_out) for _ in range(count)]
+        self.row_groups = torch.tensor(per_row, dtype=torch.long).reshape(-1, 3).t().contiguous().to(device)
         self.paths = paths.to(device)
         self.lengths = torch.tensor([len(slot_paths[s]) for s in row_slot], dtype=torch.long, device=device)
         self.first_positions = torch.tensor(
@@ -471,7 +475,17 @@ class _Chunk:
         self.paths.scatter_(1, self.lengths[:, None], write[:, None])
         self.lengths += 1
         positions = self.first_positions + self.u
-        kv = DecodeKV(self.keys, self.values, write, self.paths, self.lengths, self.groups, self.states, self.compact)
+        kv = DecodeKV(
+            self.keys,
+            self.values,
+            write,
+            self.paths,
+            self.lengths,
+            self.groups,
+            self.states,
+            self.compact,
+            self.row_groups,
+        )
         kernel = self.kernel_plan(positions, kv) if self.kernel_plan else None
         empty = torch.zeros((0, 1), dtype=torch.long, device=self.device)
         plan = AttentionPlan(positions, (), empty[:, 0], empty, empty.bool(), kernel=kernel, decode=kv)

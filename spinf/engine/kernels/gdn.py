@@ -271,6 +271,8 @@ def decode_delta_rule(
         _check_rows(name, t)
     if states.dtype != torch.float32 or not states.is_contiguous() or path_index.stride(-1) != 1:
         raise ValueError("the decode step needs contiguous fp32 prefix states and contiguous path rows")
+    if group_of.stride(0) != 1 or path_len.stride(0) != 1:
+        raise ValueError("the decode step reads each row's group and path length by row: they must be contiguous")
     bk, bv, warps = _tile(dk, dv, None)
     _decode_kernel[(n, heads, triton.cdiv(dv, bv))](
         q, k, v, decay, beta, out, states, group_of, rows, path_index, path_len,

@@ -390,19 +390,7 @@ class GatedDeltaNet(nn.Module):
         kernel = self.conv.shape[1]
         rows_in, rows_out = kv.keys[self.index], kv.values[self.index]
         qkv, z, b, a = self.project(x)
-        group_of, starts, prefix_lens = _decode_groups(kv.groups, x.device)
-        # tap j (oldest first) of a row of path length L is its path's entry L - kernel + j, or before the path
-        # the prefix's row at that distance from its end, or none (a zero row)
-        back = kv.path_len[:, None] - kernel + torch.arange(kernel, device=x.device)[None, :]
-        from_path = kv.path_index.gather(1, back.clamp(min=0))
-        in_prefix = prefix_lens[:, None] + back >= 0
-        taps = torch.where(
-            back >= 0, from_path, torch.where(in_prefix, starts[:, None] + prefix_lens[:, None] + back, -1)
-        )
-        write, path_index = kv.write, kv.path_index
-        if kv.compact is not None:  # this layer's buffers hold its rows alone: buffer rows to theirs
-            write, path_index = kv.compact[write], kv.compact[path_index]
-            taps = torch.where(taps >= 0, kv.compact[taps.clamp(min=0)], -1)
+        group_of, write, path_index, taps = _recurrent_view(kv, kernel)
         rows_in.index_copy_(0, write, qkv.to(rows_in.dtype))
         n = x.shape[0]
         read = rows_in.index_select(0, taps.clamp(min=0).reshape(-1))
@@ -432,22 +420,25 @@ class GatedDeltaNet(nn.Module):
         return self.output(out, z)
 
 
-_GROUPS: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
-def _decode_groups(groups: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row of a decode step: its group, its group's prefix start and length (device tensors), made once per
-    chunk (the groups of `DecodeKV` stay the same over a chunk's steps) and kept for the last chunk only."""
-    key = (groups, str(device))
-    if key not in _GROUPS:
-        group_of, starts, lengths = [], [], []
-        for g, (_, count, start, prefix_len) in enumerate(groups):
-            group_of += [g] * count
-            starts += [start] * count
-            lengths += [prefix_len] * count
-        _GROUPS.clear()
-        _GROUPS[key] = tuple(torch.tensor(t, dtype=torch.long).to(device) for t in (group_of, starts, lengths))
-    return _GROUPS[key]
+def _recurrent_view(kv: DecodeKV, kernel: int) -> tuple[torch.Tensor, ...]:
+    """A decode step's rows as every recurrent layer reads them, derived once per step: each row's group, the
+    buffer rows it writes and its path (in the layers' own rows when their buffers are compact, ``kv.compact``), and
+    its convolution's ``kernel`` taps (oldest first; -1: none, a zero row). Tap j of a row of path length L is its
+    path's entry L - kernel + j, or before the path the prefix's row at that distance from its end."""
+    view = kv.derived.get("recurrent")
+    if view is None:
+        group_of, starts, prefix_lens = kv.row_groups  # contiguous rows: the kernel reads ``group_of`` by row
+        back = kv.path_len[:, None] - kernel + torch.arange(kernel, device=kv.path_len.device)[None, :]
+        from_path = kv.path_index.gather(1, back.clamp(min=0))
+        in_prefix = prefix_lens[:, None] + back >= 0
+        from_prefix = torch.where(in_prefix, starts[:, None] + prefix_lens[:, None] + back, -1)
+        taps = torch.where(back >= 0, from_path, from_prefix)
+        write, path_index = kv.write, kv.path_index
+        if kv.compact is not None:  # the layers' buffers hold their rows alone: buffer rows to theirs
+            write, path_index = kv.compact[write], kv.compact[path_index]
+            taps = torch.where(taps >= 0, kv.compact[taps.clamp(min=0)], -1)
+        view = kv.derived["recurrent"] = (group_of, write, path_index, taps)
+    return view
 
 
 def _recurrent_rows(k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -663,12 +654,6 @@ class Qwen35Text(nn.Module):
 
     def runs_fused(self) -> bool:
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
-
-    def kv_bytes_per_token(self) -> int:
-        """The bytes one template or generated token holds in the decoder's buffers over all layers: an attention
-        layer's keys and values, a recurrent layer's pre-convolution q/k/v and recurrence inputs
-        (`GatedDeltaNet.decode`)."""
-        return self.capture_cost().path_token
 
     def capture_cost(self):
         """What the decoder holds (`spinf.engine.extraction.decoder.CaptureCost`): a prefix row only in the attention
