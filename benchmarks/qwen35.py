@@ -1,6 +1,6 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
-    python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24] [--linears]
+    python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24]
         [--no-j2-invariance] [--extraction 16] [--results]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
@@ -234,39 +234,15 @@ def int8_peak_tops(device: torch.device) -> float | None:
     return 2 * m * k * n / seconds / 1e12
 
 
-def linear_lines(device: torch.device, rows: tuple[int, ...] = (16384, 512)) -> list[str]:
-    """Where an i8 linear's time goes at the 27B's widest shapes: the unpacking kernel alone, the whole forward
-    (activation quantizer, unpacking, product and epilogue), against a bf16 GEMM and ``torch._int_mm`` of the same
-    shape (weights already there): the cost of keeping the checkpoint packed."""
-    from benchmarks.gpu_probe import timed
-    from spinf.engine.qwen35.int4 import Int4Linear, Int4Weight
+def runner(engine: Engine) -> str:
+    """The scheme, and for ``i8`` on a GPU whether the int8 weights were kept unpacked (`keep_unpacked`)."""
+    from spinf.engine.qwen35.int4 import Int4Linear
 
-    lines = [
-        "| linear | rows | unpack | i8 forward | bf16 GEMM | _int_mm | i8 / bf16 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    generator = torch.Generator(device=device).manual_seed(5)
-    for name, out, width, split in (
-        ("MLP gate+up (split)", 34_816, 5120, True),
-        ("MLP down (block-scaled)", 5120, 17_408, False),
-    ):
-        q = torch.randint(0, 256, (out, width // 2), generator=generator, device=device, dtype=torch.int32)
-        scales = (torch.rand((out, width // GROUP), generator=generator, device=device) / 300 + 1e-3).half()
-        linear = Int4Linear(
-            [Int4Weight(q.to(torch.uint8), scales)], "i8", list(range(0, 64 * 8, 8)) if split else None
-        )
-        dense = torch.randn((out, width), device=device, dtype=torch.bfloat16)
-        int8 = linear._gpu_weight(int8=True)
-        unpack = timed(lambda linear=linear: linear._gpu_weight(int8=True), 10)
-        for m in rows:
-            x = torch.randn((m, width), generator=generator, device=device).bfloat16()
-            xq = torch.randint(-127, 127, (max(m, 32), width), device=device, dtype=torch.int8)
-            forward = timed(lambda linear=linear, x=x: linear(x), 10)
-            bf16 = timed(lambda x=x, dense=dense: x @ dense.t(), 10)
-            int_mm = timed(lambda xq=xq, int8=int8: torch._int_mm(xq, int8.t()), 10)
-            ms = [f"{1000 * t:.2f} ms" for t in (unpack, forward, bf16, int_mm)]
-            lines.append(f"| {name}, {out} × {width} | {m} | " + " | ".join(ms) + f" | {forward / bf16:.2f} |")
-    return lines
+    linears = [m for m in engine.model.modules() if isinstance(m, Int4Linear) and m.mode == "i8"]
+    if not linears or linears[0].amax.device.type != "cuda":  # the CPU runs the torch code
+        return engine.quant
+    kept = all(m.int8 is not None for m in linears)
+    return f"{engine.quant}, int8 weights {'kept unpacked' if kept else 'unpacked per call'}"
 
 
 def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
@@ -288,7 +264,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cap-gib", type=float, default=None)
     parser.add_argument("--cap-jobs", default="J1,J2", help="the job sets measured under --cap-gib")
     parser.add_argument("--cap-token-budget", type=int, default=None, help="the engine's token budget under the cap")
-    parser.add_argument("--linears", action="store_true", help="time an i8 linear's parts at the widest shapes")
     parser.add_argument("--no-j2-invariance", action="store_true", help="leave J2 out of the invariance check")
     parser.add_argument(
         "--extraction", type=int, default=0, help="also time benchmarks/extraction.py's slot calls on this many inputs"
@@ -307,11 +282,6 @@ def main(argv: list[str] | None = None) -> None:
     folder = write_random_int4(snapshot, text, device if device.type == "cuda" else torch.device("cpu"))
     written_s = time.perf_counter() - started
     peak = int8_peak_tops(device)
-    if args.linears and device.type == "cuda":
-        linears = linear_lines(device)
-        print(*linears, sep="\n", flush=True)
-    else:
-        linears = []
     started = time.perf_counter()
     engine = open_engine(args, folder)
     load_s = time.perf_counter() - started
@@ -336,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs[job] = bodies
         engine_call(engine, bodies[0])  # warm: Triton compiles here
         m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
-        emit(row(job, f"ours, {engine.quant}", m, flops, peak))
+        emit(row(job, f"ours, {runner(engine)}", m, flops, peak))
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
 
@@ -364,15 +334,13 @@ def main(argv: list[str] | None = None) -> None:
             bodies = jobs.get(job) or job_bodies(job, args.max_inputs)[0]
             if bodies:
                 m = measure(lambda body: engine_call(engine, body), bodies, device, 1, (0.0, 120.0))
-                emit(row(job, f"ours, {engine.quant}, under a {args.cap_gib:g} GiB cap{budget}", m, flops, peak))
+                emit(row(job, f"ours, {runner(engine)}, under a {args.cap_gib:g} GiB cap{budget}", m, flops, peak))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
     command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
     head += f"engine loaded in {load_s:.0f} s"
     head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
     body = head + "\n\n" + "\n".join(lines)
-    if linears:
-        body += "\n\nOne i8 linear at the 27B's widest shapes (`--linears`):\n\n" + "\n".join(linears)
     print(head)
     if args.results:
         append_section(f"Qwen3.8-27B int4 ({args.shape} shape)", body)

@@ -269,9 +269,11 @@ def decode_delta_rule(
         return out
     for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("beta", beta), ("rows", rows)):
         _check_rows(name, t)
-    if states.dtype != torch.float32 or not states.is_contiguous() or path_index.stride(-1) != 1:
+    # a dimension of one has no step to take: its stride is whatever the view left (a one-row decode's group row
+    # of a [3, 1] table has stride 3), so contiguity is asked as torch asks it
+    if states.dtype != torch.float32 or not states.is_contiguous() or not path_index[:1].is_contiguous():
         raise ValueError("the decode step needs contiguous fp32 prefix states and contiguous path rows")
-    if group_of.stride(0) != 1 or path_len.stride(0) != 1:
+    if not (group_of.is_contiguous() and path_len.is_contiguous()):
         raise ValueError("the decode step reads each row's group and path length by row: they must be contiguous")
     bk, bv, warps = _tile(dk, dv, None)
     _decode_kernel[(n, heads, triton.cdiv(dv, bv))](

@@ -1,5 +1,5 @@
-"""Int4 GPTQ weights on the GPU (engine spec B.14.3, api spec §9.8): unpacking per call and the block-scaled int8
-product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` uint8 [out, in/2], fp16 group scales
+"""Int4 GPTQ weights on the GPU (engine spec B.14.3, api spec §9.8): unpacking, the activation quantizers and the
+int8 product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` uint8 [out, in/2], fp16 group scales
 [out, in/32]) and states each mode's arithmetic in plain torch; these kernels compute the same bits faster.
 
 * `unpack_int4`: one pass over the packed weight, writing either the ``i8`` mode's int8 weight
@@ -7,27 +7,50 @@ product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` uint8 
   ``s_g · (q − 8)`` in any float dtype. The product ``s_g · (q − 8)`` is exact in fp32; ``· 127`` rounds once and the
   division is correctly rounded (``div_rn``), as torch's are, so the int8 codes equal the torch path's. The weight is
   written into the rows ``[row0, row0 + out)`` of a fused buffer, so a fused linear's parts land in one tensor.
+* `quantize_split` and `quantize_blocks`: the activations of either scheme in one pass (torch's codes and scales,
+  bit for bit), instead of the several passes over fp32 copies the torch code takes.
 * `int8_mm`: the i8 mode's products with their epilogue, written in the activations' dtype (no [M, N] int32 or fp32
   temporaries): the block-scaled scheme of the norm-free linears (int8 activations with one scale per (token,
   128-channel block), each block's products summed exactly in int32, the blocks added in fp32 in ascending order,
   then the weight's per-channel scale) and the split scheme of the norm-fed ones (the whole row's sum exact in
-  int32, both scales, plus the fp16 outlier channels' product summed in fp32). Multiplications and additions are
-  asked to stay apart (``enable_fp_fusion=False``); through the interpreter the block-scaled result equals the torch
-  loop bit for bit, compiled it has differed from the CPU's in the last bits. A row's result depends on that row
-  alone (one fixed tiling, no split along K), which is what the engine's invariance needs.
+  int32, both scales, plus the fp16 outlier channels' product on the tensor cores). Multiplications and additions
+  are asked to stay apart (``enable_fp_fusion=False``); through the interpreter the block-scaled result equals the
+  torch loop bit for bit, compiled it has differed from the CPU's in the last bits. A row's result depends on that
+  row alone, and not on the tile (`Tile`): no split along K, integer sums exact, the rest per element or one dot
+  whose bits no tile tried changed. So the tile is picked by row count (`product_tile`) without breaking the
+  engine's invariance; tests/engine/qwen35/test_int4_kernels.py checks it on every run.
 
-Both run through Triton's interpreter on the CPU (the tests), compiled on a GPU.
+All run through Triton's interpreter on the CPU (the tests), compiled on a GPU.
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 import triton
 import triton.language as tl
 
 ACT_BLOCK = 128  # input channels per activation scale (`spinf.engine.qwen35.int4.ACT_BLOCK`)
 _UNPACK_ROWS, _UNPACK_COLS = 64, 128  # output rows × packed bytes per program of `unpack_int4`
-_MM_M, _MM_N = 128, 128  # the product's tile (fixed: no autotuning, so a row's bits never depend on M)
+
+
+@triton.jit
+def _weights(q, s):
+    """The float weights ``s_g · (q − 8)`` of packed bytes ``q`` (int32) and their fp32 scales: (even, odd) input."""
+    return ((q & 15) - 8).to(tl.float32) * s, ((q >> 4) - 8).to(tl.float32) * s
+
+
+@triton.jit
+def _codes(q, s, amax):
+    """The i8 mode's int8 weight codes (as fp32) ``round(s_g · (q − 8) · 127 / amax_row)`` of packed bytes ``q``:
+    the division correctly rounded (``div_rn``), then to nearest even (adding and taking away 1.5 · 2^23 does it for
+    |y| < 2^22), as torch computes them."""
+    low, high = _weights(q, s)
+    low = tl.math.div_rn(low * 127.0, amax)
+    high = tl.math.div_rn(high * 127.0, amax)
+    low = tl.minimum(tl.maximum((low + 12582912.0) - 12582912.0, -127.0), 127.0)
+    high = tl.minimum(tl.maximum((high + 12582912.0) - 12582912.0, -127.0), 127.0)
+    return low, high
 
 
 @triton.jit
@@ -40,15 +63,11 @@ def _unpack_kernel(
     mask = (r < rows)[:, None] & (j < half)[None, :]
     q = tl.load(q_ptr + r[:, None] * half + j[None, :], mask=mask, other=0x88).to(tl.int32)
     s = tl.load(s_ptr + r[:, None] * (half // 16) + (j // 16)[None, :], mask=mask, other=0.0).to(tl.float32)
-    low = ((q & 15) - 8).to(tl.float32) * s  # the even input
-    high = ((q >> 4) - 8).to(tl.float32) * s  # the odd one
     if INT8:
         amax = tl.load(amax_ptr + r, mask=r < rows, other=1.0)[:, None]
-        # x / amax correctly rounded, then to nearest even (adding and taking away 1.5 · 2^23 does it for |y| < 2^22)
-        low = tl.math.div_rn(low * 127.0, amax)
-        high = tl.math.div_rn(high * 127.0, amax)
-        low = tl.minimum(tl.maximum((low + 12582912.0) - 12582912.0, -127.0), 127.0)
-        high = tl.minimum(tl.maximum((high + 12582912.0) - 12582912.0, -127.0), 127.0)
+        low, high = _codes(q, s, amax)
+    else:
+        low, high = _weights(q, s)
     both = tl.reshape(tl.join(low, high), (BR, 2 * BJ))  # even and odd inputs interleaved: one contiguous row
     cols = tl.program_id(1) * 2 * BJ + tl.arange(0, 2 * BJ).to(tl.int64)
     at = out_ptr + (row0 + r[:, None]) * (2 * half) + cols[None, :]
@@ -76,6 +95,56 @@ def unpack_int4(
     return out
 
 
+@attrs.frozen
+class Tile:
+    """A product kernel's fixed configuration: rows and columns per program, warps, pipeline stages. It changes
+    no bit of the result (integer sums are exact, the epilogue is per element, the outlier product's sums run in
+    one order), so it may be chosen per shape, or by row count, freely."""
+
+    rows: int = 128
+    cols: int = 128
+    warps: int = 8
+    stages: int = 3
+
+
+SMALL_ROWS = 256  # up to this many rows, the small tiles
+
+
+def product_tile(rows: int, blocked: bool) -> Tile:
+    """The tile for a product of ``rows`` rows: the fastest measured on the H200 at the 27B's shapes
+    (benchmarks/int4_linears.py, RESULTS.md), small tiles for few rows. Any tile gives the same bits."""
+    if blocked:
+        return Tile(64, 64, 4, 4) if rows <= SMALL_ROWS else Tile(64, 128, 4, 4)
+    return Tile(64, 128, 4, 4) if rows <= SMALL_ROWS else Tile(128, 256, 8, 4)
+
+
+@triton.jit
+def _epilogue(
+    acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr,
+    BC: tl.constexpr, BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr,
+):  # fmt: skip
+    """The product's ending: ``acc`` is the blocked scheme's fp32 sum of scaled blocks, or the split scheme's exact
+    int32 sum, which gets both scales and the fp16 outliers' product: one tensor-core dot of all C channels (fp16
+    products are exact in fp32, the sums fp32), which gave the same bits at every tile tried on the H200, from
+    64 × 64 to 256 × 128 (benchmarks/int4_linears.py), and at a third of the time of an fp32 dot."""
+    w_scale = tl.load(w_scale_ptr + rn, mask=rn < N, other=0.0)
+    if BLOCKED:
+        out = acc * w_scale[None, :]
+    else:
+        x_scale = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
+        out = acc.to(tl.float32) * x_scale[:, None] * w_scale[None, :]
+        if OUTLIERS:
+            c = tl.arange(0, BC)
+            xo = tl.load(xo_ptr + rm[:, None] * C + c[None, :], mask=(rm < M)[:, None] & (c < C)[None, :], other=0.0)
+            wo = tl.load(wo_ptr + rn[None, :] * C + c[:, None], mask=(c < C)[:, None] & (rn < N)[None, :], other=0.0)
+            out = out + tl.dot(xo, wo, out_dtype=tl.float32)
+    tl.store(
+        out_ptr + rm[:, None] * N + rn[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(rm < M)[:, None] & (rn < N)[None, :],
+    )
+
+
 @triton.jit
 def _int8_kernel(
     a_ptr, a_scale_ptr, b_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, M, N, K, C,
@@ -86,7 +155,6 @@ def _int8_kernel(
     rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
     blocks = tl.cdiv(K, BK)
-    w_scale = tl.load(w_scale_ptr + rn, mask=rn < N, other=0.0)
     if BLOCKED:  # one activation scale per (row, block): each block's exact sum scaled, blocks added in order
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for kb in range(0, blocks):
@@ -96,26 +164,21 @@ def _int8_kernel(
             sums = tl.dot(a, b, out_dtype=tl.int32)  # exact: 128 int8 products fit int32 with room
             scale = tl.load(a_scale_ptr + rm * blocks + kb, mask=rm < M, other=0.0)
             acc += sums.to(tl.float32) * scale[:, None]
-        out = acc * w_scale[None, :]
-    else:  # one scale per row: the whole row's sum exact in int32, then both scales and the outliers' product
-        exact = tl.zeros((BM, BN), dtype=tl.int32)
+    else:  # one scale per row: the whole row's sum exact in int32
+        acc = tl.zeros((BM, BN), dtype=tl.int32)
         for kb in range(0, blocks):
             k = kb * BK + rk
             a = tl.load(a_ptr + rm[:, None] * K + k[None, :], mask=(rm < M)[:, None] & (k < K)[None, :], other=0)
             b = tl.load(b_ptr + rn[None, :] * K + k[:, None], mask=(k < K)[:, None] & (rn < N)[None, :], other=0)
-            exact = tl.dot(a, b, exact, out_dtype=tl.int32)
-        x_scale = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
-        out = exact.to(tl.float32) * x_scale[:, None] * w_scale[None, :]
-        if OUTLIERS:  # fp16 values, their products and sums in fp32 (no TF32)
-            c = tl.arange(0, BC)
-            xo = tl.load(xo_ptr + rm[:, None] * C + c[None, :], mask=(rm < M)[:, None] & (c < C)[None, :], other=0.0)
-            wo = tl.load(wo_ptr + rn[None, :] * C + c[:, None], mask=(c < C)[:, None] & (rn < N)[None, :], other=0.0)
-            out = out + tl.dot(xo.to(tl.float32), wo.to(tl.float32), input_precision="ieee")
-    tl.store(
-        out_ptr + rm[:, None] * N + rn[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=(rm < M)[:, None] & (rn < N)[None, :],
-    )
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    _epilogue(
+        acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, BC, BLOCKED, OUTLIERS
+    )  # fmt: skip
+
+
+def _check_scales(m: int, k: int, a_scales: torch.Tensor, blocked: bool) -> None:
+    blocks = triton.cdiv(k, ACT_BLOCK)
+    assert a_scales.numel() == m * (blocks if blocked else 1)
 
 
 def int8_mm(
@@ -128,6 +191,7 @@ def int8_mm(
     blocked: bool,
     x_out: torch.Tensor | None = None,
     w_out: torch.Tensor | None = None,
+    tile: Tile | None = None,
 ) -> torch.Tensor:
     """The i8 mode's product of ``a`` int8 [M, K] and ``w`` int8 [N, K] with the weight's per-channel ``w_scale``
     fp32 [N], into [M, N] of ``out_dtype``:
@@ -135,20 +199,115 @@ def int8_mm(
     * ``blocked``: ``a_scales`` fp32 [M, ceil(K / 128)], one per (row, 128-channel block, the last one narrower):
       ``Σ_b (a_b · w_bᵀ) · a_scales[:, b]`` summed in ascending b, then ``· w_scale``;
     * else: ``a_scales`` fp32 [M] or [M, 1]: ``(a · wᵀ) · a_scale · w_scale``, the sum exact in int32, plus
-      ``x_out · w_outᵀ`` (fp16 [M, C] and [N, C], the split scheme's outlier channels) summed in fp32."""
+      ``x_out · w_outᵀ`` (fp16 [M, C] and [N, C], the split scheme's outlier channels) summed in fp32.
+
+    ``tile`` None: `product_tile` for M rows."""
     (m, k), n = a.shape, w.shape[0]
-    blocks = triton.cdiv(k, ACT_BLOCK)
-    assert w.shape[1] == k and a_scales.numel() == m * (blocks if blocked else 1)
+    assert w.shape[1] == k
+    _check_scales(m, k, a_scales, blocked)
+    return _launch(
+        _int8_kernel,
+        m,
+        n,
+        k,
+        (a, a_scales, w, w_scale),
+        out_dtype,
+        blocked,
+        x_out,
+        w_out,
+        tile or product_tile(m, blocked),
+        BK=ACT_BLOCK,
+    )
+
+
+def _launch(kernel, m, n, k, operands, out_dtype, blocked, x_out, w_out, tile: Tile, **meta) -> torch.Tensor:
+    a = operands[0]
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if not m:
         return out
     outliers = x_out is not None
     channels = x_out.shape[1] if outliers else 0
-    grid = (triton.cdiv(m, _MM_M), triton.cdiv(n, _MM_N))
-    _int8_kernel[grid](
-        a.contiguous(), a_scales.contiguous(), w.contiguous(), w_scale.contiguous(),
+    grid = (triton.cdiv(m, tile.rows), triton.cdiv(n, tile.cols))
+    kernel[grid](
+        *(t.contiguous() for t in operands),
         x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a, out, m, n, k, channels,
-        BM=_MM_M, BN=_MM_N, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)),
-        BLOCKED=blocked, OUTLIERS=outliers, num_warps=8, num_stages=3, enable_fp_fusion=False,
+        BM=tile.rows, BN=tile.cols, BC=max(16, triton.next_power_of_2(channels)), BLOCKED=blocked,
+        OUTLIERS=outliers, num_warps=tile.warps, num_stages=tile.stages,
+        enable_fp_fusion=False, **meta,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _quantize_split_kernel(
+    x_ptr, keep_ptr, idx_ptr, q_ptr, scale_ptr, xo_ptr, K, C, BK: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    top = tl.zeros((BK,), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
+        top = tl.maximum(top, tl.where(keep != 0, tl.abs(x), 0.0))
+    amax = tl.max(top, axis=0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+    tl.store(scale_ptr + row, scale)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
+        tl.store(q_ptr + row * K + k, _round_int8(tl.where(keep != 0, x, 0.0), scale), mask=k < K)
+    c = tl.arange(0, BC)
+    idx = tl.load(idx_ptr + c, mask=c < C, other=0)
+    xo = tl.load(x_ptr + row * K + idx, mask=c < C, other=0.0).to(tl.float32)
+    tl.store(xo_ptr + row * C + c, xo.to(tl.float16), mask=c < C)
+
+
+@triton.jit
+def _quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, M, K, BR: tl.constexpr):
+    r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+    mask = (r < M)[:, None] & (k < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+    tl.store(scale_ptr + r * tl.num_programs(1) + tl.program_id(1), scale, mask=r < M)
+    tl.store(q_ptr + r[:, None] * K + k[None, :], _round_int8(x, scale[:, None]), mask=mask)
+
+
+@triton.jit
+def _round_int8(x, scale):
+    """``round(x / scale)`` to nearest even, clamped to ±127, as int8, as torch's ``_to_int8`` computes it."""
+    y = tl.math.div_rn(x, scale)
+    return tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0).to(tl.int8)
+
+
+def quantize_split(
+    x: torch.Tensor, keep: torch.Tensor, outliers: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split scheme's activations in one pass over ``x`` [M, K] (any float dtype): the int8 codes [M, K] of the
+    channels where ``keep`` (int8 [K]) is 1 (the rest 0), quantized per token by ``amax / 127`` over those channels
+    (scale fp32 [M, 1], 1 for a row of zeros), and the ``outliers`` channels (int64 [C]) in fp16 [M, C]."""
+    m, k = x.shape
+    c = outliers.numel()
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    x_out = torch.empty((m, c), dtype=torch.float16, device=x.device)
+    if m:
+        _quantize_split_kernel[(m,)](
+            x.contiguous(), keep, outliers, q, scale, x_out, k, c,
+            BK=min(1024, triton.next_power_of_2(k)), BC=max(16, triton.next_power_of_2(c)), num_warps=4,
+        )  # fmt: skip
+    return q, scale, x_out
+
+
+def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-scaled scheme's activations in one pass over ``x`` [M, K]: int8 codes [M, K] and one scale fp32
+    [M, ceil(K / 128)] per (token, 128-channel block, the last one narrower), ``amax / 127`` (1 for zeros)."""
+    m, k = x.shape
+    blocks = triton.cdiv(k, ACT_BLOCK)
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scales = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_blocks_kernel[(triton.cdiv(m, 16), blocks)](x.contiguous(), q, scales, m, k, BR=16, num_warps=4)
+    return q, scales

@@ -77,6 +77,8 @@ ACT_BLOCK = 128  # input channels per activation scale in the block-scaled int8 
 NORM_FED = ("linear_attn.in_proj_qkv", "self_attn.q_proj", "mlp.gate_proj")
 _FP8_MAX = 448.0
 _GPU_INT_MM_ROWS = 32  # torch._int_mm on CUDA wants more than 16 rows
+KEEP_RESERVE = 16 * 2**30  # `keep_unpacked`: bytes that must stay free after the unpacked int8 weights, at least
+KEEP_SHARE = 0.25  # ... and this share of the GPU's memory (a 24 GB card keeps the weights packed)
 
 
 @attrs.frozen
@@ -308,7 +310,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.mode = mode
         self.kinds = []
-        for index, part in enumerate(parts):
+        for index, part in enumerate(_merge_int4(parts)):
             if isinstance(part, Int4Weight):
                 self.register_buffer(f"q{index}", part.q, persistent=False)
                 self.register_buffer(f"s{index}", part.scales, persistent=False)
@@ -322,6 +324,14 @@ class Int4Linear(nn.Module):
         amax = self._row_amax() if mode == "i8" else None
         self.register_buffer("amax", amax, persistent=False)
         self.register_buffer("w_scale", None if amax is None else _divide(amax, 127), persistent=False)
+        # the GPU's i8 forward (`_gpu_i8`): the split scheme's inlier mask and fp16 outlier columns, made once
+        keep = None
+        if mode == "i8" and idx is not None:
+            keep = torch.ones(self.in_features, dtype=torch.int8, device=idx.device).index_fill_(0, idx, 0)
+        self.register_buffer("keep", keep, persistent=False)
+        w_out = self._columns(idx).to(torch.float16) if keep is not None else None
+        self.register_buffer("w_out", w_out, persistent=False)
+        self.register_buffer("int8", None, persistent=False)  # the unpacked int8 weight when kept (`keep_int8`)
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = {
             "bf16": _bf16,
             "f16": _f16,
@@ -412,27 +422,28 @@ class Int4Linear(nn.Module):
             return self._gpu_i8(x)
         return self._forward(x, self.weight()).to(x.dtype)
 
-    def _gpu_i8(self, x: torch.Tensor) -> torch.Tensor:
-        """The i8 mode through `spinf.engine.kernels.int4`, in x's dtype: the int8 weight unpacked per call (the
-        checkpoint stays packed in memory), the activations quantized as in `_split` / `_blocked`, the product and
-        its epilogue in one kernel (tests/engine/qwen35/test_int4_kernels.py compares them with the torch code)."""
-        from spinf.engine.kernels.int4 import int8_mm
+    def keep_int8(self) -> int:
+        """Unpack the i8 mode's int8 weight once and keep it beside the packed one (no unpacking per call, at the
+        cost of one byte per weight); the bytes it takes. The same codes, so the same bits."""
+        if self.int8 is None:
+            self.int8 = self._gpu_weight(int8=True)
+        return self.int8.numel()
 
-        wq, w_scale = self._gpu_weight(int8=True), self.w_scale
-        xf = x.float()
+    def _gpu_i8(self, x: torch.Tensor) -> torch.Tensor:
+        """The i8 mode through `spinf.engine.kernels.int4`, in x's dtype: the activations quantized in one pass as
+        in `_split` / `_blocked`; the product and its epilogue in one kernel, over the weight unpacked per call (the
+        checkpoint stays packed in memory) or kept unpacked (`keep_int8`): the same bits
+        (tests/engine/qwen35/test_int4_kernels.py compares them with each other and with the torch code)."""
+        from spinf.engine.kernels.int4 import int8_mm, quantize_blocks, quantize_split
+
         if self.outliers is not None:
-            inliers = xf.index_fill(1, self.outliers, 0.0)
-            x_scale = _per_token(inliers, 127.0)
-            x_out = xf.index_select(1, self.outliers).to(torch.float16)
-            w_out = self._columns(self.outliers).to(torch.float16)
-            xq = _to_int8(inliers, x_scale)
-            return int8_mm(xq, x_scale, wq, w_scale, x.dtype, blocked=False, x_out=x_out, w_out=w_out)
-        rows, width = xf.shape
-        blocks = -(-width // ACT_BLOCK)
-        padded = torch.nn.functional.pad(xf, (0, blocks * ACT_BLOCK - width)).view(rows, blocks, ACT_BLOCK)
-        scales = _per_token(padded, 127.0)  # zero padding leaves a narrower last block's amax as it is
-        xq = _to_int8(padded, scales).view(rows, -1)[:, :width]
-        return int8_mm(xq, scales.view(rows, blocks), wq, w_scale, x.dtype, blocked=True)
+            xq, x_scale, x_out = quantize_split(x, self.keep, self.outliers)
+            scheme = {"blocked": False, "x_out": x_out, "w_out": self.w_out}
+        else:
+            xq, x_scale = quantize_blocks(x)
+            scheme = {"blocked": True}
+        wq = self.int8 if self.int8 is not None else self._gpu_weight(int8=True)
+        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, **scheme)
 
     @staticmethod
     def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,6 +472,41 @@ class Int4Linear(nn.Module):
             scale = _per_token(block, 127.0)
             acc += _int_mm(_to_int8(block, scale), wq[:, start : start + ACT_BLOCK].t().contiguous()).float() * scale
         return acc * w_scale
+
+
+def _merge_int4(parts: Sequence[Int4Weight | torch.Tensor]) -> list[Int4Weight | torch.Tensor]:
+    """``parts`` with each run of int4 parts fused into one (their rows in order): one packed weight and one
+    unpacking launch per run."""
+    merged: list[Int4Weight | torch.Tensor] = []
+    for part in parts:
+        if isinstance(part, Int4Weight) and merged and isinstance(merged[-1], Int4Weight):
+            last = merged.pop()
+            part = Int4Weight(torch.cat([last.q, part.q]), torch.cat([last.scales, part.scales]))
+        merged.append(part)
+    return merged
+
+
+def keep_unpacked(model: nn.Module, device: torch.device) -> int:
+    """Keep every i8 linear of ``model`` unpacked (`Int4Linear.keep_int8`) when the GPU has room for it: after the
+    int8 weights (one byte per weight: 25 GB at the 27B) at least `KEEP_RESERVE` bytes and `KEEP_SHARE` of the
+    GPU's memory must stay free for the engine's passes; a process memory cap
+    (``torch.cuda.set_per_process_memory_fraction``) counts. The bits do not change, only the time: no unpacking
+    per call (at 16 rows, a quarter of the time of the 27B's MLP gate/up). The bytes kept, 0 when it did not fit."""
+    linears = [m for m in model.modules() if isinstance(m, Int4Linear) and m.mode == "i8"]
+    need = sum(linear.out_features * linear.in_features for linear in linears)
+    device = torch.device(device)
+    if not need or device.type != "cuda":
+        return 0
+    index = torch.cuda.current_device() if device.index is None else device.index  # the cap is asked by index
+    free, total = torch.cuda.mem_get_info(index)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(index)
+    limit = fraction * total
+    free = min(free, limit - torch.cuda.memory_reserved(index))
+    if free - need < max(KEEP_RESERVE, KEEP_SHARE * limit):
+        return 0
+    for linear in linears:
+        linear.keep_int8()
+    return need
 
 
 def check_mode(mode: str) -> str:

@@ -4,11 +4,13 @@ A float checkpoint runs as it is: ``fp32`` (the CPU) or ``bf16`` (a GPU); the Ge
 built for this stack. An int4 GPTQ checkpoint (`spinf.engine.qwen35.int4`) runs in one of the modes of api spec §9.8
 (``int4-i8``, the default, with the outlier table shipped in the checkpoint; ``int4-f16``, ``int4-fp8``,
 ``int4-bf16``); the CPU emulates each. A checkpoint with a readout (`spinf.engine.qwen35.readout`: the decider,
-engine spec A.15) scores with it instead of an LM head.
+engine spec A.15) scores with it instead of an LM head. On a GPU with room to spare, an ``i8`` model keeps its int8
+weights unpacked beside the packed ones (`spinf.engine.qwen35.int4.keep_unpacked`): the same bits, less time.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -20,6 +22,8 @@ from spinf.engine.qwen35 import readout
 from spinf.engine.qwen35.config import read_qwen35_config
 from spinf.engine.qwen35.model import Qwen35Text, load_qwen35
 from spinf.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 FLOAT_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOAT_FORMATS = ("safetensors-f32", "safetensors-bf16")
@@ -59,6 +63,14 @@ def load_for_engine(
             )
         model = load_qwen35(folder, FLOAT_SCHEMES[scheme], readout=head)
     model = model.to(device)
+    if weight_format == INT4_FORMAT and mode == "i8" and not on_cpu:
+        kept = int4.keep_unpacked(model, torch.device(device))
+        log.info(
+            "int4 i8: %s",
+            f"the int8 weights kept unpacked ({kept / 2**30:.1f} GiB)"
+            if kept
+            else "the weights stay packed and are unpacked per call (no room to keep them unpacked)",
+        )
     if head is not None:
         model.readout = head.to(device)
     return model

@@ -134,6 +134,13 @@ def test_a_decode_step_replays_each_rows_path_to_the_bits_of_the_pass(shape):
     got = decode_delta_rule(q[own], k[own], v[own], decay[own], beta[own], states, group_of, buffer,
                             path_index.to(DEVICE), lengths)  # fmt: skip
     assert torch.equal(got.cpu(), scored[own].cpu())
+    # one row alone, its group read from a [3, 1] table as the decoder keeps it (a row of stride 3, one element)
+    table = torch.tensor([[0, start, prefix_len]]).t().contiguous().to(DEVICE)
+    assert table[0].stride(0) == 3
+    last = own[-1:]
+    one = decode_delta_rule(q[last], k[last], v[last], decay[last], beta[last], states, table[0], buffer,
+                            path_index[-1:].to(DEVICE), lengths[-1:])  # fmt: skip
+    assert torch.equal(one.cpu(), scored[last].cpu())
 
 
 def test_slots_alternate_by_level_and_each_segment_reads_its_sources_slot():

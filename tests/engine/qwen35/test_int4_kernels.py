@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spinf.engine.kernels.int4 import ACT_BLOCK, int8_mm, unpack_int4
+from spinf.engine.kernels.int4 import ACT_BLOCK, Tile, int8_mm, quantize_blocks, quantize_split, unpack_int4
 from spinf.engine.qwen35.int4 import GROUP, Int4Linear, Int4Weight, _per_token, _to_int8
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernels run
@@ -118,6 +118,55 @@ def test_the_kernels_i8_forward_equals_the_torch_reference_and_is_row_invariant(
     assert torch.equal(kernel._gpu_i8(x[[30, 3]].to(DEVICE)).cpu(), got[[30, 3]])
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["block-scaled", "split"])
+def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
+    """The product at other tiles, and over the int8 weight kept unpacked: integer sums are exact and the epilogue
+    runs per element, so the bits are one whatever the tile (the engine picks it by row count) or the way."""
+    width = 320  # blocks of 128, 128 and 64
+    _, kernel = twins([packed(40, width, 12), packed(24, width, 13)], [5, 77, 300] if split else None)
+    assert kernel.kinds == ["int4"]  # the two parts read as one packed weight
+    x = activations(70, width, 14).to(DEVICE)
+    unpacked = kernel._gpu_i8(x)
+    if split:
+        xq, x_scale, x_out = quantize_split(x, kernel.keep, kernel.outliers)
+        scheme = {"blocked": False, "x_out": x_out, "w_out": kernel.w_out}
+    else:
+        xq, x_scale = quantize_blocks(x)
+        scheme = {"blocked": True}
+    for tile in (Tile(16, 32, 4, 2), Tile(64, 16, 4, 3), Tile(128, 64, 4, 4)):
+        got = int8_mm(xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, tile=tile, **scheme)
+        assert torch.equal(got, unpacked), tile
+    assert kernel.keep_int8() == 64 * width
+    assert torch.equal(kernel._gpu_i8(x), unpacked)
+    assert torch.equal(kernel._gpu_i8(x[:1]), unpacked[:1])
+
+
+def test_the_one_pass_quantizers_give_the_torch_codes_and_scales():
+    x = activations(9, 200, 15)  # blocks of 128 and 72
+    x[3] = 0.0  # a row of zeros: scale 1
+    outliers = torch.tensor([5, 77, 199])
+    keep = torch.ones(200, dtype=torch.int8).index_fill_(0, outliers, 0)
+    xq, scale, x_out = (t.cpu() for t in quantize_split(x.to(DEVICE), keep.to(DEVICE), outliers.to(DEVICE)))
+    inliers = x.index_fill(1, outliers, 0.0)
+    want = _per_token(inliers, 127.0)
+    assert torch.equal(scale, want) and scale[3].item() == 1.0
+    assert torch.equal(xq, _to_int8(inliers, want))
+    assert torch.equal(x_out, x.index_select(1, outliers).half())
+    xq, scales = (t.cpu() for t in quantize_blocks(x.to(DEVICE)))
+    for b, start in enumerate(range(0, 200, ACT_BLOCK)):
+        block = x[:, start : start + ACT_BLOCK]
+        assert torch.equal(scales[:, b : b + 1], _per_token(block, 127.0))
+        assert torch.equal(xq[:, start : start + ACT_BLOCK], _to_int8(block, scales[:, b : b + 1]))
+
+
+def test_int4_parts_fuse_into_one_packed_weight_and_float_parts_stay_apart():
+    parts = [packed(16, 64, 16), packed(8, 64, 17), torch.randn(8, 64), packed(8, 64, 18)]
+    linear = Int4Linear(parts, "i8", None)
+    assert linear.kinds == ["int4", "float", "int4"]
+    want = torch.cat([parts[0].dequantize(), parts[1].dequantize(), parts[2], parts[3].dequantize()])
+    assert torch.equal(linear.weight(), want)
+
+
 def test_the_split_scheme_reads_the_outlier_columns_without_unpacking():
     linear = Int4Linear([packed(40, 320, 7), torch.randn(8, 320)], "i8", [0, 1, 31, 32, 319])
     assert torch.equal(linear._columns(linear.outliers), linear.weight()[:, linear.outliers])
@@ -144,3 +193,19 @@ def test_on_the_gpu_the_i8_forward_is_row_invariant_at_many_row_counts(split):
     for rows in (1, 16, 17, 31, 33, 129, 513, 1025):
         assert torch.equal(cuda(x[:rows].cuda()).cpu(), got[:rows]), rows
     assert torch.equal(cuda(x[[1000, 3]].cuda()).cpu(), got[[1000, 3]])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_model_keeps_its_int8_weights_unpacked_when_there_is_room(monkeypatch):
+    from spinf.engine.qwen35 import int4
+
+    cpu, cuda = twins([packed(256, 640, 19)], [5, 77])
+    model = torch.nn.Sequential(cuda)
+    x = activations(40, 640, 20).cuda()
+    per_call = cuda(x)
+    monkeypatch.setattr(int4, "KEEP_RESERVE", 10**15)  # more than any GPU has: stays packed
+    assert int4.keep_unpacked(model, torch.device("cuda")) == 0 and cuda.int8 is None
+    monkeypatch.undo()
+    assert int4.keep_unpacked(model, torch.device("cuda")) == 256 * 640 and cuda.int8 is not None
+    assert torch.equal(cuda(x), per_call)
+    assert int4.keep_unpacked(torch.nn.Sequential(cpu), torch.device("cpu")) == 0
