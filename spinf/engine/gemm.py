@@ -50,11 +50,17 @@ def stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ``GPU_BLOCK_ROWS`` on a GPU."""
     if x.device.type != "cuda":
         return row_stable_mm(x, weight)
-    rows = x.shape[0]
-    padded = -(-rows // GPU_BLOCK_ROWS) * GPU_BLOCK_ROWS
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros((padded - rows, x.shape[1]))])
-    return torch.cat([block @ weight.t() for block in x.split(GPU_BLOCK_ROWS)])[:rows]
+    return in_row_blocks(x, lambda block: block @ weight.t())
 
 
-__all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "GPU_BLOCK_ROWS", "gpu_mm", "row_stable_mm", "stable_mm"]
+def in_row_blocks(x: torch.Tensor, product, rows: int = GPU_BLOCK_ROWS) -> torch.Tensor:
+    """``product`` (a row-wise function of a 2-D tensor, a GEMM say) on blocks of exactly ``rows`` rows of ``x``,
+    the last one padded with zero rows: every call of ``product`` has the same shape whatever ``x``'s row count."""
+    count = x.shape[0]
+    padded = -(-count // rows) * rows
+    if padded != count:
+        x = torch.cat([x, x.new_zeros((padded - count, x.shape[1]))])
+    return torch.cat([product(block) for block in x.split(rows)])[:count]
+
+
+__all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "GPU_BLOCK_ROWS", "gpu_mm", "in_row_blocks", "row_stable_mm", "stable_mm"]

@@ -43,9 +43,11 @@ One entry per norm-fed linear, keyed by the first full weight name (without ``.w
 input channels whose max |activation| over the calibration stream was largest, unique, inside the input width.
 
 On a GPU the weights are unpacked per call by `spinf.engine.kernels.int4` (the ``i8`` mode's int8 codes, or the
-fp32 weight of the others); the ``i8`` products and their epilogues run in one kernel of that module, which computes
-what the torch code here states (the fp16 outlier product sums in another order); the other modes' products run
-through fp16/bf16 ``mm`` and ``torch._scaled_mm`` with row-wise scales.
+fp32 weight of the others), unless `keep_unpacked` kept the int8 ones; the ``i8`` activations are quantized in one
+kernel of that module and the products and their epilogues run in another, which computes what the torch code here
+states (the fp16 outlier product sums in another order); the other modes' products run through fp16/bf16 ``mm``
+and ``torch._scaled_mm`` with row-wise scales, on blocks of a fixed row count (cuBLAS picks its kernel by the row
+count, so a row's bits would otherwise depend on how many rows share the pass).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import torch
 from torch import nn
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.gemm import row_stable_mm, stable_mm
+from spinf.engine.gemm import in_row_blocks, row_stable_mm, stable_mm
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
 from spinf.engine.qwen35.model import MakeLinear
 from spinf.errors import ModelError
@@ -279,25 +281,25 @@ def _bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _f16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     x, w = x.to(torch.float16), w.to(torch.float16)
-    if x.is_cuda:
-        return x @ w.t()
+    if x.is_cuda:  # fixed row blocks, as `_bf16`: cuBLAS picks kernels by the row count
+        return stable_mm(x, w)
     return row_stable_mm(x.float(), w.float()).to(torch.float16)  # CPU: fp32 accumulation, the fp16 result
 
 
 def _fp8(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    rows, xf = x.shape[0], x.float()
-    if x.is_cuda and rows % 16:  # _scaled_mm wants whole 16-row tiles; zero rows get scale 1
-        xf = torch.cat([xf, xf.new_zeros((-rows % 16, xf.shape[1]))])
     w_scale = (w.abs().amax().clamp(min=torch.finfo(torch.float32).tiny) / _FP8_MAX).float()
-    x_scale = _per_token(xf, _FP8_MAX)
     w8 = (w / w_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
-    x8 = (xf / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
-    if x.is_cuda:  # row-wise scales [M, 1] and [1, N]
-        b_scale = w_scale.reshape(1, 1).expand(1, w.shape[0]).contiguous()
-        out = torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
-        return out[:rows]
-    # e4m3 products are exact in fp32; the sums run in fixed row blocks
-    return row_stable_mm(x8.float(), w8.float()) * x_scale * w_scale
+
+    def product(xf: torch.Tensor) -> torch.Tensor:
+        x_scale = _per_token(xf, _FP8_MAX)  # zero rows get scale 1
+        x8 = (xf / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+        if not x.is_cuda:  # e4m3 products are exact in fp32; the sums run in fixed row blocks
+            return row_stable_mm(x8.float(), w8.float()) * x_scale * w_scale
+        b_scale = w_scale.reshape(1, 1).expand(1, w.shape[0]).contiguous()  # row-wise scales [M, 1] and [1, N]
+        return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
+
+    # on a GPU, blocks of a fixed row count (cuBLAS picks kernels by the row count, and wants whole 16-row tiles)
+    return in_row_blocks(x.float(), product) if x.is_cuda else product(x.float())
 
 
 class Int4Linear(nn.Module):

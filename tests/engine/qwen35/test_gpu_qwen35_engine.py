@@ -62,7 +62,9 @@ def test_the_gpu_engine_scores_what_the_cpu_engine_scores(folders, which, quant,
         assert abs(lp - lp_cpu) <= tolerance and abs(p - p_cpu) <= tolerance / 2
 
 
-@pytest.mark.parametrize(("which", "quant"), [("float", ""), ("int4", "i8")])
+@pytest.mark.parametrize(
+    ("which", "quant"), [("float", ""), ("int4", "i8"), ("int4", "bf16"), ("int4", "f16"), ("int4", "fp8")]
+)
 def test_a_question_scores_the_same_bits_alone_and_among_others_on_the_gpu(folders, which, quant):
     engine = Engine(str(folders[0] if which == "float" else folders[1]), device="cuda", quant=quant)
     alone = engine.score(body(TEXTS[:1], QUESTIONS[:1]))["results"][0]["queries"][0]
