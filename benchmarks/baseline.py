@@ -14,8 +14,9 @@ a continuation would; a row that is a prefix of another is not run twice. A spel
 tokens', an option's the log-sum-exp of its spellings', as the engine reports them (engine spec A.7). Floor prompts
 (BOS and the filled template) run too, as one more content of BOS alone, so the baseline does the engine's work.
 
-Works with transformers 5.17 (``past_key_values=``) and later (``cache=``); of a cache it touches only ``layers``
-and their ``keys`` and ``values``.
+Works with transformers 5.17 (``past_key_values=``) and later (``cache=``), for Gemma 4 and for the Qwen3.5 hybrid
+stack (whose linear-attention layers carry their conv and recurrent states in the cache); of a cache it touches
+only ``layers`` and their tensors.
 """
 
 from __future__ import annotations
@@ -144,15 +145,51 @@ def _cache_keyword(model) -> str:
 
 def _expanded(cache, rows: int):
     """A cache for a batch of ``rows``: its layers keep the content's state (lengths, windows) with the keys and
-    values broadcast, not copied; each layer's update concatenates the batch's new keys onto them."""
+    values broadcast, not copied (each layer's update concatenates the batch's new keys onto them); any other
+    per-sequence state (the conv and recurrent states of a hybrid model's linear-attention layers, held in dicts by
+    state index) is copied per row, since a layer may update it in place."""
     out = copy.copy(cache)
-    out.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        twin.keys = layer.keys.expand(rows, *layer.keys.shape[1:])
-        twin.values = layer.values.expand(rows, *layer.values.shape[1:])
-        out.layers.append(twin)
+    out.layers = [_expanded_layer(layer, rows) for layer in cache.layers]
     return out
+
+
+def _expanded_layer(layer, rows: int):
+    twin = copy.copy(layer)
+    for name, value in vars(layer).items():
+        if isinstance(value, torch.Tensor):
+            setattr(twin, name, _per_row(value, rows, copied=name not in ("keys", "values")))
+        elif isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values()):
+            setattr(twin, name, {k: _per_row(v, rows, copied=True) for k, v in value.items()})
+    return twin
+
+
+def _per_row(value, rows: int, *, copied: bool):
+    """A batch-of-one tensor for ``rows`` rows (a view, or a copy when ``copied``); anything else as it is."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != 1:
+        return value
+    wide = value.expand(rows, *value.shape[1:])
+    return wide.contiguous() if copied else wide
+
+
+def assign_weights(model, state: dict[str, torch.Tensor], device: torch.device, *, tied: tuple[str, ...] = ()):
+    """A transformers model built on ``meta`` made real on ``device``: the buffers that are no weights (rope
+    frequencies, an embedding scale) recreated by the model's own initialiser, then ``state``'s weights assigned
+    (already on ``device`` in their dtype). ``tied``: weights the model ties instead (missing from ``state``)."""
+    for module in model.modules():
+        meta = [name for name, buf in module.named_buffers(recurse=False) if buf is not None and buf.is_meta]
+        for name in meta:
+            module._buffers[name] = torch.empty_like(module._buffers[name], device=device)
+        if meta:
+            model._init_weights(module)  # its weights are still on meta, so only the buffers get values
+    result = model.load_state_dict(state, assign=True, strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - set(tied):
+        raise ValueError(f"the weights do not fit transformers' model: {result}")
+    if tied:
+        model.tie_weights()
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"tensors left on the meta device: {left}")
+    return model.eval()
 
 
 class Baseline:
@@ -165,7 +202,7 @@ class Baseline:
         self.batch = batch
         self.device = model.lm_head.weight.device
         text = model.config.get_text_config()  # a multimodal model (the tiny one, the 12B) nests it
-        self.cap = text.final_logit_softcapping
+        self.cap = getattr(text, "final_logit_softcapping", None)  # Gemma's soft-cap; Qwen3.5 has none
         self.cache_kw = _cache_keyword(model)
         self.new_cache = lambda: DynamicCache(config=text)
 

@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.baseline import assign_weights  # noqa: E402
 from spinf.engine.config import TextConfig, parse_text_config  # noqa: E402
 from spinf.engine.loading import _layer_state  # noqa: E402
 from spinf.engine.model import Gemma4Text  # noqa: E402
@@ -205,24 +206,11 @@ def build_random_transformers_model(
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(transformers_config(config), dtype=dtype, **extra)
-    for module in model.modules():
-        meta = [name for name, buf in module.named_buffers(recurse=False) if buf is not None and buf.is_meta]
-        for name in meta:
-            module._buffers[name] = torch.empty_like(module._buffers[name], device=device)
-        if meta:
-            model._init_weights(module)  # its weights are still on meta, so only the buffers get values
     if state is None:
         state = random_checkpoint(config, device=device, dtype=dtype, seed=seed)
     else:
         state = {key: t.to(device=device, dtype=dtype) for key, t in state.items()}
-    result = model.load_state_dict(state, assign=True, strict=False)
-    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:
-        raise ValueError(f"random weights do not fit transformers' model: {result}")
-    model.tie_weights()
-    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise ValueError(f"tensors left on the meta device: {left}")
-    return model.eval()
+    return assign_weights(model, state, device, tied=("lm_head.weight",))
 
 
 if __name__ == "__main__":

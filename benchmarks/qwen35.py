@@ -1,7 +1,7 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
     python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24]
-        [--no-j2-invariance] [--extraction 16] [--results]
+        [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--results]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
@@ -19,7 +19,12 @@
 5. ``--extraction N``: the extraction and generation slot calls of benchmarks/extraction.py on ``N`` inputs (a
    base call of 20 scored questions per input, then +1 or +8 searched or generated slots per input, as served and
    at full length): milliseconds per slot and slots/s.
-6. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
+6. ``--baseline``: the same job sets on transformers' ``Qwen3_5ForCausalLM`` with a prefix cache
+   (`benchmarks.baseline`: each content once, its questions in batches of ``--batch`` rows over a copy of the cache,
+   the linear-attention layers' conv and recurrent states copied per row), holding the same folder's weights with
+   the int4 linears dequantized (`transformers_qwen35`), bf16 on a GPU: rows, ours / baseline, and the largest
+   log-prob difference (ours in its int4 mode). Run after ours has given its memory back.
+7. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
    it fit a 24 GB card, and at what peak.
 """
 
@@ -234,6 +239,41 @@ def int8_peak_tops(device: torch.device) -> float | None:
     return 2 * m * k * n / seconds / 1e12
 
 
+TEXT_PREFIX = "model.language_model."  # the checkpoint's text weights; transformers' text model calls them "model."
+
+
+def transformers_qwen35(folder: Path, device: torch.device, dtype: torch.dtype):
+    """transformers' ``Qwen3_5ForCausalLM`` holding the text weights of the checkpoint in ``folder`` (the folder our
+    engine reads): float tensors as stored, GPTQ int4 linears dequantized (``s · (q − 8)``, exact in fp32), all in
+    ``dtype`` on ``device``. Built on ``meta`` and assigned, so no random initialisation runs."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from benchmarks.baseline import assign_weights
+    from spinf.engine.loading import read_tensors
+    from spinf.engine.qwen35.int4 import unpack_gptq
+
+    config = AutoConfig.from_pretrained(folder).get_text_config()
+    if hasattr(config, "quantization_config"):  # the weights arrive dequantized: no quantizer
+        del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    raw = read_tensors(folder, "")
+    quantized = {name.removesuffix(".qweight") for name in raw if name.endswith(".qweight")}
+    parts = ("qweight", "qzeros", "scales", "g_idx")
+    state = {}
+    for name, tensor in raw.items():
+        base = name.rsplit(".", 1)[0]
+        if not (name.startswith(TEXT_PREFIX) or name == "lm_head.weight") or base in quantized:
+            continue  # the vision tower; an int4 linear's parts (below)
+        state[name.replace(TEXT_PREFIX, "model.", 1)] = tensor.to(device=device, dtype=dtype)
+    for base in quantized:
+        fields = {f"{base}.{p}": raw[f"{base}.{p}"].to(device) for p in parts if f"{base}.{p}" in raw}
+        weight = unpack_gptq(fields, base).dequantize().to(dtype)
+        state[base.replace(TEXT_PREFIX, "model.", 1) + ".weight"] = weight
+    tied = ("lm_head.weight",) if "lm_head.weight" not in state else ()
+    return assign_weights(model, state, device, tied=tied)
+
+
 def runner(engine: Engine) -> str:
     """The scheme, and for ``i8`` on a GPU whether the int8 weights were kept unpacked (`keep_unpacked`)."""
     from spinf.engine.qwen35.int4 import Int4Linear
@@ -243,6 +283,38 @@ def runner(engine: Engine) -> str:
         return engine.quant
     kept = all(m.int8 is not None for m in linears)
     return f"{engine.quant}, int8 weights {'kept unpacked' if kept else 'unpacked per call'}"
+
+
+def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: dict, rates: tuple, emit) -> None:
+    """The job sets on transformers (`benchmarks.baseline`: each content once into its cache, the questions in
+    batches over it) with the folder's weights in bf16 on a GPU (fp32 on the CPU): rows, ours / baseline, and the
+    largest log-prob difference (ours in its int4 mode, the baseline on the dequantized weights)."""
+    import transformers
+
+    from benchmarks.gpu_jobsets import baseline_call, max_difference
+    from spinf.engine.tokenizer import TextTokenizer
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # the rows' peak: the baseline's own
+    started = time.perf_counter()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = transformers_qwen35(folder, device, dtype)
+    tokenizer = TextTokenizer.from_folder(folder)
+    name = f"transformers {transformers.__version__}, {str(dtype).removeprefix('torch.')}, prefix cache"
+    emit(note_row("setup", f"baseline ({name}) loaded from the folder in {time.perf_counter() - started:.0f} s"))
+
+    def call(body: dict):
+        return baseline_call(model, tokenizer, args.batch, body)
+
+    for job, bodies in jobs.items():
+        call(bodies[0])  # warm
+        m = measure(call, bodies, device, 1, (0.0, 300.0))
+        emit(row(job, f"baseline, {name}, batch {args.batch}", m, *rates))
+        if job in ours:
+            ratio = m["seconds"] / ours[job]["seconds"]
+            diff = max_difference(ours[job]["logprobs"], m["logprobs"])
+            text = f"ours / baseline: {ratio:.2f}× the questions/s; max |Δ logprob| {diff:.3g}"
+            emit(note_row(job, f"{text} (ours {ours[job]['runner']})"))
 
 
 def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
@@ -268,6 +340,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--extraction", type=int, default=0, help="also time benchmarks/extraction.py's slot calls on this many inputs"
     )
+    parser.add_argument(
+        "--baseline", action="store_true", help="also run the job sets on transformers with a prefix cache"
+    )
+    parser.add_argument("--batch", type=int, default=64, help="the baseline's rows per forward")
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     return parser.parse_args(argv)
 
@@ -297,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |",
         "|---|---|---|---|---|---|---|---|---|",
     )
-    jobs = {}
+    jobs, ours = {}, {}
     for job in args.jobs.split(","):
         bodies, note = job_bodies(job, args.max_inputs)
         if bodies is None:
@@ -306,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs[job] = bodies
         engine_call(engine, bodies[0])  # warm: Triton compiles here
         m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
+        ours[job] = {**m, "runner": runner(engine)}
         emit(row(job, f"ours, {runner(engine)}", m, flops, peak))
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
@@ -322,6 +399,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         emit("")
         cost_lines(engine, device, args.extraction, 20, 3, emit)
+    if args.baseline:  # ours first gives its memory back: the 27B in bf16 takes 54 GB
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        baseline_lines(args, folder, device, jobs, ours, (flops, peak), emit)
+        gc.collect()  # the baseline's model went with its function
+        engine = None
     if args.cap_gib and device.type == "cuda":
         del engine
         gc.collect()

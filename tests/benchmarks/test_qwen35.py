@@ -43,3 +43,33 @@ def test_the_tiny_run_times_extraction_and_generation_slots(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| +8 generated 32-token slots per input | full_length | 8 |" in out
     assert "| 256 |" in out  # 8 slots × 32 decode steps, every one run at full length
+
+
+def test_the_transformers_baseline_scores_what_the_engine_scores_on_the_tiny_qwen(tmp_path):
+    """The baseline (benchmarks.baseline on transformers' Qwen3_5ForCausalLM, built by `transformers_qwen35`) on the
+    tiny float twin: each content once into the cache, its linear-attention states copied per row of a batch."""
+    import copy
+
+    import torch
+
+    from benchmarks.baseline import run_baseline
+    from spinf import Engine
+    from spinf.engine.qwen35.tiny import write_tiny_qwen35
+    from tests.benchmarks.test_baseline import MIXED_BODY, TOLERANCE, engine_logprobs, flat, j1_small
+
+    folder = write_tiny_qwen35(tmp_path / "float")
+    engine = Engine(str(folder), device="cpu")
+    model = qwen35.transformers_qwen35(folder, torch.device("cpu"), torch.float32)
+    for body, batch in ((MIXED_BODY, 3), (MIXED_BODY, 64), (j1_small(), 3)):  # rows split over batches, or not
+        expected = flat(engine_logprobs(engine.score(copy.deepcopy(body))))
+        got, _ = run_baseline(model, engine.tokenizer, copy.deepcopy(body), batch=batch)
+        assert len(flat(got)) == len(expected)
+        assert max(abs(a - b) for a, b in zip(flat(got), expected, strict=True)) <= TOLERANCE
+
+
+def test_the_tiny_run_compares_with_the_baseline_on_the_same_int4_folder(tmp_path, capsys):
+    qwen35.main(["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1",
+                 "--baseline", "--batch", "8"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| J3 | baseline, transformers " in out and "prefix cache, batch 8 |" in out
+    assert "| J3 | ours / baseline: " in out
