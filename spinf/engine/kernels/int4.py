@@ -8,7 +8,8 @@ int8 product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` u
   division is correctly rounded (``div_rn``), as torch's are, so the int8 codes equal the torch path's. The weight is
   written into the rows ``[row0, row0 + out)`` of a fused buffer, so a fused linear's parts land in one tensor.
 * `quantize_split` and `quantize_blocks`: the activations of either scheme in one pass (torch's codes and scales,
-  bit for bit), instead of the several passes over fp32 copies the torch code takes.
+  bit for bit, for finite inputs; a NaN or an inf gets code 0 and its row a scale torch would not give it),
+  instead of the several passes over fp32 copies the torch code takes.
 * `int8_mm`: the i8 mode's products with their epilogue, written in the activations' dtype (no [M, N] int32 or fp32
   temporaries): the block-scaled scheme of the norm-free linears (int8 activations with one scale per (token,
   128-channel block), each block's products summed exactly in int32, the blocks added in fp32 in ascending order,
@@ -17,13 +18,16 @@ int8 product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` u
   are asked to stay apart (``enable_fp_fusion=False``); through the interpreter the block-scaled result equals the
   torch loop bit for bit, compiled it has differed from the CPU's in the last bits. A row's result depends on that
   row alone, and not on the tile (`Tile`): no split along K, integer sums exact, the rest per element or one dot
-  whose bits no tile tried changed. So the tile is picked by row count (`product_tile`) without breaking the
-  engine's invariance; tests/engine/qwen35/test_int4_kernels.py checks it on every run.
+  whose bits no tile tried on the H200 changed (mma and wgmma alike). So the tile is picked by row count and device
+  (`product_tile`) without breaking the engine's invariance; tests/engine/qwen35/test_int4_kernels.py checks it on
+  the GPU (through the interpreter the fp16 dot is numpy's, so the CPU cannot).
 
 All run through Triton's interpreter on the CPU (the tests), compiled on a GPU.
 """
 
 from __future__ import annotations
+
+import functools
 
 import attrs
 import torch
@@ -97,9 +101,9 @@ def unpack_int4(
 
 @attrs.frozen
 class Tile:
-    """A product kernel's fixed configuration: rows and columns per program, warps, pipeline stages. It changes
-    no bit of the result (integer sums are exact, the epilogue is per element, the outlier product's sums run in
-    one order), so it may be chosen per shape, or by row count, freely."""
+    """A product kernel's fixed configuration: rows and columns per program, warps, pipeline stages. On the H200 it
+    changed no bit of the result at any of nine tiles (integer sums are exact, the epilogue is per element, and the
+    outlier product's one dot gave the same bits at each), so it is chosen by row count and device."""
 
     rows: int = 128
     cols: int = 128
@@ -108,14 +112,28 @@ class Tile:
 
 
 SMALL_ROWS = 256  # up to this many rows, the small tiles
+# the measured tiles' shared memory (Triton's, sm_90: 192 KiB for the large split tile) needs a Hopper- or
+# A100-sized opt-in (228 / 164 KiB); a card with less (Ada, Ampere's consumer parts: 99 KiB) gets tiles that fit it
+LARGE_TILE_SHARED = 160 * 2**10
 
 
-def product_tile(rows: int, blocked: bool) -> Tile:
-    """The tile for a product of ``rows`` rows: the fastest measured on the H200 at the 27B's shapes
-    (benchmarks/int4_linears.py, RESULTS.md), small tiles for few rows. Any tile gives the same bits."""
+def product_tile(rows: int, blocked: bool, device: torch.device | None = None) -> Tile:
+    """The tile for a product of ``rows`` rows on ``device``: the fastest measured on the H200 at the 27B's shapes
+    (benchmarks/int4_linears.py, RESULTS.md), small tiles for few rows; on a GPU with less shared memory per block
+    than `LARGE_TILE_SHARED`, three-stage tiles that fit 99 KiB (not timed here)."""
+    if not _large_tiles(device):
+        return Tile(64, 64, 4, 3) if rows <= SMALL_ROWS or blocked else Tile(128, 128, 8, 3)
     if blocked:
         return Tile(64, 64, 4, 4) if rows <= SMALL_ROWS else Tile(64, 128, 4, 4)
     return Tile(64, 128, 4, 4) if rows <= SMALL_ROWS else Tile(128, 256, 8, 4)
+
+
+@functools.cache
+def _large_tiles(device: torch.device | None) -> bool:
+    if device is None or device.type != "cuda":
+        return True  # the interpreter: any tile runs
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin >= LARGE_TILE_SHARED
 
 
 @triton.jit
@@ -176,11 +194,6 @@ def _int8_kernel(
     )  # fmt: skip
 
 
-def _check_scales(m: int, k: int, a_scales: torch.Tensor, blocked: bool) -> None:
-    blocks = triton.cdiv(k, ACT_BLOCK)
-    assert a_scales.numel() == m * (blocks if blocked else 1)
-
-
 def int8_mm(
     a: torch.Tensor,
     a_scales: torch.Tensor,
@@ -201,39 +214,21 @@ def int8_mm(
     * else: ``a_scales`` fp32 [M] or [M, 1]: ``(a · wᵀ) · a_scale · w_scale``, the sum exact in int32, plus
       ``x_out · w_outᵀ`` (fp16 [M, C] and [N, C], the split scheme's outlier channels) summed in fp32.
 
-    ``tile`` None: `product_tile` for M rows."""
+    ``tile`` None: `product_tile` for M rows on ``a``'s device."""
     (m, k), n = a.shape, w.shape[0]
-    assert w.shape[1] == k
-    _check_scales(m, k, a_scales, blocked)
-    return _launch(
-        _int8_kernel,
-        m,
-        n,
-        k,
-        (a, a_scales, w, w_scale),
-        out_dtype,
-        blocked,
-        x_out,
-        w_out,
-        tile or product_tile(m, blocked),
-        BK=ACT_BLOCK,
-    )
-
-
-def _launch(kernel, m, n, k, operands, out_dtype, blocked, x_out, w_out, tile: Tile, **meta) -> torch.Tensor:
-    a = operands[0]
+    assert w.shape[1] == k and a_scales.numel() == m * (triton.cdiv(k, ACT_BLOCK) if blocked else 1)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if not m:
         return out
+    tile = tile or product_tile(m, blocked, a.device)
     outliers = x_out is not None
     channels = x_out.shape[1] if outliers else 0
     grid = (triton.cdiv(m, tile.rows), triton.cdiv(n, tile.cols))
-    kernel[grid](
-        *(t.contiguous() for t in operands),
+    _int8_kernel[grid](
+        a.contiguous(), a_scales.contiguous(), w.contiguous(), w_scale.contiguous(),
         x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a, out, m, n, k, channels,
-        BM=tile.rows, BN=tile.cols, BC=max(16, triton.next_power_of_2(channels)), BLOCKED=blocked,
-        OUTLIERS=outliers, num_warps=tile.warps, num_stages=tile.stages,
-        enable_fp_fusion=False, **meta,
+        BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)), BLOCKED=blocked,
+        OUTLIERS=outliers, num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
@@ -277,8 +272,10 @@ def _quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, M, K, BR: tl.constexpr):
 
 @triton.jit
 def _round_int8(x, scale):
-    """``round(x / scale)`` to nearest even, clamped to ±127, as int8, as torch's ``_to_int8`` computes it."""
+    """``round(x / scale)`` to nearest even, clamped to ±127, as int8, as torch's ``_to_int8`` computes it for
+    finite values."""
     y = tl.math.div_rn(x, scale)
+    y = tl.where(y == y, y, 0.0)  # NaN (a NaN input, or inf over an inf scale): code 0, never an undefined cast
     return tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0).to(tl.int8)
 
 

@@ -12,7 +12,8 @@ in_proj_qkv, in_proj_z, out_proj; MLP gate/up/down); a linear with a plain ``.we
 The config's other keys (``damp_percent``, ``meta``, ...) belong to the tool that wrote it and are not read.
 
 **Kept packed.** ``q`` uint8 [out, in/2] (low nibble: the even input) and fp16 group ``scales`` [out, in/32];
-every forward dequantizes (``w = s · (q − 8)``, exact in fp32) into its mode's representation.
+every forward dequantizes (``w = s · (q − 8)``, exact in fp32) into its mode's representation, except where a GPU
+with room keeps the ``i8`` mode's int8 weights unpacked beside them (`keep_unpacked`).
 
 **Modes** (the scheme is reported as ``int4-<mode>``). Each one's rows are invariant on the CPU: a row's output bits
 depend on that row alone (scales per token only, float products in fixed row blocks through `row_stable_mm`,

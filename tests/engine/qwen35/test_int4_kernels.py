@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spinf.engine.kernels.int4 import ACT_BLOCK, Tile, int8_mm, quantize_blocks, quantize_split, unpack_int4
+from spinf.engine.kernels.int4 import (
+    ACT_BLOCK,
+    Tile,
+    int8_mm,
+    product_tile,
+    quantize_blocks,
+    quantize_split,
+    unpack_int4,
+)
 from spinf.engine.qwen35.int4 import GROUP, Int4Linear, Int4Weight, _per_token, _to_int8
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernels run
@@ -133,7 +141,14 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
     else:
         xq, x_scale = quantize_blocks(x)
         scheme = {"blocked": True}
-    for tile in (Tile(16, 32, 4, 2), Tile(64, 16, 4, 3), Tile(128, 64, 4, 4)):
+    # mma and wgmma shapes, and the tiles a GPU with 99 KiB of shared memory per block gets (`product_tile`)
+    for tile in (
+        Tile(16, 32, 4, 2),
+        Tile(64, 16, 4, 3),
+        Tile(128, 64, 4, 4),
+        Tile(64, 64, 4, 3),
+        Tile(128, 128, 8, 3),
+    ):
         got = int8_mm(xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, tile=tile, **scheme)
         assert torch.equal(got, unpacked), tile
     assert kernel.keep_int8() == 64 * width
@@ -141,22 +156,53 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
     assert torch.equal(kernel._gpu_i8(x[:1]), unpacked[:1])
 
 
-def test_the_one_pass_quantizers_give_the_torch_codes_and_scales():
-    x = activations(9, 200, 15)  # blocks of 128 and 72
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_one_pass_quantizers_give_the_torch_codes_and_scales(dtype):
+    x = activations(9, 200, 15).to(dtype).float()  # blocks of 128 and 72; values the dtype holds
     x[3] = 0.0  # a row of zeros: scale 1
     outliers = torch.tensor([5, 77, 199])
     keep = torch.ones(200, dtype=torch.int8).index_fill_(0, outliers, 0)
-    xq, scale, x_out = (t.cpu() for t in quantize_split(x.to(DEVICE), keep.to(DEVICE), outliers.to(DEVICE)))
+    xq, scale, x_out = (
+        t.cpu() for t in quantize_split(x.to(DEVICE, dtype), keep.to(DEVICE), outliers.to(DEVICE))
+    )  # the kernel reads the dtype itself
     inliers = x.index_fill(1, outliers, 0.0)
     want = _per_token(inliers, 127.0)
     assert torch.equal(scale, want) and scale[3].item() == 1.0
     assert torch.equal(xq, _to_int8(inliers, want))
     assert torch.equal(x_out, x.index_select(1, outliers).half())
-    xq, scales = (t.cpu() for t in quantize_blocks(x.to(DEVICE)))
+    xq, scales = (t.cpu() for t in quantize_blocks(x.to(DEVICE, dtype)))
     for b, start in enumerate(range(0, 200, ACT_BLOCK)):
         block = x[:, start : start + ACT_BLOCK]
         assert torch.equal(scales[:, b : b + 1], _per_token(block, 127.0))
         assert torch.equal(xq[:, start : start + ACT_BLOCK], _to_int8(block, scales[:, b : b + 1]))
+
+
+def test_a_non_finite_activation_gets_code_zero_and_leaves_the_other_rows_alone():
+    x = activations(4, 256, 16)
+    x[1, 7], x[2, 9] = float("nan"), float("inf")
+    outliers = torch.tensor([5])
+    keep = torch.ones(256, dtype=torch.int8).index_fill_(0, outliers, 0)
+    xq, scale, _ = (t.cpu() for t in quantize_split(x.to(DEVICE), keep.to(DEVICE), outliers.to(DEVICE)))
+    assert xq[1, 7] == 0 and torch.isfinite(scale[1]).all()  # the NaN: code 0, the row scaled by the rest
+    assert (xq[2] == 0).all()  # an inf: every code of its row 0 (each finite value over an infinite scale)
+    finite = [0, 3]
+    assert torch.equal(xq[finite], _to_int8(x[finite].index_fill(1, outliers, 0.0), scale[finite]))
+    blocks, scales = (t.cpu() for t in quantize_blocks(x.to(DEVICE)))
+    assert blocks[1, 7] == 0 and (blocks[2, :128] == 0).all()  # per block: only the inf's own block is lost
+    assert torch.equal(blocks[2, 128:], _to_int8(x[2:3, 128:], scales[2:3, 1:2])[0])
+
+
+def test_product_tiles_fit_a_card_with_less_shared_memory(monkeypatch):
+    from spinf.engine.kernels import int4 as kernels
+
+    assert product_tile(4096, False) == Tile(128, 256, 8, 4) and product_tile(16, True) == Tile(64, 64, 4, 4)
+    monkeypatch.setattr(
+        kernels, "_large_tiles", lambda device: False
+    )  # 99 KiB per block (Ada, Ampere's consumer cards)
+    assert {product_tile(rows, blocked) for rows in (16, 4096) for blocked in (False, True)} == {
+        Tile(64, 64, 4, 3),
+        Tile(128, 128, 8, 3),
+    }
 
 
 def test_int4_parts_fuse_into_one_packed_weight_and_float_parts_stay_apart():
@@ -184,7 +230,8 @@ def test_the_activation_quantizer_of_a_narrow_last_block_is_unchanged_by_padding
 @pytest.mark.parametrize("split", [False, True], ids=["block-scaled", "split"])
 def test_on_the_gpu_the_i8_forward_is_row_invariant_at_many_row_counts(split):
     width = 640
-    cpu, cuda = twins([packed(256, width, 9), packed(128, width, 10)], [5, 77, 300, 600] if split else None)
+    channels = list(range(3, 640, 10))[:64]  # the 27B's 64 outlier channels: four k-steps of the outlier dot
+    cpu, cuda = twins([packed(256, width, 9), packed(128, width, 10)], channels if split else None)
     x = activations(1100, width, 11)
     got = cuda(x.cuda()).cpu()
     want = cpu(x)
