@@ -53,6 +53,10 @@ from spinf.errors import ModelError
 # Elementwise exp/sigmoid/softplus/cos run vectorised in blocks and finish a tensor's last elements with scalar code
 # that can differ in the last bit: computed on widths padded to this many columns, no row ever reaches the tail.
 VECTOR_BLOCK = 64
+# A pass's MLPs run in row chunks of this many: their [rows, 2 · inner] intermediate is the pass's largest tensor
+# (1.1 GB at the 27B for 16,384 rows), and every row of them is its own (row-wise norms and quantizers, products in
+# fixed row blocks that divide this, or whose tile changes no bit), so a chunk changes no bit, only the peak memory.
+MLP_ROWS = 4096
 
 
 def _pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -549,8 +553,14 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
         x = rms_norm(h, self.input_norm, self.eps)
         h = h + (self.mixer(x, rope, plan) if self.is_attention else self.mixer(x, plan))
-        gate, up = self.w_gate_up(rms_norm(h, self.post_norm, self.eps)).chunk(2, dim=-1)
-        return h + self.w_down(_pointwise(F.silu, gate) * up)
+        x = rms_norm(h, self.post_norm, self.eps)
+        if x.shape[0] <= MLP_ROWS:
+            return h + self._mlp(x)
+        return h + torch.cat([self._mlp(part) for part in x.split(MLP_ROWS)])
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(_pointwise(F.silu, gate) * up)
 
 
 class Qwen35Text(nn.Module):

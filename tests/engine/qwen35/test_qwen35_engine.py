@@ -266,3 +266,30 @@ def test_the_deciders_warm_up_asks_with_its_own_codes(decider):
     assert all(decider.tokenizer.tok(o)[0] in decider.shape.answer_codes for o in options)
     for step in warm.steps(decider, "short"):
         step()
+
+
+@pytest.mark.parametrize("mode", ["float", "i8"])
+def test_the_mlp_in_row_chunks_changes_no_bit(folder, int4_folder, mode, monkeypatch):
+    """`MLP_ROWS` bounds the MLP's intermediate; its rows are independent, so chunking a pass changes no bit."""
+    from spinf.engine.qwen35 import model as qwen_model
+
+    if mode == "float":
+        model = load_qwen35(folder)
+    else:
+        model = load_qwen35(
+            int4_folder, linear=int4_linears(read_tensors(int4_folder, ""), mode, read_outliers(int4_folder))
+        )
+    tk = Engine(str(folder), device="cpu").tokenizer
+    jobs = []
+    for k, text in enumerate(["I was charged twice for one order. " * 12, "The parcel came late and broken. " * 9]):
+        job = Job(tuple(tk.bos) + tk.tok(text))
+        for question in ("\n\nRefund? Answer:", "\n\nAngry? Answer:", f"\n\nCase {k}? Answer:"):
+            add_prompt(job, tk.tok(question), [tk.tok(" yes"), tk.tok(" no")])
+        jobs.append(job)
+    layout = build_pass(jobs)
+    assert len(layout.token_ids) > 2 * 128
+    with one_cpu_thread(torch.device("cpu")), torch.inference_mode():
+        whole = model.pass_logprobs(layout)
+        monkeypatch.setattr(qwen_model, "MLP_ROWS", 128)  # the CPU's row block: chunks of the same blocks
+        chunked = model.pass_logprobs(layout)
+    assert torch.equal(whole, chunked)
