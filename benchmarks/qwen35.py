@@ -52,6 +52,7 @@ from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STO
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
 from spinf.engine.tiny import tokenizer_files
+from spinf.errors import SpinfError
 
 MODEL = "spinf/qwen3.8-27b-int4"
 REVISION = "22de4859c04ccdb4136d89b66e56e717db752c7c"  # the manifest's pin (spinf/catalog/manifests)
@@ -417,9 +418,15 @@ def main(argv: list[str] | None = None) -> None:
         budget = f", token budget {engine.shape.token_budget}"
         for job in args.cap_jobs.split(","):
             bodies = jobs.get(job) or job_bodies(job, args.max_inputs)[0]
-            if bodies:
+            if not bodies:
+                continue
+            label = f"ours, {runner(engine)}, under a {args.cap_gib:g} GiB cap{budget}"
+            try:
                 m = measure(lambda body: engine_call(engine, body), bodies, device, 1, (0.0, 120.0))
-                emit(row(job, f"ours, {runner(engine)}, under a {args.cap_gib:g} GiB cap{budget}", m, flops, peak))
+            except (SpinfError, RuntimeError) as exc:  # out of memory: the engine's ApiError, or torch's
+                emit(note_row(job, f"{label}: failed, {type(exc).__name__}: {exc}"))
+                continue
+            emit(row(job, label, m, flops, peak))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
     command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
