@@ -494,7 +494,8 @@ def keep_unpacked(model: nn.Module, device: torch.device) -> int:
     int8 weights (one byte per weight: 25 GB at the 27B) at least `KEEP_RESERVE` bytes and `KEEP_SHARE` of the
     GPU's memory must stay free for the engine's passes; a process memory cap
     (``torch.cuda.set_per_process_memory_fraction``) counts. The bits do not change, only the time: no unpacking
-    per call (at 16 rows, a quarter of the time of the 27B's MLP gate/up). The bytes kept, 0 when it did not fit."""
+    per call (the 27B's MLP gate/up at 16 rows on the H200: 0.14 ms kept, 0.77 ms unpacked per call). The bytes
+    kept, 0 when it did not fit."""
     linears = [m for m in model.modules() if isinstance(m, Int4Linear) and m.mode == "i8"]
     need = sum(linear.out_features * linear.in_features for linear in linears)
     device = torch.device(device)
@@ -502,8 +503,7 @@ def keep_unpacked(model: nn.Module, device: torch.device) -> int:
         return 0
     index = torch.cuda.current_device() if device.index is None else device.index  # the cap is asked by index
     free, total = torch.cuda.mem_get_info(index)
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(index)
-    limit = fraction * total
+    limit = torch.cuda.get_per_process_memory_fraction(index) * total
     free = min(free, limit - torch.cuda.memory_reserved(index))
     if free - need < max(KEEP_RESERVE, KEEP_SHARE * limit):
         return 0
