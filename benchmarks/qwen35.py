@@ -286,19 +286,21 @@ def runner(engine: Engine) -> str:
     return f"{engine.quant}, int8 weights {'kept unpacked' if kept else 'unpacked per call'}"
 
 
-def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: dict, rates: tuple, emit) -> None:
+def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: dict, flops: float, emit) -> None:
     """The job sets on transformers (`benchmarks.baseline`: each content once into its cache, the questions in
-    batches over it) with the folder's weights in bf16 on a GPU (fp32 on the CPU): rows, ours / baseline, and the
-    largest log-prob difference (ours in its int4 mode, the baseline on the dequantized weights)."""
+    batches over it) with the folder's weights in bf16 on a GPU (fp32 on the CPU): rows (MFU against this GPU's
+    bf16 rate), ours / baseline, and the largest log-prob difference (ours in its int4 mode, the baseline on the
+    dequantized weights)."""
     import transformers
 
-    from benchmarks.gpu_jobsets import baseline_call, max_difference
+    from benchmarks.gpu_jobsets import baseline_call, bf16_peak_tflops, max_difference
     from spinf.engine.tokenizer import TextTokenizer
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # the rows' peak: the baseline's own
     started = time.perf_counter()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    bf16_peak = bf16_peak_tflops(device)
     model = transformers_qwen35(folder, device, dtype)
     tokenizer = TextTokenizer.from_folder(folder)
     name = f"transformers {transformers.__version__}, {str(dtype).removeprefix('torch.')}, prefix cache"
@@ -310,7 +312,7 @@ def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: d
     for job, bodies in jobs.items():
         call(bodies[0])  # warm
         m = measure(call, bodies, device, 1, (0.0, 300.0))
-        emit(row(job, f"baseline, {name}, batch {args.batch}", m, *rates))
+        emit(row(job, f"baseline, {name}, batch {args.batch}", m, flops, bf16_peak))
         if job in ours:
             ratio = m["seconds"] / ours[job]["seconds"]
             diff = max_difference(ours[job]["logprobs"], m["logprobs"])
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        baseline_lines(args, folder, device, jobs, ours, (flops, peak), emit)
+        baseline_lines(args, folder, device, jobs, ours, flops, emit)
         gc.collect()  # the baseline's model went with its function
         engine = None
     if args.cap_gib and device.type == "cuda":
