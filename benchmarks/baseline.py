@@ -145,9 +145,10 @@ def _cache_keyword(model) -> str:
 
 def _expanded(cache, rows: int):
     """A cache for a batch of ``rows``: its layers keep the content's state (lengths, windows) with the keys and
-    values broadcast, not copied (each layer's update concatenates the batch's new keys onto them); any other
-    per-sequence state (the conv and recurrent states of a hybrid model's linear-attention layers, held in dicts by
-    state index) is copied per row, since a layer may update it in place."""
+    values broadcast, not copied (each layer's update concatenates the batch's new keys onto them); every other
+    tensor is the batch's own copy, one per row where it has a batch dimension of one: a hybrid model's conv and
+    recurrent states (held in dicts by state index), and counters that a layer updates in place (transformers 5.25
+    counts a linear-attention layer's tokens in a 0-d tensor with ``add_``), which must not move the content's."""
     out = copy.copy(cache)
     out.layers = [_expanded_layer(layer, rows) for layer in cache.layers]
     return out
@@ -157,18 +158,23 @@ def _expanded_layer(layer, rows: int):
     twin = copy.copy(layer)
     for name, value in vars(layer).items():
         if isinstance(value, torch.Tensor):
-            setattr(twin, name, _per_row(value, rows, copied=name not in ("keys", "values")))
+            setattr(twin, name, _own(value, rows, view=name in ("keys", "values")))
         elif isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values()):
-            setattr(twin, name, {k: _per_row(v, rows, copied=True) for k, v in value.items()})
+            setattr(twin, name, {k: _own(v, rows) for k, v in value.items()})
+        elif isinstance(value, list) and any(isinstance(v, torch.Tensor) for v in value):
+            setattr(twin, name, [_own(v, rows) for v in value])
     return twin
 
 
-def _per_row(value, rows: int, *, copied: bool):
-    """A batch-of-one tensor for ``rows`` rows (a view, or a copy when ``copied``); anything else as it is."""
-    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != 1:
+def _own(value, rows: int, *, view: bool = False):
+    """The batch's tensor for a cache tensor: a batch dimension of one widened to ``rows`` (a broadcast view for
+    ``view``, else a copy), anything else copied; a non-tensor as it is."""
+    if not isinstance(value, torch.Tensor):
         return value
+    if value.dim() == 0 or value.shape[0] != 1:
+        return value.clone()
     wide = value.expand(rows, *value.shape[1:])
-    return wide.contiguous() if copied else wide
+    return wide if view else wide.clone(memory_format=torch.contiguous_format)  # a copy even for one row
 
 
 def assign_weights(model, state: dict[str, torch.Tensor], device: torch.device, *, tied: tuple[str, ...] = ()):
