@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from spinf.engine.kernels.rows import int8_code
+
 ACT_BLOCK = 128  # input channels per activation scale (`spinf.engine.qwen35.int4.ACT_BLOCK`)
 _UNPACK_ROWS, _UNPACK_COLS = 64, 128  # output rows × packed bytes per program of `unpack_int4`
 
@@ -47,14 +49,9 @@ def _weights(q, s):
 @triton.jit
 def _codes(q, s, amax):
     """The i8 mode's int8 weight codes (as fp32) ``round(s_g · (q − 8) · 127 / amax_row)`` of packed bytes ``q``:
-    the division correctly rounded (``div_rn``), then to nearest even (adding and taking away 1.5 · 2^23 does it for
-    |y| < 2^22), as torch computes them."""
+    the division correctly rounded (``div_rn``), then to nearest even, as torch computes them."""
     low, high = _weights(q, s)
-    low = tl.math.div_rn(low * 127.0, amax)
-    high = tl.math.div_rn(high * 127.0, amax)
-    low = tl.minimum(tl.maximum((low + 12582912.0) - 12582912.0, -127.0), 127.0)
-    high = tl.minimum(tl.maximum((high + 12582912.0) - 12582912.0, -127.0), 127.0)
-    return low, high
+    return int8_code(tl.math.div_rn(low * 127.0, amax)), int8_code(tl.math.div_rn(high * 127.0, amax))
 
 
 @triton.jit
@@ -105,10 +102,10 @@ class Tile:
     changed no bit of the result at any of nine tiles (integer sums are exact, the epilogue is per element, and the
     outlier product's one dot gave the same bits at each), so it is chosen by row count and device."""
 
-    rows: int = 128
-    cols: int = 128
-    warps: int = 8
-    stages: int = 3
+    rows: int
+    cols: int
+    warps: int
+    stages: int
 
 
 SMALL_ROWS = 256  # up to this many rows, the small tiles
@@ -276,7 +273,7 @@ def _round_int8(x, scale):
     finite values."""
     y = tl.math.div_rn(x, scale)
     y = tl.where(y == y, y, 0.0)  # NaN (a NaN input, or inf over an inf scale): code 0, never an undefined cast
-    return tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0).to(tl.int8)
+    return int8_code(y).to(tl.int8)
 
 
 def quantize_split(

@@ -30,6 +30,13 @@ def _block(n: int) -> int:
 
 
 @triton.jit
+def int8_code(y):
+    """``y`` rounded to nearest even and clamped to ±127 (adding and taking away 1.5 · 2^23 rounds for |y| < 2^22), as
+    torch's ``round(y).clamp(-127, 127)``: every int8 quantizer's last step (here and `spinf.engine.kernels.int4`)."""
+    return tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0)
+
+
+@triton.jit
 def _bf16(x):
     """Round fp32 to the nearest bf16 and back, as the torch path's bf16 tensors do between operations."""
     return x.to(tl.bfloat16).to(tl.float32)
@@ -146,8 +153,7 @@ def _dynamic_quantize_kernel(
         mask = cols < n
         y = tl.math.div_rn(tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32), scale)
         if INT8:
-            y = tl.minimum(tl.maximum((y + 12582912.0) - 12582912.0, -127.0), 127.0)
-            tl.store(out_ptr + row * n + cols, y.to(tl.int8), mask=mask)
+            tl.store(out_ptr + row * n + cols, int8_code(y).to(tl.int8), mask=mask)
         else:
             y = tl.minimum(tl.maximum(y, -448.0), 448.0)
             tl.store(out_ptr + row * n + cols, y.to(tl.float8e4nv), mask=mask)
