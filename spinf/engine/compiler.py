@@ -68,6 +68,7 @@ class CompiledInput:
     floors: list[list[Prompt | None]]  # the same shape; None where the floor is off
     # the content's media items (`spinf.media.items`), each with the prefix row of its first placeholder
     media: tuple[tuple[int, object], ...] = ()
+    fixed: int = 0  # the prefix's rows no choice of queries changes (`Job.fixed`)
 
 
 @attrs.define
@@ -268,7 +269,20 @@ def _compile_input(stream: CompileStream, i: int) -> CompiledInput:
         on = _floor_on(req, cq)
         input_floors.append([_floor(floors, cq, k, tk, stream.cache) if on else None for k in range(len(cq.combos))])
     media = tuple((len(tk.bos) + row, item) for row, item in media)
-    return CompiledInput(inp, content, prefix, queries, prompts, input_floors, media)
+    fixed = len(tk.bos) + fixed_content(content, last)
+    return CompiledInput(inp, content, prefix, queries, prompts, input_floors, media, fixed)
+
+
+def fixed_content(content: tuple[int, ...], last: tuple[int, str] | None) -> int:
+    """The content's first tokens that stay in the prefix whatever the queries: `_join` cuts, when some query's
+    template merges with the content's end, at one of the last `CUT_CANDIDATES` tokens of the last text run, or at
+    that run's start when the run is at most `TAIL_CHARS` long; content that ends with media is never cut."""
+    if last is None:
+        return len(content)
+    start, text = last
+    if len(text) <= TAIL_CHARS:
+        return start
+    return max(start, len(content) - CUT_CANDIDATES)
 
 
 def _chosen_queries(stream: CompileStream, i: int) -> list[CompiledQuery]:
@@ -418,16 +432,18 @@ def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job], cache
     """
     limit = shape.max_tokens if len(ci.content_tokens) > shape.token_budget // 2 else shape.token_budget
     ordered = sorted((p for per_query in ci.prompts for p in per_query), key=lambda p: (p.group != "", p.group))
-    job, reads = _build(ci.prefix, ordered, cache, ci.media)
+    job, reads = _build(ci.prefix, ordered, cache, ci.media, ci.fixed)
     if job.num_tokens <= limit:
         _keep(job, ordered, reads, jobs)
         return
     for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
         prompts = [p for p in ordered if p.group == group]
-        _lay_out(ci.prefix, prompts, limit, shape.engine_max, jobs, cache, ci.media)
+        _lay_out(ci.prefix, prompts, limit, shape.engine_max, jobs, cache, ci.media, ci.fixed)
 
 
-def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache, media: tuple = ()) -> tuple[Job, list]:
+def _build(
+    prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache, media: tuple = (), fixed: int = 0
+) -> tuple[Job, list]:
     """A job of ``prompts`` after ``prefix``, and each prompt's reads; the trie comes from the cache when the same
     branches and spellings were laid out before (a trie and its reads are never changed once built)."""
     key = tuple((p.branch, p.spellings, p.extracts) for p in prompts)
@@ -439,7 +455,7 @@ def _build(prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache, 
         found = (job.trie, job.reads, job.ends, reads)
         cache.tries.put(key, found)
     trie, job_reads, ends, reads = found
-    return Job(prefix, trie, job_reads, ends, media), reads
+    return Job(prefix, trie, job_reads, ends, media, min(fixed, len(prefix))), reads
 
 
 def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
@@ -452,17 +468,24 @@ def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None
 
 
 def _lay_out(
-    prefix, prompts: list[Prompt], limit: int, engine_max: int, jobs: list[Job], cache: CompileCache, media=()
+    prefix,
+    prompts: list[Prompt],
+    limit: int,
+    engine_max: int,
+    jobs: list[Job],
+    cache: CompileCache,
+    media=(),
+    fixed: int = 0,
 ) -> None:
     """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs; every job
     re-sends the prefix with its ``media``."""
     if not prompts:
         return
-    job, reads = _build(prefix, prompts, cache, media)
+    job, reads = _build(prefix, prompts, cache, media, fixed)
     if job.num_tokens > limit and len(prompts) > 1:
         half = len(prompts) // 2
-        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache, media)
-        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache, media)
+        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache, media, fixed)
+        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache, media, fixed)
         return
     if job.num_tokens > engine_max:
         raise ApiError(

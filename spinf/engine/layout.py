@@ -28,6 +28,7 @@ class PassLayout:
     end_index: dict[tuple[int, int], int] = attrs.field(factory=dict)  # (job, node) -> its place in end_rows
     # the prefixes' media items (`spinf.media.items`), each with the stream row of its first placeholder
     media: list[tuple[int, object]] = attrs.field(factory=list)
+    fixed: list[int] = attrs.field(factory=list)  # per job: its `Job.fixed` (at most its prefix length)
 
     def vision_spans(self) -> list[tuple[int, int]]:
         """The stream rows ``[start, end)`` of each image's (or video frame's) placeholders: the groups whose rows
@@ -105,6 +106,7 @@ def build_pass(jobs: list[Job]) -> PassLayout:
     end_rows: list[int] = []
     end_index: dict[tuple[int, int], int] = {}
     media: list[tuple[int, object]] = []
+    fixed: list[int] = []
     for j, job in enumerate(jobs):
         start, prefix_len = len(token_ids), len(job.prefix)
         if not prefix_len and (PREFIX_END in job.ends or any(node == PREFIX_END for node, _ in job.reads)):
@@ -119,6 +121,7 @@ def build_pass(jobs: list[Job]) -> PassLayout:
         parents.extend([-1 if p < 0 else base + p for p in local.parents])
         branch_rows.extend(range(base, base + n))
         spans.append((start, prefix_len, n))
+        fixed.append(min(job.fixed, prefix_len))
         for row, columns, reads in local.reads:
             k = len(read_rows)
             read_rows.append(base - 1 if row < 0 else base + row)
@@ -140,6 +143,7 @@ def build_pass(jobs: list[Job]) -> PassLayout:
         end_rows,
         end_index,
         media,
+        fixed,
     )
 
 

@@ -71,6 +71,9 @@ class Job:
     ends: set[int] = attrs.field(factory=set)
     # the prefix's media items (`spinf.media.items`), each with the prefix row of its first placeholder
     media: tuple[tuple[int, object], ...] = ()
+    # the prefix's first rows that no choice of questions changes (its BOS and content up to where a join cut could
+    # fall): the Qwen stack runs them with the chunked recurrence (`spinf.engine.qwen35.chunked`); 0: none
+    fixed: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -87,6 +87,23 @@ def test_a_merging_template_cuts_the_content_and_retokenizes_the_tail(tiny_engin
     assert ci.prompts[0][0].branch == tk.tok(tail + "s are angry? Answer:")
 
 
+def test_the_fixed_prefix_is_the_same_whatever_the_queries(tiny_engine):
+    """`Job.fixed` (what the Qwen stack runs chunked) ends before any cut a query could bring: a content whose end
+    one template merges with has the same fixed rows with that template as without it."""
+    tk = tiny_engine.tokenizer
+    content = "We wrote to the support team about the order and the customer. " * 6 + "the customer"
+    merging = {"id": "m", "template": "s are angry? Answer:{?}", **YES_NO}
+    clean = {"id": "c", "template": "\n\nLate? Answer:{?}", **YES_NO}
+    alone, both = (compiled(one_input(content, queries), tk) for queries in ([clean], [clean, merging]))
+    (one,), (two,) = alone.inputs, both.inputs
+    assert len(two.prefix) < len(one.prefix) == len(tk.bos) + len(one.content_tokens)  # the merging one cut
+    assert one.fixed == two.fixed <= len(two.prefix)
+    assert one.fixed >= len(tk.bos) + len(one.content_tokens) - 64
+    assert {job.fixed for job in both.jobs if len(job.prefix) > len(tk.bos)} == {two.fixed}
+    short = compiled(one_input("The parcel arrived late.", [clean]), tk).inputs[0]
+    assert short.fixed == len(tk.bos)  # at most 256 characters: a cut could take the whole run
+
+
 def test_a_clean_join_does_not_cut(tiny_engine):
     body = one_input("The parcel arrived late.", [{"id": "q", "template": "\n\nLate? Answer:{?}", **YES_NO}])
     result = compiled(body, tiny_engine.tokenizer)

@@ -144,11 +144,17 @@ def _decode_kernel(
 
 
 def segment_table(
-    segments: tuple[tuple[int, int, int], ...], kept: frozenset[int], captured: tuple[int, ...] = ()
+    segments: tuple[tuple[int, int, int], ...],
+    kept: frozenset[int],
+    captured: tuple[int, ...] = (),
+    chunked: frozenset[int] = frozenset(),
 ) -> tuple[np.ndarray, tuple[int, ...], int]:
     """The kernel's table of a pass's segments (``(first row, end row, source segment)`` in stream order, sources
     first; ``kept``: the segments others start from; ``captured``: stream rows whose state is wanted, each the last
-    row of a segment), its level bounds and its number of slots, on the host.
+    row of a segment; ``chunked``: level-0 segments the chunked kernel runs), its level bounds and its number of
+    slots, on the host. The chunked segments come first, in stream order, and level 0's launch starts after them
+    (``levels[0]`` is their count): the table gives them their slots, and `recurrent_delta_rule` writes their final
+    states there (its ``seeds``).
 
     The table [S, `TABLE_COLUMNS`] int32 has one row per segment, sorted by level (stable: stream order within a
     level): first row, end row, the source's slot (-1: zero state), its own slot (-1: not kept), level, and the
@@ -164,7 +170,11 @@ def segment_table(
         level[ready] = level[source[ready]] + 1
     is_kept = np.zeros(len(seg), dtype=bool)
     is_kept[sorted(kept)] = True
-    order = np.argsort(level, kind="stable")
+    is_chunked = np.zeros(len(seg), dtype=bool)
+    is_chunked[sorted(chunked)] = True
+    if (level[is_chunked] != 0).any():
+        raise ValueError("a chunked segment starts from another segment's state")
+    order = np.argsort(2 * level + ~is_chunked, kind="stable")  # level 0's chunked segments first
     by_level, kept_sorted = level[order], is_kept[order]
     num_levels = int(by_level[-1]) + 1 if len(seg) else 0
     bounds = np.searchsorted(by_level, np.arange(num_levels + 1))
@@ -182,6 +192,7 @@ def segment_table(
             raise ValueError(f"captured row {row} does not end a segment (pass_plan cuts the segments after it)")
         capture[ends[row]] = place
     table = np.stack([seg[:, 0], seg[:, 1], source_slot, slot, level, capture], axis=1)[order].astype(np.int32)
+    bounds[0] = len(chunked)
     return table.reshape(-1, TABLE_COLUMNS), tuple(bounds.tolist()), even + odd
 
 
@@ -201,6 +212,8 @@ def recurrent_delta_rule(
     num_slots: int,
     config: tuple[int, int] | None = None,
     captured: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    seeds: list[tuple[int, int, torch.Tensor]] = (),
 ) -> torch.Tensor:
     """The gated delta rule along each segment, token by token (`spinf.engine.qwen35.model.delta_rule`).
 
@@ -208,11 +221,14 @@ def recurrent_delta_rule(
     dtype. ``table`` [S, `TABLE_COLUMNS`] int32 on the device, sorted by level; level ``l`` is its rows
     ``levels[l]:levels[l + 1]``; ``num_slots`` the kept-states slots the table's slot numbers use. ``config``
     (value columns per program, warps) replaces the fixed one for measurements. ``captured`` [P, Hv, dk, dv] fp32
-    gets the final state of each segment whose table row names a captured place (needed when one does).
+    gets the final state of each segment whose table row names a captured place (needed when one does). ``out``
+    (the outputs, [N, Hv, dv]) may come with the chunked segments' rows written; ``seeds`` are their final states
+    [Hv, dk, dv] fp32, each with its slot and captured place (-1: none), from the table's first ``levels[0]`` rows.
     """
     n, heads, dk = k.shape
     dv = v.shape[-1]
-    out = torch.empty((n, heads, dv), dtype=v.dtype, device=v.device)
+    if out is None:
+        out = torch.empty((n, heads, dv), dtype=v.dtype, device=v.device)
     if n == 0 or len(levels) < 2:
         return out
     for name, t in (("q", q), ("k", k), ("v", v), ("decay", decay), ("beta", beta)):
@@ -222,8 +238,15 @@ def recurrent_delta_rule(
         captured = states  # never written: no table row names a captured place
     elif captured.dtype != torch.float32 or captured.shape[1:] != (heads, dk, dv) or not captured.is_contiguous():
         raise ValueError(f"the captured states need a contiguous fp32 [P, {heads}, {dk}, {dv}] buffer")
+    for slot, place, state in seeds:
+        if slot >= 0:
+            states[slot].copy_(state)
+        if place >= 0:
+            captured[place].copy_(state)
     bk, bv, warps = _tile(dk, dv, config)
     for start, stop in zip(levels[:-1], levels[1:], strict=True):
+        if stop == start:  # level 0 when every zero-state segment ran chunked
+            continue
         _recurrent_kernel[(stop - start, heads, triton.cdiv(dv, bv))](
             q, k, v, decay, beta, out, states, captured, table, start,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

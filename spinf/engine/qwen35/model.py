@@ -46,6 +46,7 @@ from spinf.engine.head import DEFAULT_HEAD, head_precision
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
 from spinf.engine.model import HEAD_ROWS
+from spinf.engine.qwen35.chunked import cut_rows, fixed_segments, plan_calls, run_chunked
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.scorer import attention_plan
 from spinf.errors import ModelError
@@ -118,6 +119,12 @@ class Qwen35Plan:
     # stream rows whose state after them the pass keeps (its capture's prefixes, each the end of a segment), in the
     # capture's order: the GPU kernel writes them to a buffer in this order
     captured_rows: tuple[int, ...] = ()
+    # the segments that are a job's whole fixed prefix, run chunked (`spinf.engine.qwen35.chunked`), and its calls
+    chunked: frozenset[int] = frozenset()
+    chunked_calls: tuple = ()
+    # on a GPU, per chunked segment (its index, its slot, its place among the captured states; -1: none): where the
+    # token-by-token kernel finds its final state
+    chunked_seeds: tuple[tuple[int, int, int], ...] = ()
 
 
 def predecessors(layout: PassLayout) -> np.ndarray:
@@ -204,7 +211,10 @@ def pass_plan(
     attention = attention if given else attention_plan(layout, device)
     capture = attention.capture
     captured_rows = () if capture is None else tuple(row for _, row in capture.prefixes if row >= 0)
-    segs, kept = segments(pred, frozenset(captured_rows))
+    chunk = chunked_on(device)
+    segs, kept = segments(pred, frozenset(captured_rows) | (cut_rows(layout) if chunk else frozenset()))
+    chunked = fixed_segments(layout, segs) if chunk else frozenset()
+    calls = plan_calls(segs, chunked, device)
     taps_rows = np.stack(taps[::-1], axis=1).copy()
     positions3 = mrope_positions(layout)
     positions3 = None if positions3 is None else positions3.to(device)
@@ -217,6 +227,8 @@ def pass_plan(
             kept=kept,
             positions3=positions3,
             captured_rows=captured_rows,
+            chunked=chunked,
+            chunked_calls=calls,
         )
     from spinf.engine.kernels import kernel_plan, tile_rows, to_device
     from spinf.engine.kernels.gdn import segment_table
@@ -224,7 +236,11 @@ def pass_plan(
     if attention_shape is not None and not given:
         rows = tile_rows(*attention_shape, Attention.kernel_config(*attention_shape))
         attention = attrs.evolve(attention, kernel=kernel_plan(layout, device, {rows}))
-    table, levels, num_slots = segment_table(segs, kept, captured_rows)
+    table, levels, num_slots = segment_table(segs, kept, captured_rows, chunked)
+    seeds = tuple(
+        (s, int(slot), int(place))
+        for s, (slot, place) in zip(sorted(chunked), table[: len(chunked), [3, 5]], strict=True)
+    )
     return Qwen35Plan(
         attention=attention,
         taps=to_device(taps_rows, device),
@@ -235,7 +251,20 @@ def pass_plan(
         num_slots=num_slots,
         positions3=positions3,
         captured_rows=captured_rows,
+        chunked=chunked,
+        chunked_calls=calls,
+        chunked_seeds=seeds,
     )
+
+
+def chunked_on(device: torch.device) -> bool:
+    """Whether passes on ``device`` run the fixed prefixes chunked: on the CPU always (the fp32 reference), on a
+    GPU when fla's kernels load pinned (`spinf.engine.kernels.chunked`, which logs why once when they do not)."""
+    if device.type != "cuda":
+        return True
+    from spinf.engine.kernels.chunked import chunked_kernel
+
+    return chunked_kernel()[0] is not None
 
 
 def delta_step(
@@ -263,18 +292,24 @@ def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    decay: torch.Tensor,
+    g: torch.Tensor,
     beta: torch.Tensor,
     plan: Qwen35Plan,
     states_at: dict[int, torch.Tensor | None] | None = None,
+    decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The gated delta rule along each segment, token by token. q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``),
-    beta [N, Hv] -> [N, Hv, dv]. Each step has the same shapes whatever the pass, and a segment starts from exactly
-    the fp32 state its predecessor's segment ended with, so a token's output depends on its path alone. On a GPU,
-    the Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
+    """The gated delta rule along each segment. q, k [N, Hv, dk]; v [N, Hv, dv]; g (log decay), beta [N, Hv]
+    -> [N, Hv, dv]; ``decay`` is ``exp(g)`` when the caller has it. The plan's chunked segments (each a job's fixed
+    prefix) run first in 64-token chunks (`spinf.engine.qwen35.chunked`), the others token by token; each step
+    has the same shapes whatever the pass, and a segment starts from exactly the fp32 state its predecessor's
+    segment ended with, so a token's output depends on its path alone. On a GPU the token-by-token part is the
+    Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
     ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes; on
     a GPU they must be the plan's ``captured_rows``)."""
     _, heads, dk = k.shape
+    decay = _pointwise(torch.exp, g) if decay is None else decay
+    out = torch.empty_like(v)
+    finals = run_chunked(plan.chunked_calls, q, k, v, g, beta, out) if plan.chunked_calls else {}
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
 
@@ -285,22 +320,28 @@ def delta_rule(
             if not set(states_at) <= set(plan.captured_rows):
                 raise ValueError("the GPU recurrence keeps the state only after the plan's captured rows")
             captured = v.new_empty((len(plan.captured_rows), heads, dk, v.shape[-1]), dtype=torch.float32)
-        out = recurrent_delta_rule(
-            q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots, captured=captured
-        )
+        seeds = [(slot, place, finals[s]) for s, slot, place in plan.chunked_seeds]
+        recurrent_delta_rule(
+            q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots, captured=captured, out=out,
+            seeds=seeds,
+        )  # fmt: skip
         for place, row in enumerate(plan.captured_rows if states_at else ()):
             if row in states_at:
                 states_at[row] = captured[place]
         return out
     dv = v.shape[-1]
-    out = torch.empty_like(v)
     kept: dict[int, torch.Tensor] = {}
     for index, (first, end, source) in enumerate(plan.segments):
-        state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv), dtype=torch.float32)
-        for t in range(first, end):
-            state, out[t] = delta_step(state, q[t], k[t], v[t], decay[t], beta[t])
-            if states_at is not None and t in states_at:
-                states_at[t] = state
+        if index in finals:
+            state = finals[index]
+        else:
+            state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv), dtype=torch.float32)
+            for t in range(first, end):
+                state, out[t] = delta_step(state, q[t], k[t], v[t], decay[t], beta[t])
+                if states_at is not None and t in states_at:
+                    states_at[t] = state
+        if states_at is not None and end - 1 in states_at and index in finals:
+            states_at[end - 1] = state
         if index in plan.kept:
             kept[index] = state
     return out
@@ -348,8 +389,8 @@ class GatedDeltaNet(nn.Module):
         return qkv, z, b, a
 
     def recurrence_inputs(self, stream: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
-        """q, k [n, Hv, dk], v [n, Hv, dv], decay and beta [n, Hv] of the rows whose convolution reads ``taps``
-        [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row first)."""
+        """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay) and beta [n, Hv] of the rows whose convolution reads
+        ``taps`` [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row first)."""
         cfg, n = self.cfg, taps.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed = stream[taps[:, 0]] * self.conv[:, 0]
@@ -361,7 +402,7 @@ class GatedDeltaNet(nn.Module):
         k = l2_norm(k.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1)
         beta = _pointwise(torch.sigmoid, b)
         g = -torch.exp(self.A_log.float()) * _pointwise(F.softplus, a + self.dt_bias)
-        return q, k, v.reshape(n, heads, dv), _pointwise(torch.exp, g), beta
+        return q, k, v.reshape(n, heads, dv), g, beta
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         cfg, n = self.cfg, o.shape[0]
@@ -374,10 +415,11 @@ class GatedDeltaNet(nn.Module):
             return self.decode(x, plan.attention.decode)
         qkv, z, b, a = self.project(x)
         stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
-        q, k, v, decay, beta = self.recurrence_inputs(stream, plan.taps, b, a)
+        q, k, v, g, beta = self.recurrence_inputs(stream, plan.taps, b, a)
+        decay = _pointwise(torch.exp, g)
         capture = plan.attention.capture
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
-        o = delta_rule(q, k, v, decay, beta, plan, states_at)
+        o = delta_rule(q, k, v, g, beta, plan, states_at, decay)
         if capture is not None:  # what the decoder steps on from (`decode`): rows, and the prefixes' states
             capture.keep_recurrent(qkv, _recurrent_rows(k, v, decay, beta))
             zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]), dtype=torch.float32)
@@ -401,7 +443,8 @@ class GatedDeltaNet(nn.Module):
         read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
         stream = torch.cat([read.new_zeros((1, read.shape[1])), read])  # row 0: the missing predecessor
         local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)
-        q, k, v, decay, beta = self.recurrence_inputs(stream, local, b, a)
+        q, k, v, g, beta = self.recurrence_inputs(stream, local, b, a)
+        decay = _pointwise(torch.exp, g)
         rows_out.index_copy_(0, write, _recurrent_rows(k, v, decay, beta))
         states = kv.states[self.index]
         if x.is_cuda:

@@ -24,6 +24,8 @@ QUESTIONS = [
     {"id": "angry", "template": "\n\nIs the customer angry? Answer:{?}", "options": [" very much so", " not at all"]},
 ]
 TEXTS = ["I was charged twice for one order. Please refund one payment.", "The parcel came late and broken."]
+# long enough that its fixed prefix (all but its last 64 tokens) runs chunked (spinf/engine/qwen35/chunked.py)
+LONG = " ".join(f"Order {n} was charged twice and the parcel came late, so I asked for a refund." for n in range(12))
 
 
 def body(texts: list[str], queries: list[dict]) -> dict:
@@ -55,7 +57,7 @@ def test_the_gpu_engine_scores_what_the_cpu_engine_scores(folders, which, quant,
     folder = folders[0] if which == "float" else folders[1]
     gpu = Engine(str(folder), device="cuda", quant=quant)
     cpu = Engine(str(folder), device="cpu", quant=quant if which == "int4" else "")
-    request = body(TEXTS, QUESTIONS)
+    request = body([*TEXTS, LONG], QUESTIONS)
     got, expected = options(gpu.score(request)), options(cpu.score(request))
     print(which, gpu.quant, max(abs(a[0] - b[0]) for a, b in zip(got, expected, strict=True)))
     for (lp, p), (lp_cpu, p_cpu) in zip(got, expected, strict=True):
@@ -67,7 +69,8 @@ def test_the_gpu_engine_scores_what_the_cpu_engine_scores(folders, which, quant,
 )
 def test_a_question_scores_the_same_bits_alone_and_among_others_on_the_gpu(folders, which, quant):
     engine = Engine(str(folders[0] if which == "float" else folders[1]), device="cuda", quant=quant)
-    alone = engine.score(body(TEXTS[:1], QUESTIONS[:1]))["results"][0]["queries"][0]
     more = [*QUESTIONS, {"id": "late", "template": "\n\nWas it late? Answer:{?}", "options": [" yes", " no"]}]
-    among = engine.score(body([*TEXTS, "Thanks, all good."], more))["results"][0]["queries"][0]
-    assert alone == among
+    for text in (TEXTS[0], LONG):  # a short content, and one whose fixed prefix runs chunked
+        alone = engine.score(body([text], QUESTIONS[:1]))["results"][0]["queries"][0]
+        among = engine.score(body([LONG if text != LONG else TEXTS[0], text, "Thanks, all good."], more))
+        assert alone == among["results"][1]["queries"][0]

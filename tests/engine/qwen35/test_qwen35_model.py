@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
 
 from spinf.engine.layout import build_pass
+from spinf.engine.qwen35 import chunked
 from spinf.engine.qwen35.config import FULL, LINEAR, parse_qwen35_config, read_qwen35_config
 from spinf.engine.qwen35.model import load_qwen35, pass_plan
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG, write_tiny_qwen35
@@ -42,9 +43,13 @@ def tokens(seed: int, n: int) -> tuple[int, ...]:
     return tuple(torch.randint(3, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
 
 
-def job_of(prefix: tuple[int, ...], branches: list[tuple[int, ...]]) -> tuple[Job, list[tuple[int, int]]]:
-    """A job whose prompts are ``branches``, each read (token 5) at its end: the job and each prompt's read."""
-    job = Job(prefix)
+def job_of(
+    prefix: tuple[int, ...], branches: list[tuple[int, ...]], fixed: int | None = None
+) -> tuple[Job, list[tuple[int, int]]]:
+    """A job whose prompts are ``branches``, each read (token 5) at its end: the job and each prompt's read. Its
+    first ``fixed`` prefix rows (default: all) are fixed, as the compiler makes a content's: run chunked when at
+    least 64."""
+    job = Job(prefix, fixed=len(prefix) if fixed is None else fixed)
     return job, [add_prompt(job, branch, [(5,)])[0][0] for branch in branches]
 
 
@@ -93,33 +98,46 @@ def test_the_tiny_checkpoint_loads_in_transformers_with_every_key(folder):
         "one prompt",
         "forks",
         "long content",
+        "long content, token by token",
+        "long content, part of it fixed, in pieces",
+        "a fixed prefix of one chunk",
         "deep branch",
         "no prefix",
     ],
 )
-def test_every_prompt_matches_transformers_alone(models, case):
+def test_every_prompt_matches_transformers_alone(models, case, monkeypatch):
     ours, reference = models
+    fixed = None
+    if case == "long content, token by token":
+        fixed = 0
+    elif case == "long content, part of it fixed, in pieces":
+        fixed = 250  # chunked in pieces of 128 (two full ones and a short one), then 50 rows token by token
+        monkeypatch.setattr(chunked, "PIECE_TOKENS", 128)
     prefix, branches = {
         "one prompt": (tokens(1, 20), [tokens(2, 6)]),
         "forks": forked(10, 30),
         "long content": forked(20, 300),
+        "long content, token by token": forked(20, 300),
+        "long content, part of it fixed, in pieces": forked(20, 300),
+        "a fixed prefix of one chunk": forked(25, 64),
         "deep branch": (tokens(30, 90), [tokens(31, 80), tokens(31, 80)[:70] + tokens(32, 5)]),
         "no prefix": ((), [tokens(40, 5), tokens(40, 5)[:2] + tokens(41, 3)]),
     }[case]
-    (got,) = prompt_logprobs(ours, [job_of(prefix, branches)])
+    (got,) = prompt_logprobs(ours, [job_of(prefix, branches, fixed)])
     for branch, row in zip(branches, got, strict=True):
         expected = reference_logprobs(reference, prefix + branch)
         assert (row - expected).abs().max().item() <= TOLERANCE, (case, branch)
 
 
-def test_a_prompts_logprobs_are_the_same_bits_alone_among_siblings_and_among_other_jobs(models):
+def test_a_prompts_logprobs_are_the_same_bits_alone_among_siblings_and_among_other_jobs(models, monkeypatch):
     ours, _ = models
-    prefix, branches = forked(50, 40)
+    monkeypatch.setattr(chunked, "PIECE_TOKENS", 128)  # the 140-row prefix in two pieces, sharing calls or not
+    prefix, branches = forked(50, 140)
     branches = [b for b in branches if b]  # a job of the empty prompt alone would read at a prefix of no branches
     alone = [prompt_logprobs(ours, [job_of(prefix, [branch])])[0][0] for branch in branches]
     (together,) = prompt_logprobs(ours, [job_of(prefix, branches)])
     reordered = branches[::-1]
-    others = [job_of(*forked(60, 25)), job_of(tokens(70, 7), [tokens(71, 3)])]
+    others = [job_of(*forked(60, 100)), job_of(tokens(70, 7), [tokens(71, 3)])]
     mixed = prompt_logprobs(ours, [others[0], job_of(prefix, reordered), others[1]])[1][::-1]
     for branch, solo, sibling, packed in zip(branches, alone, together, mixed, strict=True):
         assert torch.equal(solo, sibling), branch

@@ -1,0 +1,108 @@
+"""The chunked recurrence of the fixed prefixes (spinf/engine/qwen35/chunked.py): its fp32 reference against the
+token-by-token rule, the pieces and calls, and the segment table's place for the chunked segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spinf.engine.kernels.gdn import segment_table
+from spinf.engine.layout import build_pass
+from spinf.engine.qwen35 import chunked
+from spinf.engine.qwen35.chunked import plan_calls, reference_chunked
+from spinf.engine.qwen35.model import delta_rule, delta_step, pass_plan
+from spinf.engine.trie import Job, add_prompt
+
+
+def inputs(n: int, heads: int = 3, dk: int = 16, dv: int = 8, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(n, heads, dk, generator=gen), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(n, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(n, heads, dv, generator=gen)
+    g = -torch.rand(n, heads, generator=gen) * 0.5  # decays from 0.61 to 1
+    beta = torch.rand(n, heads, generator=gen)
+    return q, k, v, g, beta
+
+
+def token_by_token(q, k, v, g, beta, state):
+    out = torch.empty_like(v)
+    for t in range(q.shape[0]):
+        state, out[t] = delta_step(state, q[t], k[t], v[t], torch.exp(g[t]), beta[t])
+    return out, state
+
+
+@pytest.mark.parametrize("lengths", [(1,), (63,), (64,), (65, 5), (200, 64, 130)], ids=str)
+def test_the_reference_is_the_token_by_token_rule_regrouped(lengths):
+    total = sum(lengths)
+    q, k, v, g, beta = inputs(total)
+    initial = torch.randn(len(lengths), 3, 16, 8, generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    out, finals = reference_chunked(q, k, v, g, beta, initial, cu)
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        expected, state = token_by_token(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], initial[n])
+        assert (out[a:b] - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+        assert (finals[n] - state).abs().max().item() <= 1e-5 * state.abs().max().item()
+
+
+def test_long_prefixes_run_in_pieces_round_by_round_within_the_call_limit(monkeypatch):
+    monkeypatch.setattr(chunked, "PIECE_TOKENS", 100)
+    segments = ((0, 250, -1), (250, 260, 0), (260, 330, -1), (330, 340, 2), (340, 370, -1))
+    calls = plan_calls(segments, frozenset({0, 2, 4}), torch.device("cpu"))
+    assert [call.pieces for call in calls] == [((0, 0),), ((2, 0), (4, 0)), ((0, 1),), ((0, 2),)]
+    assert [call.cu_host.tolist() for call in calls] == [[0, 100], [0, 70, 100], [0, 100], [0, 50]]
+    assert calls[1].rows.tolist() == list(range(260, 330)) + list(range(340, 370))
+    assert calls[3].rows.tolist() == list(range(200, 250))  # cut at multiples of 100 from the BOS
+
+
+def test_the_table_puts_the_chunked_segments_first_and_launches_level_zero_after_them():
+    # two jobs: a chunked prefix with two branches, a short prefix run token by token, a chunked prefix alone
+    segments = ((0, 80, -1), (80, 83, 0), (83, 85, 0), (85, 90, -1), (90, 92, 3), (92, 200, -1))
+    kept = frozenset({0, 3})
+    table, levels, slots = segment_table(segments, kept, (), frozenset({0, 5}))
+    assert table[:2, :2].tolist() == [[0, 80], [92, 200]] and levels[0] == 2
+    assert table[levels[0] : levels[1], :2].tolist() == [[85, 90]]  # level 0's launch: the token-by-token one
+    slot_of = {(int(r[0]), int(r[1])): int(r[3]) for r in table}
+    source_of = {(int(r[0]), int(r[1])): int(r[2]) for r in table}
+    assert source_of[(80, 83)] == source_of[(83, 85)] == slot_of[(0, 80)] >= 0
+    assert source_of[(90, 92)] == slot_of[(85, 90)] != slot_of[(0, 80)]
+    assert slot_of[(92, 200)] == -1 and slots == 2
+    with pytest.raises(ValueError, match="chunked segment"):
+        segment_table(segments, kept, (), frozenset({1}))
+
+
+def by_token(token_ids: list[int], heads: int = 3, dk: int = 16, dv: int = 8):
+    """Delta-rule inputs of a stream, each row a function of its token id alone (equal paths, equal inputs)."""
+    ids = torch.tensor(token_ids)
+    return tuple(t[ids] for t in inputs(4096, heads, dk, dv, seed=6))
+
+
+def path_rows(layout, job: int, read: tuple[int, int]) -> list[int]:
+    """The stream rows of the path that ends at ``read`` of job ``job``: its prefix's, then its branch's."""
+    start, prefix_len, _ = layout.spans[job]
+    row = layout.read_rows[layout.read_index[(job, *read)][0]]
+    return list(range(start, start + prefix_len)) + dict(zip(layout.branch_rows, layout.paths, strict=True))[row]
+
+
+def test_a_paths_recurrence_keeps_its_bits_when_a_cut_moves_the_prefix_end_but_not_its_fixed_rows():
+    """A join cut moves the content's tail from the prefix into the branches (`spinf.engine.compiler._join`); the
+    fixed rows end before any cut, so the chunked part and every token after it run the same computation."""
+    content = tuple(torch.randint(3, 4096, (200,), generator=torch.Generator().manual_seed(2)).tolist())
+    question = (11, 12, 13)
+    whole = Job(content, fixed=150)
+    read_whole = add_prompt(whole, question, [(5,)])[0][0]
+    cut = Job(content[:180], fixed=150)
+    read_cut = add_prompt(cut, content[180:] + question, [(5,)])[0][0]
+    add_prompt(cut, content[180:185] + (14,), [(5,)])  # another query's branch forks inside the tail
+    other = Job(tuple(range(3, 90)), fixed=87)
+    add_prompt(other, (7,), [(5,)])
+    seen = []
+    for jobs, job, read in (([whole], 0, read_whole), ([cut], 0, read_cut), ([other, cut], 1, read_cut)):
+        layout = build_pass(jobs)
+        plan = pass_plan(layout, 4)
+        assert plan.chunked  # the fixed rows ran chunked
+        rows = path_rows(layout, job, read)
+        assert [layout.token_ids[r] for r in rows] == list(content + question)
+        seen.append(delta_rule(*by_token(layout.token_ids), plan)[rows])
+    assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
