@@ -415,8 +415,9 @@ def _join(text, content, queries, tk) -> tuple[int | None, str, bool]:
     starts = tk.boundaries(text)
     for index in sorted(range(max(0, len(starts) - CUT_CANDIDATES), len(starts)), reverse=True):
         at = starts[index]
-        if len(text) - at < MIN_CUT_TAIL:
-            continue
+        if len(text) - at < MIN_CUT_TAIL or (index and starts[index - 1] == at):
+            continue  # a tail too short, or a token that starts where the one before it does (a character split
+            # into several byte tokens): a cut there would keep the character's first tokens and re-read it whole
         if tk.tok(text[:at]) + tk.tok(text[at:]) == content:
             return index, text[at:], True
     if len(text) <= TAIL_CHARS:

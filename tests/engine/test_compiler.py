@@ -40,6 +40,36 @@ class OddFirstTokenizer:
         return starts
 
 
+class SplitCharTokenizer:
+    """A toy byte-level tokenizer: "ab" is one token, "@" two (both starting at its offset, as the bytes of a
+    character split over tokens do), every other character one."""
+
+    bos = (2,)
+
+    def _pieces(self, text: str) -> list[tuple[int, int]]:
+        out, at = [], 0
+        while at < len(text):
+            if text.startswith("ab", at):
+                out.append((at, 900))
+                at += 2
+            elif text[at] == "@":
+                out += [(at, 901), (at, 902)]
+                at += 1
+            else:
+                out.append((at, 10 + ord(text[at]) % 800))
+                at += 1
+        return out
+
+    def tok(self, text: str) -> tuple[int, ...]:
+        return tuple(token for _, token in self._pieces(text))
+
+    def tok_many(self, texts):
+        return [self.tok(t) for t in texts]
+
+    def boundaries(self, text: str) -> list[int]:
+        return [start for start, _ in self._pieces(text)]
+
+
 DEFAULT_SHAPE = EngineShape(16_384, 65_536)
 DEFAULT_LIMITS = Limits()
 
@@ -63,6 +93,15 @@ def test_no_valid_cut_warns_and_keeps_the_content_whole():
     ]
     ci = result.inputs[0]
     assert ci.prefix == OddFirstTokenizer.bos + ci.content_tokens
+
+
+def test_a_cut_never_falls_inside_a_character_split_over_tokens():
+    tk = SplitCharTokenizer()
+    content = "x" * 300 + "@" + "y" * 30 + "a"  # "a" + "b..." merges; the last cut with a 32-character tail: "@"
+    ci = compiled(one_input(content, [{"id": "q", "template": "b{?}", **YES_NO}]), tk).inputs[0]
+    assert ci.prefix == tk.bos + tk.tok("x" * 300)  # before both of "@"'s tokens, not between them
+    assert ci.prompts[0][0].branch == tk.tok(content[300:] + "b")
+    assert ci.fixed <= len(ci.prefix)
 
 
 def test_a_short_content_is_taken_whole_as_the_tail():

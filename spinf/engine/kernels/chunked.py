@@ -46,6 +46,8 @@ def config_dir() -> Path:
     return CONFIGS / ("sm90" if torch.cuda.get_device_capability() == (9, 0) else "portable")
 
 
+CHUNK = 64  # tokens per chunk: fla's chunk size, asked explicitly, and what the engine's chunk tables count in
+FLA_SERIES = "0.6."  # the fla-core release series the pins were written for (pyproject's `gpu` extra)
 ChunkedFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -71,14 +73,20 @@ def _load() -> tuple[ChunkedFn | None, str]:
         {"FLA_CACHE_MODE": "default", "FLA_CONFIG_DIR": str(folder), "FLA_DISABLE_BACKEND_DISPATCH": "1"}
     )
     try:
+        import fla
+        from fla import backends
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.utils import cache
     except ImportError as exc:
         return None, f"flash-linear-attention (fla-core) is not importable: {exc}"
-    if cache.FLA_CACHE_MODE.value != "default" or cache.get_fla_config_dir() != folder:
-        why = "fla was imported before the engine set its config mode" if already else "fla ignored FLA_CACHE_MODE"
-        return None, f"{why}; its kernels would pick their configurations by timing"
-    return chunk_gated_delta_rule, f"fla-core, the configurations pinned in {folder.name}"
+    version = getattr(fla, "__version__", "unknown")
+    if not version.startswith(FLA_SERIES):
+        return None, f"fla-core {version} is installed; the pins and kernel names are those of {FLA_SERIES}x"
+    # both are read once, when fla is first imported: a process that imported it earlier keeps its own settings
+    if cache.FLA_CACHE_MODE.value != "default" or not getattr(backends, "_DISPATCH_DISABLED", False):
+        why = "fla was imported before the engine set its settings" if already else "fla ignored its settings"
+        return None, f"{why}; its kernels would pick their configurations by timing, or another backend would run"
+    return chunk_gated_delta_rule, f"fla-core {version}, the configurations pinned in {folder.name}"
 
 
 def chunked_delta_rule(
@@ -110,5 +118,6 @@ def chunked_delta_rule(
         cu_seqlens=cu_seqlens,
         cu_seqlens_cpu=cu_host,
         chunk_indices=chunk_indices,
+        chunk_size=CHUNK,  # the chunk table was made for it
     )
     return o.squeeze(0), final

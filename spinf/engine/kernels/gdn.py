@@ -238,6 +238,8 @@ def recurrent_delta_rule(
         captured = states  # never written: no table row names a captured place
     elif captured.dtype != torch.float32 or captured.shape[1:] != (heads, dk, dv) or not captured.is_contiguous():
         raise ValueError(f"the captured states need a contiguous fp32 [P, {heads}, {dk}, {dv}] buffer")
+    if captured is states and any(place >= 0 for _, place, _ in seeds):
+        raise ValueError("a seed names a captured place: pass the captured states' buffer")
     for slot, place, state in seeds:
         if slot >= 0:
             states[slot].copy_(state)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from spinf.engine.kernels.attention import to_device
+from spinf.engine.kernels.chunked import CHUNK
 
-CHUNK = 64  # tokens per chunk (fla's chunk size)
 CHUNKED_MIN = CHUNK  # a fixed prefix shorter than this runs token by token
 PIECE_TOKENS = 8192  # tokens per chunked call, and the pieces a longer prefix is cut into
 

@@ -106,3 +106,13 @@ def test_a_paths_recurrence_keeps_its_bits_when_a_cut_moves_the_prefix_end_but_n
         assert [layout.token_ids[r] for r in rows] == list(content + question)
         seen.append(delta_rule(*by_token(layout.token_ids), plan)[rows])
     assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
+
+
+def test_a_seed_that_names_a_captured_place_needs_the_captured_buffer():
+    from spinf.engine.kernels.gdn import TABLE_COLUMNS, recurrent_delta_rule
+
+    q, k, v, g, beta = inputs(4)
+    table = torch.tensor([[0, 4, -1, 0, 0, 0]], dtype=torch.int32).reshape(-1, TABLE_COLUMNS)
+    seed = (0, 0, torch.zeros(3, 16, 8))
+    with pytest.raises(ValueError, match="captured place"):
+        recurrent_delta_rule(q, k, v, torch.exp(g), beta, table, (1, 1), 1, seeds=[seed])
