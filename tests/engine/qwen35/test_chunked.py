@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from spinf.engine.kernels.chunked import PINNED_KERNELS
 from spinf.engine.kernels.gdn import segment_table
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35 import chunked
@@ -116,3 +117,59 @@ def test_a_seed_that_names_a_captured_place_needs_the_captured_buffer():
     seed = (0, 0, torch.zeros(3, 16, 8))
     with pytest.raises(ValueError, match="captured place"):
         recurrent_delta_rule(q, k, v, torch.exp(g), beta, table, (1, 1), 1, seeds=[seed])
+
+
+PIN_CHECK = """
+import json, sys
+import spinf.engine.kernels.chunked as chunked
+if sys.argv[1] == "first":
+    import fla.ops.gated_delta_rule  # imported before the engine sets fla's settings
+out = {}
+for pins in ("sm90", "portable"):  # fla reads its config folder per call, its mode once
+    chunked.config_dir = lambda: chunked.CONFIGS / pins  # no GPU here to ask its capability
+    fn, why = chunked._load()
+    out[pins] = {"loaded": fn is not None, "why": why, "kernels": {}}
+    if fn is None:
+        continue
+    from triton.runtime.autotuner import Autotuner
+    from fla.ops.common import chunk_delta_h, chunk_o
+    from fla.ops.gated_delta_rule import chunk_fwd, wy_fast
+    from fla.ops.utils import cache, cumsum
+    modules = [cumsum, chunk_fwd, wy_fast, chunk_delta_h, chunk_o]
+    for name in chunked.PINNED_KERNELS:
+        tuner = next(getattr(m, name) for m in modules if hasattr(m, name))
+        while not isinstance(tuner, Autotuner):
+            tuner = tuner.fn
+        out[pins]["kernels"][name] = {
+            "tuner": type(tuner).__name__,
+            "pinned": cache.load_cached_config(name),
+            "file": json.loads((chunked.config_dir() / f"{name}.json").read_text())["default_config"],
+        }
+print(json.dumps(out))
+"""
+
+
+def test_fla_takes_the_pinned_configurations_and_refuses_when_imported_first():
+    """In fresh interpreters (fla reads its settings once, at import): the engine's load sets them, every pinned
+    kernel of both sets is one of fla's config-cache autotuners and fla reads its pin back from the engine's file;
+    with fla imported first, the engine refuses and says why (the GPU tests run the kernels)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("fla")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLA_")}
+    ran = [
+        subprocess.run([sys.executable, "-c", PIN_CHECK, order], capture_output=True, text=True, env=env, timeout=300)
+        for order in ("engine", "first")
+    ]
+    for done in ran:
+        assert done.returncode == 0, done.stderr[-2000:]
+    loaded, refused = (json.loads(done.stdout.strip().splitlines()[-1]) for done in ran)
+    for pins in ("sm90", "portable"):
+        assert loaded[pins]["loaded"] and loaded[pins]["why"].endswith(f"pinned in {pins}"), loaded[pins]
+        assert set(loaded[pins]["kernels"]) == set(PINNED_KERNELS)
+        for name, kernel in loaded[pins]["kernels"].items():
+            assert kernel["tuner"] == "CachedAutotuner" and kernel["pinned"] == kernel["file"], (pins, name)
+        assert not refused[pins]["loaded"] and "imported before" in refused[pins]["why"]
