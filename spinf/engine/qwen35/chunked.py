@@ -40,19 +40,22 @@ class ChunkedCall:
     indices: torch.Tensor | None  # fla's (sequence, chunk) table; None on the CPU
 
 
+def _fixed_spans(layout) -> set[tuple[int, int]]:
+    """The stream rows ``[first, end)`` of each job's fixed prefix of at least `CHUNKED_MIN` rows."""
+    starts = [start for start, _, _ in layout.spans]
+    return {(a, a + f) for a, f in zip(starts, layout.fixed, strict=True) if f >= CHUNKED_MIN}
+
+
 def fixed_segments(layout, segments: tuple[tuple[int, int, int], ...]) -> frozenset[int]:
-    """The segments of a pass (`spinf.engine.qwen35.model.segments`, cut after each job's fixed prefix) that are a
-    job's whole fixed prefix of at least `CHUNKED_MIN` rows."""
-    fixed = getattr(layout, "fixed", None) or [0] * len(layout.spans)
-    wanted = {(start, start + f) for (start, prefix_len, _), f in zip(layout.spans, fixed, strict=True)}
-    wanted = {(a, b) for a, b in wanted if b - a >= CHUNKED_MIN}
+    """The segments of a pass (`spinf.engine.qwen35.model.segments`, cut after each job's fixed prefix, `cut_rows`)
+    that are a job's whole fixed prefix."""
+    wanted = _fixed_spans(layout)
     return frozenset(i for i, (first, end, source) in enumerate(segments) if source < 0 and (first, end) in wanted)
 
 
 def cut_rows(layout) -> frozenset[int]:
     """The rows after which the fixed prefixes end (the segments are cut there)."""
-    fixed = getattr(layout, "fixed", None) or [0] * len(layout.spans)
-    return frozenset(start + f - 1 for (start, _, _), f in zip(layout.spans, fixed, strict=True) if f >= CHUNKED_MIN)
+    return frozenset(end - 1 for _, end in _fixed_spans(layout))
 
 
 def plan_calls(
@@ -108,9 +111,11 @@ def run_chunked(
     their rows into ``out``; returns each chunked segment's final state [Hv, dk, dv] fp32."""
     heads, dk, dv = k.shape[1], k.shape[2], v.shape[2]
     state: dict[int, torch.Tensor] = {}
-    for call in calls:
-        zero = v.new_zeros((heads, dk, dv), dtype=torch.float32)
-        initial = torch.stack([state[s] if r else zero for s, r in call.pieces])
+    for call in calls:  # a call's pieces are of one round: all from zero states, or all from the round before
+        if call.pieces[0][1]:
+            initial = torch.stack([state[s] for s, _ in call.pieces])
+        else:
+            initial = v.new_zeros((len(call.pieces), heads, dk, dv), dtype=torch.float32)
         rows = call.rows
         picked = [t.index_select(0, rows) for t in (q, k, v, g, beta)]
         if q.is_cuda:

@@ -334,14 +334,14 @@ def delta_rule(
     for index, (first, end, source) in enumerate(plan.segments):
         if index in finals:
             state = finals[index]
+            if states_at is not None and end - 1 in states_at:
+                states_at[end - 1] = state
         else:
             state = kept[source] if source >= 0 else v.new_zeros((heads, dk, dv), dtype=torch.float32)
             for t in range(first, end):
                 state, out[t] = delta_step(state, q[t], k[t], v[t], decay[t], beta[t])
                 if states_at is not None and t in states_at:
                     states_at[t] = state
-        if states_at is not None and end - 1 in states_at and index in finals:
-            states_at[end - 1] = state
         if index in plan.kept:
             kept[index] = state
     return out
