@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 
 from benchmarks.gpu_jobsets import engine_call, job_bodies, measure, note_row, row
 from benchmarks.results import append_section, cpu_machine
+from spinf.engine import hostgc
 from spinf.engine.engine import Engine
 from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, norm_fed_names
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
@@ -320,6 +321,19 @@ def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: d
             emit(note_row(job, f"{text} (ours {ours[job]['runner']})"))
 
 
+def trace_lines(engine: Engine, job: str, body: dict, folder: Path) -> None:
+    """One call of ``body`` traced twice (benchmarks/trace.py): without Python frames, for the idle gaps as they
+    are, and with them, for the frames (which the profiler's hooks slow down)."""
+    from benchmarks.trace import idle_lines, trace_call
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for stack in (False, True):
+        path = folder / f"{job.lower()}{'-stack' if stack else ''}.json"
+        seconds = trace_call(lambda: engine_call(engine, body), path, stack=stack)
+        print(f"{job} traced{' with Python frames' if stack else ''}: {seconds:.3f} s, {path}", flush=True)
+        print(*idle_lines(path), sep="\n", flush=True)
+
+
 def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
     if args.device == "cpu":
         return Engine(str(folder), device="cpu", quant=args.quant, token_budget=token_budget)
@@ -347,6 +361,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--baseline", action="store_true", help="also run the job sets on transformers with a prefix cache"
     )
     parser.add_argument("--batch", type=int, default=64, help="the baseline's rows per forward")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="trace each job set's first call (benchmarks/trace.py) into this folder",
+    )
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
     return parser.parse_args(argv)
 
@@ -384,9 +404,12 @@ def main(argv: list[str] | None = None) -> None:
             continue
         jobs[job] = bodies
         engine_call(engine, bodies[0])  # warm: Triton compiles here
+        hostgc.settle()  # as the server does once warm: the collector no longer traverses the model and libraries
         m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
         ours[job] = {**m, "runner": runner(engine)}
         emit(row(job, f"ours, {runner(engine)}", m, flops, peak))
+        if args.trace:
+            trace_lines(engine, job, bodies[0], args.trace)
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
 

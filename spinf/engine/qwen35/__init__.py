@@ -5,5 +5,6 @@ full-attention layers, the delta-rule recurrence and the causal convolution alon
 layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `int4_write`
 writes small ones in the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine;
 `tiny` writes the tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
-Not yet: extraction on a GPU, a chunked kernel for long segments, CUDA graphs.
+`chunked` runs a long fixed prefix through flash-linear-attention's chunked delta rule. Extraction's decode
+steps replay CUDA graphs; the scoring passes do not yet (`graphable` is off), and there is no fused GPU path.
 """
