@@ -11,7 +11,17 @@ from spinf.protocol.queries import check_options, choose_queries, expand_combina
 from spinf.protocol.request import parse_score_request
 
 FIXED = settings(derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-DROP = object()
+
+
+class _Drop:
+    """The marker that removes a key; its repr is fixed, so test ids are the same in every process (pytest-xdist's
+    workers must collect the same tests)."""
+
+    def __repr__(self) -> str:
+        return "DROP"
+
+
+DROP = _Drop()
 ALL_MEDIA = frozenset({"image", "audio", "video"})
 SCORED = {"id": "q", "template": "Answer:{?}", "options": [" yes", " no"]}
 TEXT = {"id": "x", "template": 'It says "{*}"'}
