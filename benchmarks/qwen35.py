@@ -45,10 +45,12 @@ if __package__ in (None, ""):
 import torch
 from safetensors.torch import save_file
 
-from benchmarks.gpu_jobsets import engine_call, job_bodies, measure, note_row, row
+from benchmarks.gpu_jobsets import engine_call, job_bodies, measure, note_row, parse_body, row
 from benchmarks.results import append_section, cpu_machine
 from spinf.engine import hostgc
+from spinf.engine.compiler import compile_request
 from spinf.engine.engine import Engine
+from spinf.engine.qwen35.chunked import CHUNKED_MIN
 from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, norm_fed_names
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
@@ -321,6 +323,22 @@ def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: d
             emit(note_row(job, f"{text} (ours {ours[job]['runner']})"))
 
 
+def chunked_text(engine: Engine, bodies: list[dict]) -> str:
+    """How many of a job set's stream rows lie in fixed prefixes of at least `CHUNKED_MIN` rows: those run in fla's
+    chunked kernels on a GPU (when fla-core is importable), the rest token by token. Counted by compiling the bodies
+    as the engine does, so the total equals the tokens the engine runs."""
+    total = chunked = 0
+    for body in bodies:
+        for job in compile_request(parse_body(body), engine.tokenizer, engine.shape).jobs:
+            total += job.num_tokens
+            fixed = min(job.fixed, len(job.prefix))
+            chunked += fixed if fixed >= CHUNKED_MIN else 0
+    return (
+        f"rows in fixed prefixes of at least {CHUNKED_MIN} (chunked on a GPU with fla-core): {chunked:,} of "
+        f"{total:,} ({chunked / max(total, 1):.1%})"
+    )
+
+
 def trace_lines(engine: Engine, job: str, body: dict, folder: Path) -> None:
     """One call of ``body`` traced twice (benchmarks/trace.py): without Python frames, for the idle gaps as they
     are, and with them, for the frames (which the profiler's hooks slow down)."""
@@ -408,6 +426,7 @@ def main(argv: list[str] | None = None) -> None:
         m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
         ours[job] = {**m, "runner": runner(engine)}
         emit(row(job, f"ours, {runner(engine)}", m, flops, peak))
+        emit(note_row(job, chunked_text(engine, bodies)))
         if args.trace:
             trace_lines(engine, job, bodies[0], args.trace)
     if args.invariance and "J1" in jobs:

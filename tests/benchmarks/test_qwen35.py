@@ -5,6 +5,7 @@ figures come from the GPU (benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -16,6 +17,10 @@ def test_the_tiny_run_writes_an_int4_checkpoint_the_engine_serves(tmp_path, caps
     qwen35.main(["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"])
     out = capsys.readouterr().out
     assert "| J3 | ours, int4-i8 |" in out
+    # the rows counted by compiling the bodies are the tokens the engine ran; J3's content runs chunked from its BOS
+    ran = re.search(r"^\| J3 \| ours, int4-i8 \|[^|]+\|[^|]+\|[^|]+\| ([\d,]+) \|", out, re.M)
+    share = re.search(r"^\| J3 \| rows in fixed prefixes of at least 64 [^:]+: ([\d,]+) of ([\d,]+) \(", out, re.M)
+    assert ran and share and share[2] == ran[1] and 0 < int(share[1].replace(",", "")) < int(ran[1].replace(",", ""))
     folder = tmp_path / "hub" / "models--spinf--qwen3.8-27b-int4" / "snapshots" / qwen35.REVISION
     assert read_gptq_config(folder) is not None and len(read_outliers(folder)) == 6 * 2  # qkv or in_proj, gate/up
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
