@@ -50,7 +50,8 @@ from benchmarks.results import append_section, cpu_machine
 from spinf.engine import hostgc
 from spinf.engine.compiler import compile_request
 from spinf.engine.engine import Engine
-from spinf.engine.qwen35.chunked import CHUNKED_MIN
+from spinf.engine.layout import build_pass
+from spinf.engine.qwen35.chunked import CHUNKED_MIN, fixed_spans
 from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, norm_fed_names
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
@@ -324,15 +325,14 @@ def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: d
 
 
 def chunked_text(engine: Engine, bodies: list[dict]) -> str:
-    """How many of a job set's stream rows lie in fixed prefixes of at least `CHUNKED_MIN` rows: those run in fla's
-    chunked kernels on a GPU (when fla-core is importable), the rest token by token. Counted by compiling the bodies
-    as the engine does, so the total equals the tokens the engine runs."""
+    """How many of a job set's stream rows lie in fixed prefixes that run in fla's chunked kernels on a GPU (when
+    fla-core is importable; the rest run token by token): the bodies compiled and laid out as the engine does, the
+    spans read by the engine's own rule (`fixed_spans`), so the total equals the tokens the engine runs."""
     total = chunked = 0
     for body in bodies:
-        for job in compile_request(parse_body(body), engine.tokenizer, engine.shape).jobs:
-            total += job.num_tokens
-            fixed = min(job.fixed, len(job.prefix))
-            chunked += fixed if fixed >= CHUNKED_MIN else 0
+        layout = build_pass(compile_request(parse_body(body), engine.tokenizer, engine.shape).jobs)
+        total += layout.num_tokens
+        chunked += sum(end - first for first, end in fixed_spans(layout))
     return (
         f"rows in fixed prefixes of at least {CHUNKED_MIN} (chunked on a GPU with fla-core): {chunked:,} of "
         f"{total:,} ({chunked / max(total, 1):.1%})"

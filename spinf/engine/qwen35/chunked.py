@@ -40,7 +40,7 @@ class ChunkedCall:
     indices: torch.Tensor | None  # fla's (sequence, chunk) table; None on the CPU
 
 
-def _fixed_spans(layout) -> set[tuple[int, int]]:
+def fixed_spans(layout) -> set[tuple[int, int]]:
     """The stream rows ``[first, end)`` of each job's fixed prefix of at least `CHUNKED_MIN` rows."""
     starts = [start for start, _, _ in layout.spans]
     return {(a, a + f) for a, f in zip(starts, layout.fixed, strict=True) if f >= CHUNKED_MIN}
@@ -49,13 +49,13 @@ def _fixed_spans(layout) -> set[tuple[int, int]]:
 def fixed_segments(layout, segments: tuple[tuple[int, int, int], ...]) -> frozenset[int]:
     """The segments of a pass (`spinf.engine.qwen35.model.segments`, cut after each job's fixed prefix, `cut_rows`)
     that are a job's whole fixed prefix."""
-    wanted = _fixed_spans(layout)
+    wanted = fixed_spans(layout)
     return frozenset(i for i, (first, end, source) in enumerate(segments) if source < 0 and (first, end) in wanted)
 
 
 def cut_rows(layout) -> frozenset[int]:
     """The rows after which the fixed prefixes end (the segments are cut there)."""
-    return frozenset(end - 1 for _, end in _fixed_spans(layout))
+    return frozenset(end - 1 for _, end in fixed_spans(layout))
 
 
 def plan_calls(
