@@ -324,12 +324,9 @@ def log_lines(catalog: Catalog) -> list[tuple[int, str]]:
     lines += [(logging.INFO, f"pack {s.id} {s.version} from {s.source} skipped: {s.reason}") for s in catalog.skipped]
     lines += [(logging.ERROR, f"pack catalog error: {error}") for error in catalog.errors]
     if catalog.official_error is not None:
-        lines.append(
-            (
-                logging.ERROR,
-                f"the official pack repository is unavailable, running without it: {catalog.official_error}",
-            )
-        )
+        # A warning, not an error: an offline or firewalled server is healthy without the official packs
+        message = f"the official pack repository is unavailable, running without it: {catalog.official_error}"
+        lines.append((logging.WARNING, message))
     sources = ", ".join(catalog.sources) if catalog.sources else "no pack source"
     enabled = f"{_count(catalog.enabled_count, 'version')} of {_count(len(catalog.packs), 'id')}"
     lines.append((logging.INFO, f"packs: {enabled} enabled; sources: {sources}"))

@@ -41,7 +41,8 @@ DEFAULT_API = "https://api.github.com"
 CACHE_ENV = "SPINF_PACKS_CACHE"
 TOKEN_ENV = "GITHUB_TOKEN"
 API_VERSION = "2022-11-28"
-TIMEOUT_S = 120.0
+TIMEOUT_S = 120.0  # a read or write may take this long (a large tarball on a slow link)
+CONNECT_TIMEOUT_S = 10.0  # a black-holed or firewalled address gives up after this, not after TIMEOUT_S
 DEFAULT_LIMITS = Limits()
 _PRIVATE_HINT = "a private repository needs GITHUB_TOKEN"
 
@@ -99,7 +100,8 @@ class GitHub:
         headers = {"User-Agent": "spinf-serve", "X-GitHub-Api-Version": API_VERSION}
         if environ.get(TOKEN_ENV, "").strip():
             headers["Authorization"] = f"Bearer {environ[TOKEN_ENV].strip()}"
-        client = httpx.Client(headers=headers, timeout=TIMEOUT_S, follow_redirects=True)
+        timeout = httpx.Timeout(TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        client = httpx.Client(headers=headers, timeout=timeout, follow_redirects=True)
         api = (environ.get(API_ENV, "") or DEFAULT_API).rstrip("/")
         return cls(api, cache_root(environ), client, limits)
 

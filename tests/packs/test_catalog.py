@@ -303,7 +303,7 @@ def test_log_lines(tmp_path):
     assert texts[1] == f"pack catalog error: pack source local:{missing}: no such folder"
     assert texts[2].startswith("the official pack repository is unavailable, running without it: ")
     assert texts[3] == f"packs: 2 versions of 1 id enabled; sources: local:{a}, local:{missing}"
-    assert levels == [logging.INFO, logging.ERROR, logging.ERROR, logging.INFO]
+    assert levels == [logging.INFO, logging.ERROR, logging.WARNING, logging.INFO]
     assert log_lines(local([]))[-1] == (logging.INFO, "packs: 0 versions of 0 ids enabled; sources: no pack source")
 
 

@@ -301,7 +301,7 @@ def test_an_unreachable_official_source_is_logged_and_the_server_starts_without_
         assert server.stop() == 0
     assert f"; pack sources: official, {FIXTURE}" in output
     unavailable = [line for line in output.splitlines() if "the official pack repository is unavailable" in line]
-    assert len(unavailable) == 1 and " ERROR " in unavailable[0] and f"127.0.0.1:{closed}" in unavailable[0]
+    assert len(unavailable) == 1 and " WARNING " in unavailable[0] and f"127.0.0.1:{closed}" in unavailable[0]
 
 
 def extra_repository(folder: Path) -> Path:
