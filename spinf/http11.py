@@ -25,6 +25,7 @@ Hypercorn looks up per connection); the supervisor calls it before serving.
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 
 import h11
 import hypercorn.trio.tcp_server
@@ -91,7 +92,8 @@ class Http11Protocol(H11Protocol):
             *self.config.response_headers("h11"),
         ]
         if self.connection.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
-            await self._send_h11_event(h11.Response(status_code=status, headers=headers))
+            reason = HTTPStatus(status).phrase.encode()  # h11 would write an empty reason phrase
+            await self._send_h11_event(h11.Response(status_code=status, headers=headers, reason=reason))
             await self._send_h11_event(h11.Data(data=body))
             await self._send_h11_event(h11.EndOfMessage())
 

@@ -84,6 +84,7 @@ async def test_http2_prior_knowledge_is_refused_and_the_server_lives_on(port):
     raw, closed = await exchange(port, preface + b"\x00\x00\x12\x04\x00\x00\x00\x00\x00" + b"\x00" * 3_000_000)
     headers = refused(raw, 505, "invalid_http")
     assert closed and headers["connection"] == "close"
+    assert raw.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")  # with its reason phrase
     assert await healthy(port)
 
 
