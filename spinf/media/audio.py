@@ -76,10 +76,17 @@ def decode_audio_bytes(data: bytes, fmt: str, path: str, *, max_seconds: int) ->
                     raise _too_long(path, f"declares {declared:,.1f} s", max_seconds)
             kept, total = _bounded(_resampled(container), limit, path, max_seconds)
     except (av.FFmpegError, ValueError, OSError, EOFError) as error:
-        raise invalid_media(path, f"the {fmt} audio data cannot be decoded: {error}") from error
+        raise invalid_media(path, f"the {fmt} audio data cannot be decoded: {_reason(error)}") from error
     if total == 0:
         raise invalid_media(path, f"the {fmt} audio data holds no samples")
     return AudioClip(samples=kept, decoded_samples=total, path=path)
+
+
+def _reason(error: Exception) -> str:
+    """What went wrong, in words: ffmpeg's message without PyAV's ``[Errno 1094995529] ...: '<none>'`` wrapping."""
+    if isinstance(error, av.FFmpegError) and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]
+    return str(error)
 
 
 # Packed sample formats read without the resampler when the stream is at 16 kHz already (a WAV recorded for speech),
