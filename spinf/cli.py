@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from spinf._version import __version__
 from spinf.errors import SpinfError
-from spinf.settings import Settings, load_settings
+from spinf.settings import Settings, load_settings, log_notes
 from spinf.settings.flags import add_flags, describe, flags_from_args, to_toml
 
 PROG = "spinf-serve"
@@ -125,8 +125,14 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _serve(args: argparse.Namespace) -> int:
     """Refuses, before anything starts or is fetched, a start that cannot work (`check_before_lookup`: what the
     manifest, the settings and the device decide), then a Hub repo id that is neither cached nor on the Hub (api spec
-    §9.6, which asks the Hub)."""
+    §9.6, which asks the Hub). What the settings note (a key outside its section, a reference setting with no effect
+    here) is logged first, once."""
     settings = _settings(args)
+    if settings.notes:
+        from spinf.logs import configure
+
+        configure(settings.server.log_format)
+        log_notes(settings)
     from spinf.catalog.checkpoint import check_findable
     from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
 
@@ -153,6 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    log_notes(settings)  # warnings: on stderr even without a log set-up
     from spinf.bulk import main as bulk_main
 
     return bulk_main(args, settings)
@@ -161,6 +168,8 @@ def _score(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(to_toml(settings) if args.toml else describe(settings), end="" if args.toml else "\n")
+    for note in settings.notes:  # what `serve` would log at start
+        print(f"{PROG}: warning: {note}", file=sys.stderr)
     return 0
 
 

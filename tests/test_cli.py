@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -14,10 +15,11 @@ import pytest
 import spinf.bulk
 import spinf.catalog
 import spinf.cli
+import spinf.logs
 from spinf._version import __version__
 from spinf.cli import main
 from spinf.errors import ModelError
-from spinf.settings import REMOVED, SETTING, SETTINGS, load_settings
+from spinf.settings import SETTING, SETTINGS, load_settings
 from tests.settings_samples import SAMPLES, flag_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +41,7 @@ def hermetic(monkeypatch):
     for name in [name for name in os.environ if name.startswith("SPINF_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(spinf.cli, "_manifest_defaults", lambda model: MANIFEST)
+    monkeypatch.setattr(spinf.logs, "configure", lambda log_format: None)  # `serve` with notes: pytest's handlers stay
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -82,7 +85,8 @@ def test_config_shows_every_setting_with_its_origin(capsys, monkeypatch, tmp_pat
 def toml_round_trip(capsys, tmp_path, argv: list[str]) -> None:
     """``config --toml`` with ``argv`` and the current environment, read back alone, gives the same settings."""
     code, written, err = run(capsys, "config", "--toml", *argv)
-    assert (code, err) == (0, "")
+    settings = spinf.cli._settings(spinf.cli._parser().parse_args(["config", *argv]))
+    assert (code, err) == (0, "".join(f"spinf-serve: warning: {note}\n" for note in settings.notes))
     path = tmp_path / "written.toml"
     path.write_text(written)
     original = spinf.cli._settings(spinf.cli._parser().parse_args(["config", *argv]))
@@ -146,8 +150,8 @@ def test_version(capsys):
         (
             [],
             {},
-            "[server]\ncompile = false\n",
-            "server.compile (config {path}:2): compile belongs in [engine], not [server]",
+            "[server]\nprefetch = 'six'\n",
+            "engine.prefetch (config {path}:2): 'six' is not an integer; allowed: an integer",
         ),
         (
             [],
@@ -172,21 +176,48 @@ def test_a_bad_setting_is_one_line_and_status_2(capsys, monkeypatch, tmp_path, c
     assert err.startswith("spinf-serve: " + expected.format(path=path)) and err.count("\n") == 1
 
 
-def test_config_lists_no_removed_setting_and_a_removed_one_refuses_the_start(capsys, monkeypatch):
-    code, out, _ = run(capsys, "config")
-    assert code == 0 and not any(f"engine.{name} " in out for name in REMOVED)
-    assert run(capsys, "serve", "--stack-options", "a=1") == (
-        2,
-        "",
-        "spinf-serve: engine.stack_options (flag --stack-options): not a setting of this server: the model stacks "
-        "take no options\n",
-    )
-    assert "--stack-options" not in run_help(capsys, "serve")
-    monkeypatch.setenv("SPINF_X_CUDA_GRAPHS", "1")
-    code, out, err = run(capsys, "config")
-    assert (code, out) == (2, "") and err.startswith(
-        "spinf-serve: engine.x_cuda_graphs (env SPINF_X_CUDA_GRAPHS): not a setting of this server: CUDA graphs"
-    )
+def test_config_shows_the_reference_settings_with_no_effect_and_warns_of_those_given(capsys, monkeypatch, tmp_path):
+    config = tmp_path / "server.toml"
+    config.write_text("port = 9100\n[engine]\nprefetch = 6\n")
+    monkeypatch.setenv("SPINF_ALIGN_JOBS", "true")
+    code, out, err = run(capsys, "config", "--config", str(config), "--stack-options", "")
+    assert code == 0
+    rows = {line.split(" = ")[0].split()[-1]: line for line in out.splitlines()}
+    inert = [s for s in SETTINGS if s.no_effect]
+    for setting in inert:  # each listed, said to do nothing here, with the reason
+        assert rows[setting.key].endswith(f" # no effect on this engine: {setting.no_effect}"), setting.name
+    assert rows["engine.prefetch"].startswith(f"config {config}:3 ") and "engine.prefetch = 6 #" in out
+    assert rows["engine.align_jobs"].startswith("env SPINF_ALIGN_JOBS ")
+    assert "# no effect" not in rows["engine.x_cuda_graphs"]  # honoured: the decode's CUDA graphs
+    prefetch, align, stack = (SETTING[name].no_effect for name in ("prefetch", "align_jobs", "stack_options"))
+    assert err.splitlines() == [
+        f"spinf-serve: warning: port (config {config}:1): read as server.port, but it belongs in [server], not "
+        "outside any section",
+        f'spinf-serve: warning: engine.stack_options = "" (flag --stack-options): no effect on this engine: {stack}',
+        f"spinf-serve: warning: engine.prefetch = 6 (config {config}:3): no effect on this engine: {prefetch}",
+        f"spinf-serve: warning: engine.align_jobs = true (env SPINF_ALIGN_JOBS): no effect on this engine: {align}",
+    ]
+    assert "--stack-options" in run_help(capsys, "serve")
+
+
+def test_serve_logs_the_notes_once_before_the_server_starts(capsys, monkeypatch, caplog):
+    import spinf.supervisor
+
+    formats, started = [], []
+    monkeypatch.setattr(spinf.logs, "configure", formats.append)  # the log set-up the server would make
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: started.append(list(caplog.messages)) or 0)
+    monkeypatch.setenv("SPINF_PREFETCH", "6")
+    monkeypatch.setenv("SPINF_X_BEAM", "6")
+    with caplog.at_level(logging.WARNING, logger="spinf.settings"):
+        assert run(capsys, "serve", "tiny", "--device", "cpu", "--log-format", "json")[0] == 0
+    prefetch, beam = SETTING["prefetch"].no_effect, SETTING["x_beam"].no_effect
+    assert started == [
+        [
+            f"engine.prefetch = 6 (env SPINF_PREFETCH): no effect on this engine: {prefetch}",
+            f"engine.x_beam = 6 (env SPINF_X_BEAM): no effect on this engine: {beam}",
+        ]
+    ]
+    assert formats == ["json"]
 
 
 def run_help(capsys, command: str) -> str:
@@ -426,3 +457,31 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(capsys, m
     monkeypatch.setattr(spinf.supervisor, "run", interrupted)
     assert main(["serve", "tiny", "--device", "cpu"]) == 130
     assert capsys.readouterr().err == "spinf-serve: interrupted\n"
+
+
+def test_model_id_with_no_model_selects_the_checkpoint_through_the_catalog(capsys, monkeypatch):
+    """The reference's SPINF_MODEL_ID names what it serves when no model is named: a catalog alias is its manifest."""
+    monkeypatch.setattr(spinf.cli, "_manifest_defaults", REAL_MANIFEST_DEFAULTS)
+    monkeypatch.setenv("SPINF_MODEL_ID", "google/gemma-4-12B")
+    code, out, err = run(capsys, "config")
+    assert (code, err) == (0, "")
+    assert "env SPINF_MODEL_ID" in out and 'engine.model = "google/gemma-4-12B"' in out
+    origins = lines_of(out)
+    assert origins["engine.model"] == "env SPINF_MODEL_ID"
+    assert origins["engine.served_model"] == origins["engine.model_id"] == "manifest spinf/gemma-4-12b-fp8"
+    assert 'engine.model_id = "spinf/gemma-4-12b-fp8"' in out
+    monkeypatch.setenv("SPINF_MODEL", "tiny")  # a model named: model_id is the manifest's repo overridden
+    code, out, _ = run(capsys, "config")
+    assert 'engine.served_model = "spinf/tiny-gemma4"' in out and 'engine.model_id = "google/gemma-4-12B"' in out
+
+
+def test_serve_serves_the_model_id_when_no_model_is_named(capsys, monkeypatch):
+    import spinf.supervisor
+
+    monkeypatch.setattr(spinf.cli, "_manifest_defaults", REAL_MANIFEST_DEFAULTS)
+    calls = []
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: calls.append(settings) or 0)
+    monkeypatch.setenv("SPINF_MODEL_ID", "tiny")
+    assert run(capsys, "serve", "--device", "cpu") == (0, "", "")
+    ((settings,),) = [calls]
+    assert (settings.engine.model, settings.engine.served_model) == ("tiny", "spinf/tiny-gemma4")

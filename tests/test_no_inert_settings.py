@@ -5,7 +5,10 @@ engine class and the pack catalog's reader replaced by recorders: what it hands 
 ``/v1/models`` entry), the keyword arguments the engine is built with (`Engine.from_settings`), the log format, the
 start-up log lines and the arguments the pack catalog is read with (at start, and on a reload). A
 setting whose first sample (tests/settings_samples.py) changes none of these is inert. A setting whose feature is
-not built yet takes only its default (tests/test_settings.py), so no value of it can be ignored.
+not built yet takes only its default (tests/test_settings.py), so no value of it can be ignored. A setting of the
+reference that this engine has no knob for (`Setting.no_effect`, api spec §9.1) must change none of these, and must
+be reported instead: given in any layer, it gets a start-up line saying it has no effect here, and why (`serve` logs
+it: tests/test_cli.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import spinf.engine.engine
 import spinf.logs
 import spinf.supervisor
 from spinf.packs.catalog import Catalog
-from spinf.settings import SETTINGS, Settings
-from tests.settings_samples import SAMPLES
+from spinf.settings import SETTING, SETTINGS, Settings, load_settings
+from tests.settings_samples import SAMPLES, env_text
 
 # Settings another change of issue 12 is wiring, with what they will drive: out of this list once that change is in.
 PENDING: dict[str, str] = {}
@@ -68,12 +71,27 @@ def with_value(settings: Settings, name: str, value: object) -> Settings:
     return attrs.evolve(settings, **{section: attrs.evolve(getattr(settings, section), **{name: value})})
 
 
-@pytest.mark.parametrize("name", [s.name for s in SETTINGS if not s.not_built and s.name not in PENDING])
+@pytest.mark.parametrize(
+    "name", [s.name for s in SETTINGS if not (s.not_built or s.no_effect) and s.name not in PENDING]
+)
 def test_every_setting_changes_what_serve_builds(name, monkeypatch, caplog):
     defaults = Settings()
     assert what_serve_builds(with_value(defaults, name, SAMPLES[name][0]), monkeypatch, caplog) != (
         what_serve_builds(defaults, monkeypatch, caplog)
     ), f"{name} changes nothing that serve builds"
+
+
+@pytest.mark.parametrize("name", [s.name for s in SETTINGS if s.no_effect])
+def test_a_setting_with_no_effect_here_changes_nothing_serve_builds_and_is_reported(name, monkeypatch, caplog):
+    setting, sample = SETTING[name], SAMPLES[name][0]
+    given = load_settings({}, {setting.env[0]: env_text(name, sample)})
+    assert given.value(name) == sample and given != Settings()
+    assert what_serve_builds(given, monkeypatch, caplog) == what_serve_builds(Settings(), monkeypatch, caplog)
+    literal = setting.literal(sample)
+    assert given.notes == (
+        f"engine.{name} = {literal} (env {setting.env[0]}): no effect on this engine: {setting.no_effect}",
+    )
+    assert setting.no_effect in setting.help  # --help and `config --toml` say so too
 
 
 def test_the_start_up_line_names_the_pack_sources(monkeypatch, caplog):

@@ -52,6 +52,8 @@ def layered(name: str, top: str, tmp_path) -> tuple[Settings, str]:
     below = LAYERS[LAYERS.index(top) :]
     value = {layer: (high if layer == top else low) for layer in below}
     flags = cli_flags(flag_argv(name, value["flag"])) if "flag" in value else {}
+    if name == "model_id":  # with a model named, model_id overrides the manifest's (without one it names the model)
+        flags["model"] = "acme/named"
     env = {setting.env[0]: env_text(name, value["env"])} if "env" in value else {}
     config = tmp_path / "spinf.toml"
     if "file" in value:
@@ -299,3 +301,144 @@ def test_a_manifest_layer_takes_the_catalog_s_shape():
     assert settings.engine.served_model == "spinf/pplx-decider-v1-27b-int4"
     assert (settings.features.media, settings.origin("media")) == (frozenset(), "manifest " + defaults["model_id"])
     assert settings.engine.max_tokens == 16_384
+
+
+# The reference's names (api spec §9.1, "The reference's names work too (drop-in)")
+
+
+def file_settings(tmp_path, text: str, env: dict | None = None, manifest=None) -> tuple[Settings, str]:
+    config = tmp_path / "server.toml"
+    config.write_text(text)
+    defaults = Manifest(manifest) if manifest is not None else None
+    return load_settings({}, {"SPINF_CONFIG": str(config), **(env or {})}, manifest_defaults=defaults), str(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "media"),
+    [
+        ('[features]\nmedia_kinds = ["image", "video"]\n', {"image", "video"}),  # the product documentation's example
+        ('[features]\nmedia_kinds = "audio, image"\n', {"audio", "image"}),
+        ("[features]\nmedia_kinds = []\n", set()),
+        ('[features]\nmedia_kinds = "none"\n', set()),
+        ("[engine]\nload_media = false\n", set()),
+        ("[engine]\nload_media = true\n", {"image", "audio", "video"}),
+        ('[engine]\nload_media = ["video"]\n', {"video"}),
+    ],
+)
+def test_media_kinds_and_load_media_are_toml_names_of_the_media_kinds(tmp_path, text, media):
+    settings, path = file_settings(tmp_path, text)
+    assert settings.features.media == frozenset(media)
+    assert settings.origin("media") == (f"config {path}:2" if text != "[engine]\nload_media = true\n" else "default")
+    assert settings.notes == ()  # each in the section the reference documents it in
+
+
+@pytest.mark.parametrize(("text", "media"), [("0", set()), ("false", set()), ("NO", set()), ("off", set())])
+def test_spinf_media_takes_the_reference_s_false(text, media):
+    settings = load_settings({}, {"SPINF_MEDIA": text})
+    assert (settings.features.media, settings.origin("media")) == (frozenset(media), "env SPINF_MEDIA")
+    assert settings.features.to_features().media == frozenset()  # no kind: the embedders are not loaded
+
+
+@pytest.mark.parametrize("text", ["1", "true", "Yes", "on"])
+def test_spinf_media_true_is_every_kind_the_model_reads_and_chooses_none_of_its_own(text, tmp_path):
+    alone = load_settings({}, {"SPINF_MEDIA": text}, manifest_defaults=Manifest({"media": ["image", "video"]}))
+    assert alone.features.media == frozenset({"image", "video"})  # the manifest's: what the model reads
+    assert load_settings({}, {"SPINF_MEDIA": text}).features.media == frozenset({"image", "audio", "video"})
+    # beside media_kinds (lower layer or not), true leaves the kinds to it, as the reference's two settings did
+    narrowed, path = file_settings(tmp_path, '[features]\nmedia_kinds = ["audio"]\n', env={"SPINF_MEDIA": text})
+    assert (narrowed.features.media, narrowed.origin("media")) == (frozenset({"audio"}), f"config {path}:2")
+    assert load_settings({}, {"SPINF_MEDIA": text, "SPINF_MEDIA_KINDS": "video"}).features.media == {"video"}
+
+
+def test_spinf_media_kinds_is_an_extra_name_and_the_canonical_name_wins():
+    only_extra = load_settings({}, {"SPINF_MEDIA_KINDS": "image,audio"})
+    assert (only_extra.features.media, only_extra.origin("media")) == ({"image", "audio"}, "env SPINF_MEDIA_KINDS")
+    both = load_settings({}, {"SPINF_MEDIA_KINDS": "image,audio", "SPINF_MEDIA": "video"})
+    assert (both.features.media, both.origin("media")) == ({"video"}, "env SPINF_MEDIA")
+    off = load_settings({}, {"SPINF_MEDIA_KINDS": "image", "SPINF_MEDIA": "0"})  # the embedders off: no kind at all
+    assert (off.features.media, off.origin("media")) == (frozenset(), "env SPINF_MEDIA")
+    assert load_settings(cli_flags(["--media", "audio"]), {"SPINF_MEDIA_KINDS": "image"}).features.media == {"audio"}
+
+
+def test_in_a_file_media_wins_over_media_kinds_which_wins_over_load_media(tmp_path):
+    text = '[engine]\nload_media = false\n[features]\nmedia_kinds = ["image"]\nmedia = ["video"]\n'
+    settings, path = file_settings(tmp_path, text)
+    assert (settings.features.media, settings.origin("media")) == ({"video"}, f"config {path}:5")
+    settings, path = file_settings(tmp_path, text.replace('media = ["video"]\n', ""))
+    assert (settings.features.media, settings.origin("media")) == ({"image"}, f"config {path}:4")
+    settings, path = file_settings(tmp_path, "[engine]\nload_media = false\n", env={"SPINF_MEDIA_KINDS": "audio"})
+    assert settings.features.media == {"audio"}  # a higher layer wins, whatever its name
+
+
+def test_a_known_key_outside_its_section_is_read_with_one_note_naming_its_section(tmp_path):
+    text = (
+        'device = "cpu"\n'  # top level, as the reference reads it
+        "max_options = 16\n"
+        "[engine]\n"
+        "port = 9100\n"
+        "media_kinds = ['image']\n"
+        "[packs]\n"
+        "queue = 2\n"
+        "[sever]\n"  # any table: the reference flattens them all
+        "debug = true\n"
+    )
+    settings, path = file_settings(tmp_path, text)
+    assert (settings.engine.device, settings.origin("device")) == ("cpu", f"config {path}:1")
+    assert (settings.limits.max_options, settings.server.port, settings.server.queue) == (16, 9100, 2)
+    assert (settings.features.media, settings.server.debug) == ({"image"}, True)
+    at = f"config {path}"
+    assert settings.notes == (
+        f"device ({at}:1): read as engine.device, but it belongs in [engine], not outside any section",
+        f"max_options ({at}:2): read as limits.max_options, but it belongs in [limits], not outside any section",
+        f"engine.port ({at}:4): read as server.port, but it belongs in [server], not [engine]",
+        f"engine.media_kinds ({at}:5): read as features.media, but it belongs in [features], not [engine]",
+        f"packs.queue ({at}:7): read as server.queue, but it belongs in [server], not [packs]",
+        f"sever.debug ({at}:9): read as server.debug, but it belongs in [server], not [sever]",
+    )
+
+
+@pytest.mark.parametrize("name", [s.name for s in SETTINGS if s.no_effect])
+def test_a_reference_setting_without_a_knob_here_is_read_in_every_layer_and_noted(name, tmp_path):
+    setting, high = SETTING[name], SAMPLES[name][0]
+    for top in ("flag", "env", "file") if setting.flags else ("env", "file"):
+        settings, origin = layered(name, top, tmp_path)
+        assert (settings.value(name), settings.origin(name)) == (high, origin)
+        literal = setting.literal(high)
+        note = f"engine.{name} = {literal} ({origin}): no effect on this engine: {setting.no_effect}"
+        assert settings.notes == (note,)
+    # given at the default (a reference deployment writes its defaults out), still one note; not given, none
+    default = setting.literal(setting.default)
+    settings, path = file_settings(tmp_path, f"[engine]\n{name} = {default}\n")
+    assert settings.notes == (
+        f"engine.{name} = {default} (config {path}:2): no effect on this engine: {setting.no_effect}",
+    )
+    assert load_settings({}, {}).notes == ()
+    assert name not in MANIFEST_KEYS
+
+
+def test_model_id_with_no_model_given_names_the_model_to_serve(tmp_path):
+    catalog = {"served_model": "spinf/gemma-4-12b-fp8", "model_id": "spinf/gemma-4-12b-fp8", "media": []}
+    manifest = Manifest(catalog)
+    settings = load_settings({}, {"SPINF_MODEL_ID": "google/gemma-4-12B"}, manifest_defaults=manifest)
+    assert manifest.asked == ["google/gemma-4-12B"]  # resolved as any model name: here a catalog alias
+    assert (settings.engine.model, settings.origin("model")) == ("google/gemma-4-12B", "env SPINF_MODEL_ID")
+    # the manifest it resolved to sets model_id, as for any catalog model (the scale-table store's key)
+    assert (settings.engine.model_id, settings.origin("model_id")) == (
+        "spinf/gemma-4-12b-fp8",
+        "manifest spinf/gemma-4-12b-fp8",
+    )
+    hub = load_settings({}, {"SPINF_MODEL_ID": "acme/checkpoint"}, manifest_defaults=Manifest({}))
+    assert (hub.engine.model, hub.engine.model_id, hub.origin("model_id")) == ("acme/checkpoint", "", "default")
+    in_file, path = file_settings(tmp_path, '[engine]\nmodel_id = "acme/checkpoint"\n')
+    assert (in_file.engine.model, in_file.origin("model")) == ("acme/checkpoint", f"config {path}:2")
+
+
+def test_model_id_beside_a_model_overrides_the_manifest_s(tmp_path):
+    for flags, env in (({"model": "spinf-12b"}, {}), ({}, {"SPINF_MODEL": "spinf-12b"})):
+        manifest = Manifest({"served_model": "spinf/gemma-4-12b-fp8", "model_id": "spinf/gemma-4-12b-fp8"})
+        settings = load_settings(flags, {**env, "SPINF_MODEL_ID": "acme/own"}, manifest_defaults=manifest)
+        assert manifest.asked == ["spinf-12b"]
+        assert (settings.engine.model, settings.engine.model_id) == ("spinf-12b", "acme/own")
+    named, _ = file_settings(tmp_path, '[engine]\nmodel = "tiny"\nmodel_id = "acme/own"\n', manifest={})
+    assert (named.engine.model, named.engine.model_id) == ("tiny", "acme/own")
+    assert load_settings({}, {}, manifest_defaults=Manifest({})).engine.model == "spinf/gemma-4-12b-fp8"

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from spinf.cli import _parser
 from spinf.errors import ConfigError
-from spinf.settings import REMOVED, SETTING, load_settings
-from spinf.settings.flags import flags_from_args
+from spinf.settings import SETTING, SETTINGS, load_settings
+from spinf.settings.kinds import Switch
+
+MEDIA_ALLOWED = "image, audio, video (comma-separated), none, or a boolean (true: the model's kinds; false: none)"
 
 
 def refusal(flags=None, env=None, manifest=None) -> str:
@@ -88,22 +89,45 @@ def file_refusal(tmp_path, text: str) -> tuple[str, str]:
         (
             {"media": "image,smell"},
             {},
-            "features.media (flag --media): 'smell' is not a media kind; allowed: image, "
-            "audio, video (comma-separated), or none",
+            "features.media (flag --media): 'smell' is not a media kind; allowed: " + MEDIA_ALLOWED,
         ),
         (
             {},
             {"SPINF_MEDIA": "none,audio"},
-            "features.media (env SPINF_MEDIA): none cannot be combined with media "
-            "kinds; allowed: image, audio, video (comma-separated), or none",
+            "features.media (env SPINF_MEDIA): none cannot be combined with media kinds; allowed: " + MEDIA_ALLOWED,
         ),
         (
             {"media": ""},
             {},
-            "features.media (flag --media): it is empty (write none for no media); allowed: image, "
-            "audio, video (comma-separated), or none",
+            "features.media (flag --media): it is empty (write none for no media); allowed: " + MEDIA_ALLOWED,
         ),
         ({"host": " "}, {}, "server.host (flag --host): it is empty; allowed: a non-empty string"),
+        (
+            {},
+            {"SPINF_MEDIA_KINDS": "image,smell"},
+            "features.media (env SPINF_MEDIA_KINDS): 'smell' is not a media kind; allowed: " + MEDIA_ALLOWED,
+        ),
+        (
+            {},
+            {"SPINF_MEDIA": "2"},  # the reference read it as false; here only its booleans and the kinds
+            "features.media (env SPINF_MEDIA): '2' is not a media kind; allowed: " + MEDIA_ALLOWED,
+        ),
+        (
+            {},
+            {"SPINF_PREFETCH": "abc"},
+            "engine.prefetch (env SPINF_PREFETCH): 'abc' is not an integer; allowed: an integer",
+        ),
+        (
+            {},
+            {"SPINF_CAPTURE_BUDGET_GIB": "lots"},
+            "engine.capture_budget_gib (env SPINF_CAPTURE_BUDGET_GIB): 'lots' is not a number; allowed: a finite "
+            "number",
+        ),
+        (
+            {},
+            {"SPINF_X_BEAM": "6.5"},
+            "engine.x_beam (env SPINF_X_BEAM): '6.5' is not an integer; allowed: an integer",
+        ),
     ],
 )
 def test_a_bad_value_names_the_setting_its_origin_and_what_is_allowed(flags, env, expected):
@@ -144,9 +168,23 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
             "max_extractions_per_input, max_options, max_option_tokens, max_frames, max_audio_seconds, "
             "max_image_pixels",
         ),
-        ("[engine]\nport = 9000\n", "engine.port ({path}:2): port belongs in [server], not [engine]"),
-        ("[packs]\ndevice = 'cpu'\n", "packs.device ({path}:2): device belongs in [engine], not [packs]"),
-        ('port = 9000\n[server]\nhost = "h"\n', "port ({path}:1): port belongs in [server], not outside any section"),
+        (
+            "[engine]\nprefetch = 'six'\n",
+            "engine.prefetch ({path}:2): 'six' is not an integer; allowed: an integer",
+        ),
+        (
+            "[features]\nmedia_kinds = ['image', 'smell']\n",
+            "features.media ({path}:2): 'smell' is not a media kind; allowed: " + MEDIA_ALLOWED,
+        ),
+        (
+            "[engine]\nload_media = 'maybe'\n",
+            "features.media ({path}:2): 'maybe' is not a media kind; allowed: " + MEDIA_ALLOWED,
+        ),
+        (
+            "[sever]\nprot = 9000\n",
+            "sever.prot ({path}:2): unknown key; did you mean server.port? keys go in the sections [engine], "
+            "[server], [features] (or [packs] for the pack keys) and [limits]",
+        ),
         (
             "zzz = 1\n",
             "zzz ({path}:1): unknown key; keys go in the sections [engine], [server], [features] (or "
@@ -154,14 +192,24 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         ),
         (
             "[engine]\n[model]\nname = 'x'\n",
-            "[model] ({path}:2): unknown section; the sections are [engine], "
+            "model.name ({path}:3): unknown key; keys go in the sections [engine], "
             "[server], [features] (or [packs] for the pack keys) and [limits]",
         ),
         (
             "[engine.extra]\nx = 1\n",
             "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
             "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, served_model, "
-            "model_id, revision, cache_dirs, layers, decode_budget_gib, decoder_budget_gib",
+            "model_id, revision, cache_dirs, layers, decode_budget_gib, decoder_budget_gib, x_cuda_graphs, "
+            "stack_options, capture_budget_gib, x_batched, prefetch, lm_rows, align_jobs, lm_fixed_rows, "
+            "min_stream, fp8s_monitor_every, deterministic_compile, x_beam",
+        ),
+        (
+            "port = 9000\n[server]\nport = 9001\n",
+            "server.port ({path}:3): set again (first at {path}:1)",
+        ),
+        (
+            "[features]\nmedia_kinds = ['image']\n[engine]\nmedia_kinds = 'video'\n",
+            "features.media_kinds ({path}:4): set again (first at {path}:2)",
         ),
         (
             "[features]\npacks = ['a']\n[packs]\npacks = ['b']\n",
@@ -169,7 +217,7 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         ),
         (
             "[config]\nfile = 'x'\n",
-            "[config] ({path}:1): unknown section; the sections are [engine], [server], "
+            "config.file ({path}:2): unknown key; keys go in the sections [engine], [server], "
             "[features] (or [packs] for the pack keys) and [limits]",
         ),
     ],
@@ -214,11 +262,10 @@ def test_a_manifest_may_set_only_engine_settings_and_media():
     )
 
 
-REMOVED_NAMES = [
+REFERENCE_NAMES = [
     "stack_options",
     "capture_budget_gib",
     "x_batched",
-    "x_cuda_graphs",
     "prefetch",
     "lm_rows",
     "align_jobs",
@@ -226,28 +273,32 @@ REMOVED_NAMES = [
     "min_stream",
     "fp8s_monitor_every",
     "deterministic_compile",
+    "x_beam",
 ]
 
 
-def test_the_removed_settings_are_the_reference_s_engine_settings_this_design_has_no_use_for():
-    assert list(REMOVED) == REMOVED_NAMES
-    assert not set(REMOVED) & set(SETTING)
+def test_the_reference_settings_without_a_knob_here_are_its_engine_settings_and_the_beam():
+    """x_cuda_graphs, the twelfth of api spec §9.1's list, is honoured (tests/test_no_inert_settings.py)."""
+    assert [s.name for s in SETTINGS if s.no_effect] == REFERENCE_NAMES
+    assert not SETTING["x_cuda_graphs"].no_effect
 
 
-@pytest.mark.parametrize("name", REMOVED_NAMES)
-def test_a_removed_setting_refuses_the_start_with_its_reason_in_every_layer(tmp_path, name):
-    """Not ignored, as an unknown SPINF_* variable is: its variable, its TOML key (in any section) and its flag."""
-    reason = REMOVED[name].reason
+@pytest.mark.parametrize("name", REFERENCE_NAMES)
+def test_a_reference_setting_of_the_wrong_type_is_still_refused_in_every_layer(tmp_path, name):
+    """No effect here does not mean anything goes: a value the reference could not have read stops the start."""
+    setting = SETTING[name]
+    if setting.kind.allowed() == "a string":  # stack_options: every string is one
+        message, path = file_refusal(tmp_path, f"[engine]\n{name} = 1\n")
+        assert message == f"engine.{name} (config {path}:2): 1 is not a string; allowed: a string"
+        return
     variable = f"SPINF_{name.upper()}"
-    assert refusal(env={variable: "1"}) == f"engine.{name} (env {variable}): not a setting of this server: {reason}"
-    assert load_settings({}, {variable: ""}) == load_settings({}, {})  # an empty variable counts as unset
-    for section in ("engine", "server"):
-        message, path = file_refusal(tmp_path, f"[{section}]\n{name} = 1\n")
-        assert message == f"{section}.{name} (config {path}:2): not a setting of this server: {reason}"
-    for flag in REMOVED[name].flags:
-        flags = flags_from_args(_parser().parse_args(["config", flag, "x"]))
-        assert refusal(flags) == f"engine.{name} (flag {flag}): not a setting of this server: {reason}"
+    if isinstance(setting.kind, Switch):  # as text every word is a boolean (false unless 1, true, yes or on)
+        assert load_settings({}, {variable: "perhaps"}).value(name) is False
+    else:
+        assert refusal(env={variable: "x"}).startswith(f"engine.{name} (env {variable}): 'x' is not ")
+    message, path = file_refusal(tmp_path, f"[engine]\n{name} = 'x'\n")
+    assert message.startswith(f"engine.{name} (config {path}:2): 'x' is not ")
 
 
 def test_an_unknown_spinf_variable_is_still_not_read():
-    assert load_settings({}, {"SPINF_X_BEAM": "6", "SPINF_NO_SUCH_THING": "1"}) == load_settings({}, {})
+    assert load_settings({}, {"SPINF_NO_SUCH_THING": "1", "SPINF_LOAD_MEDIA": "0"}) == load_settings({}, {})

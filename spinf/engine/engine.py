@@ -125,6 +125,7 @@ class Engine:
         lm_head: str = DEFAULT_HEAD,
         decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
         decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
+        decode_graphs: bool = True,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -269,7 +270,9 @@ class Engine:
                 decoder_budget_gib=decoder_budget_gib,
                 kernel_plan=self.scorer.decode_plan if self.device.type == "cuda" else None,
                 context=cpu_context(self.device),
-                graphs=compile and self.device.type == "cuda",  # decode steps replay CUDA graphs unless --no-compile
+                # decode steps replay CUDA graphs unless --no-compile or x_cuda_graphs = false (a graph replays the
+                # same kernels, so this changes speed only)
+                graphs=compile and decode_graphs and self.device.type == "cuda",
             )
             self.shape = attrs.evolve(
                 self.shape, capture_tokens=self.extractor.capture_tokens(), capture_cost=self.extractor.cost
@@ -338,6 +341,7 @@ class Engine:
             lm_head=engine.lm_head,
             decode_budget_gib=engine.decode_budget_gib,
             decoder_budget_gib=engine.decoder_budget_gib,
+            decode_graphs=engine.x_cuda_graphs,
         )
 
     @property

@@ -34,7 +34,6 @@ class Entry:
 @attrs.frozen
 class ConfigFile:
     path: str
-    tables: tuple[Entry, ...]  # one per top-level table, its value the table itself
     entries: tuple[Entry, ...]  # every key of every table, and every key outside a table
 
 
@@ -58,14 +57,13 @@ def read_config(path: str, given_by: str) -> ConfigFile:
         line = lines.get((section, key)) or lines.get((None, section))
         return f"config {path}:{line}" if line else f"config {path}"
 
-    tables, entries = [], []
+    entries = []
     for name, value in document.items():
         if isinstance(value, dict):
-            tables.append(Entry(None, name, value, origin(None, name)))
             entries += [Entry(name, key, item, origin(name, key)) for key, item in value.items()]
         else:
             entries.append(Entry(None, name, value, origin(None, name)))
-    return ConfigFile(path, tuple(tables), tuple(entries))
+    return ConfigFile(path, tuple(entries))
 
 
 def _key_lines(text: str) -> dict[tuple[str | None, str], int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from spinf.settings import REMOVED, SECTIONS, SETTING, SETTINGS, Setting, Settings
+from spinf.settings import SECTIONS, SETTING, SETTINGS, Setting, Settings
 from spinf.settings.file import write_config
 from spinf.settings.kinds import Integer, Number, Switch, Words
 
@@ -28,9 +28,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             groups[setting.section].add_argument(
                 flag, dest=setting.name, default=argparse.SUPPRESS, **_flag_action(setting, flag)
             )
-    for gone in REMOVED.values():  # not listed; given, `load_settings` refuses it with the reason
-        for flag in gone.flags:
-            parser.add_argument(flag, dest=gone.name, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def _flag_action(setting: Setting, flag: str) -> dict:
@@ -73,21 +70,21 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, object]:
     """What the user gave on the command line, by setting name (and ``config``), for ``load_settings``."""
     given = vars(args).items()
     return {
-        name: v
-        for name, v in given
-        if (name in SETTING or name in REMOVED or name == "config") and not (name == "model" and v is None)
+        name: v for name, v in given if (name in SETTING or name == "config") and not (name == "model" and v is None)
     }
 
 
 def describe(settings: Settings) -> str:
-    """The effective settings, one per line, each after its origin (like ``git config --show-origin``)."""
+    """The effective settings, one per line, each after its origin (like ``git config --show-origin``); a setting of
+    the reference that changes nothing here says so after its value."""
     rows = []
     if settings.config is not None:
         rows.append((settings.origin("config"), f"config file = {settings.config}"))
     for setting in SETTINGS:
         value = settings.value(setting.name)
         shown = '"<hidden>"' if setting.secret and value else setting.literal(value)
-        rows.append((settings.origin(setting.name), f"{setting.key} = {shown}"))
+        inert = f" # no effect on this engine: {setting.no_effect}" if setting.no_effect else ""
+        rows.append((settings.origin(setting.name), f"{setting.key} = {shown}{inert}"))
     width = max(len(origin) for origin, _ in rows)
     return "\n".join(f"{origin:<{width}}  {text}" for origin, text in rows)
 

@@ -4,7 +4,8 @@ become a checked setting value, how a value is written back to TOML, and what a 
 Each kind raises ``Refused`` with the problem alone; ``spinf.settings`` adds the setting's dotted name, where the
 value came from and what is allowed, so every refusal reads the same. Environment rules (api spec §9.1): booleans are
 true for 1/true/yes/on, case-insensitive, and false for anything else; numbers are parsed; lists are split on a
-separator. TOML values must have the right TOML type, except that a list may also be a separated string.
+separator. TOML values must have the right TOML type, except that a list may also be a separated string. The media
+kinds also take the reference's booleans (api spec §9.1, drop-in): false for none, true for every kind the model reads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import attrs
 
 MEDIA_KINDS = ("image", "audio", "video")
 _TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 class Refused(Exception):
@@ -73,9 +75,9 @@ class Text:
 
 @attrs.frozen
 class Integer:
-    """An integer from ``low`` to ``high``; with ``multiple``, rounded up to a multiple of it."""
+    """An integer from ``low`` to ``high`` (None: no bound); with ``multiple``, rounded up to a multiple of it."""
 
-    low: int
+    low: int | None
     high: int | None = None
     multiple: int = 1
 
@@ -89,7 +91,7 @@ class Integer:
     def from_value(self, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise Refused(f"{value!r} is not an integer")
-        if value < self.low or (self.high is not None and value > self.high):
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             raise Refused(f"{value} is out of range")
         return -(-value // self.multiple) * self.multiple
 
@@ -97,6 +99,8 @@ class Integer:
         return value
 
     def allowed(self) -> str:
+        if self.low is None:
+            return "an integer"
         span = f"from {self.low} to {self.high}" if self.high is not None else f"of at least {self.low}"
         rounding = f", rounded up to a multiple of {self.multiple}" if self.multiple > 1 else ""
         return f"an integer {span}{rounding}"
@@ -104,9 +108,9 @@ class Integer:
 
 @attrs.frozen
 class Number:
-    """A finite number of at least ``low`` (above ``low`` when not ``inclusive``)."""
+    """A finite number of at least ``low`` (above ``low`` when not ``inclusive``; None: any finite number)."""
 
-    low: float
+    low: float | None
     inclusive: bool = True
 
     def from_text(self, text: str) -> float:
@@ -119,7 +123,7 @@ class Number:
     def from_value(self, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise Refused(f"{value!r} is not a finite number")
-        if value < self.low or (value == self.low and not self.inclusive):
+        if self.low is not None and (value < self.low or (value == self.low and not self.inclusive)):
             raise Refused(f"{value} is out of range")
         return float(value)
 
@@ -127,6 +131,8 @@ class Number:
         return value
 
     def allowed(self) -> str:
+        if self.low is None:
+            return "a finite number"
         return f"a number {'of at least' if self.inclusive else 'greater than'} {self.low:g}"
 
 
@@ -175,14 +181,23 @@ class Words:
 @attrs.frozen
 class Media:
     """The media kinds: ``image``, ``audio``, ``video`` (comma-separated as text), or ``none`` alone for no kind.
-    An empty list means none too (a manifest of a text-only model says ``media = []``); empty text does not."""
+    An empty list means none too (a manifest of a text-only model says ``media = []``); empty text does not.
+
+    The reference's booleans are read too (its ``SPINF_MEDIA`` and ``load_media`` loaded the embedders or not):
+    false (``0``, ``false``, ``no``, ``off``, TOML ``false``) is none; true is every kind, and `defers` says so, since
+    it chooses no kinds of its own: the layers and names below it may still narrow them (``media_kinds``)."""
 
     def from_text(self, text: str) -> frozenset[str]:
         if not text.strip():
             raise Refused("it is empty (write none for no media)")
+        word = text.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return self.from_value(word in _TRUE)
         return self.from_value(text.split(","))
 
     def from_value(self, value: object) -> frozenset[str]:
+        if isinstance(value, bool):
+            return frozenset(MEDIA_KINDS) if value else frozenset()
         if isinstance(value, str):
             return self.from_text(value)
         items = Words().from_value(list(value) if isinstance(value, frozenset | set) else value)
@@ -193,8 +208,13 @@ class Media:
             raise Refused("none cannot be combined with media kinds")
         return frozenset(item for item in items if item != "none")
 
+    @staticmethod
+    def defers(raw: object) -> bool:
+        """Whether ``raw`` is the reference's true: every kind the model reads, unless something else narrows them."""
+        return raw is True or (isinstance(raw, str) and raw.strip().lower() in _TRUE)
+
     def to_toml(self, value: object) -> object:
         return [kind for kind in MEDIA_KINDS if kind in value] or "none"
 
     def allowed(self) -> str:
-        return "image, audio, video (comma-separated), or none"
+        return "image, audio, video (comma-separated), none, or a boolean (true: the model's kinds; false: none)"
