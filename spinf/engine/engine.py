@@ -203,6 +203,8 @@ class Engine:
                 device=device,
                 weight_format=checkpoint.weight_format,
                 readout_expected=decider,
+                model_id=self.model_id,
+                revision=self.revision,
             )
         else:
             self.model = self._load_gemma(device, scales, layers, lm_head, path if scales is not None else None)

@@ -2,9 +2,10 @@
 
 `config` reads the checkpoint's config; `model` is the decoder over a pass of jobs with tries (tree attention on the
 full-attention layers, the delta-rule recurrence and the causal convolution along each token's path on the GDN
-layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `int4_write`
-writes small ones in the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine;
-`tiny` writes the tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
+layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `outliers` finds
+and reads the i8 mode's outlier table (ours or spinf-serve 0.1.1's), `int4_write` writes small int4 checkpoints in
+the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine; `tiny` writes the
+tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
 `chunked` runs a long fixed prefix through flash-linear-attention's chunked delta rule. Extraction's decode
 steps replay CUDA graphs; the scoring passes do not yet (`graphable` is off), and there is no fused GPU path.
 """

@@ -5,11 +5,14 @@ the text config nested under ``text_config`` and the text weights under ``model.
 beside them, ``model.visual.``, and the multi-token-prediction head, ``mtp.``, are not read here); and a bare text
 config (``qwen3_5_text``) with its weights under ``model.``. The fields are those of transformers'
 ``Qwen3_5TextConfig``, with its defaults where a key is absent. Features this decoder does not run (attention
-biases, another activation) are refused by name.
+biases, another activation) are refused by name. `log_ignored` says, once, what the stack's side files (the
+decider's config and readout, the outlier table) carry that it does not read.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -19,6 +22,19 @@ from spinf.errors import ModelError
 
 QWEN35_TYPES = {"qwen3_5": "model.language_model.", "qwen3_5_text": "model."}  # model type -> text weight prefix
 LINEAR, FULL = "linear_attention", "full_attention"
+_LOGGED: set[str] = set()  # `log_ignored`'s lines so far: each file's ignored keys are said once per process
+
+
+def log_ignored(logger: logging.Logger, path: str | Path, what: str, names: Sequence[str]) -> None:
+    """Log once per process that ``path`` (a side file another tool wrote: a decider's config, an outlier table)
+    has ``names`` (``what`` they are, and why they are not read); nothing when there are none. Such files are read
+    as their writers read them: what is not needed is ignored, never refused."""
+    if not names:
+        return
+    line = f"{path}: ignoring {what}: {', '.join(names)}"
+    if line not in _LOGGED:
+        _LOGGED.add(line)
+        logger.info("%s", line)
 
 
 @attrs.frozen

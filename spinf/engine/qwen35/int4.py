@@ -33,15 +33,9 @@ integer products exact through ``torch._int_mm``, which CPU torch has):
   narrower when the width is no multiple of 128, sum each block exactly in int32 and the blocks in fp32 in ascending
   order, then apply the weight's per-channel scale.
 
-**Outlier table** ``spinf_outliers.json`` (shipped in the checkpoint, needed by ``i8``)::
-
-    {"format_version": 1,
-     "channels": 64,                      # indices per linear
-     "linears": {"model.language_model.layers.0.linear_attn.in_proj_qkv": [3, 17, ...], ...},
-     "calibration": {"tokens": 8192, "dtype": "bfloat16"}}      # optional: how it was measured
-
-One entry per norm-fed linear, keyed by the first full weight name (without ``.weight``) of its fused group: the
-input channels whose max |activation| over the calibration stream was largest, unique, inside the input width.
+**Outlier table** (`spinf.engine.qwen35.outliers`, needed by ``i8``): per norm-fed group, keyed by its first full
+weight name, the input channels whose max |activation| over a calibration stream was largest; read in our format
+and in spinf-serve 0.1.1's, which the published checkpoints ship.
 
 On a GPU the weights are unpacked per call by `spinf.engine.kernels.int4` (the ``i8`` mode's int8 codes, or the
 fp32 weight of the others), unless `keep_unpacked` kept the int8 ones; the ``i8`` activations are quantized in one
@@ -53,7 +47,6 @@ count, so a row's bits would otherwise depend on how many rows share the pass).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -63,8 +56,13 @@ from torch import nn
 
 from spinf.catalog.resolve import read_config
 from spinf.engine.gemm import in_row_blocks, row_stable_mm, stable_mm
-from spinf.engine.qwen35.config import FULL, read_qwen35_config
 from spinf.engine.qwen35.model import MakeLinear
+
+# the outlier table's names, which lived here before `spinf.engine.qwen35.outliers` (benchmarks import them from here)
+from spinf.engine.qwen35.outliers import NORM_FED, OUTLIERS_FILE
+from spinf.engine.qwen35.outliers import OUTLIERS_VERSION as OUTLIERS_VERSION
+from spinf.engine.qwen35.outliers import norm_fed_names as norm_fed_names
+from spinf.engine.qwen35.outliers import read_outliers as read_outliers
 from spinf.errors import ModelError
 
 GROUP = 32  # inputs per scale group
@@ -73,11 +71,7 @@ ZERO = 8  # the symmetric 4-bit zero-point; v1 stores it minus 1
 STORED_ZEROS = 0x77777777  # a qzeros word of eight stored 7s
 MODES = ("i8", "f16", "fp8", "bf16")
 DEFAULT_MODE = "i8"  # api spec §9.8
-OUTLIERS_FILE = "spinf_outliers.json"
-OUTLIERS_VERSION = 1
 ACT_BLOCK = 128  # input channels per activation scale in the block-scaled int8 linears
-# the first names of the norm-fed fused groups (the split scheme), after the layer prefix
-NORM_FED = ("linear_attn.in_proj_qkv", "self_attn.q_proj", "mlp.gate_proj")
 _FP8_MAX = 448.0
 _GPU_INT_MM_ROWS = 32  # torch._int_mm on CUDA wants more than 16 rows
 KEEP_RESERVE = 16 * 2**30  # `keep_unpacked`: bytes that must stay free after the unpacked int8 weights, at least
@@ -198,56 +192,6 @@ def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str) -> Int4Weight:
     codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(width, out).t()  # [out, in]
     q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return Int4Weight(q=q.contiguous(), scales=scales.t().contiguous())
-
-
-def read_outliers(folder: str | Path) -> dict[str, tuple[int, ...]] | None:
-    """The checkpoint's outlier table (see the module docstring), each linear's channels sorted; None when the
-    folder has no `OUTLIERS_FILE`; `ModelError` for a table off the schema or not matching the model."""
-    path = Path(folder) / OUTLIERS_FILE
-    if not path.exists():
-        return None
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelError(f"cannot read {path}: {error}") from error
-    if not isinstance(table, dict):
-        raise ModelError(f"{path} is not a JSON object")
-    unknown = sorted(set(table) - {"format_version", "channels", "linears", "calibration"})
-    if unknown:
-        raise ModelError(f"{path}: unknown key {unknown[0]!r}")
-    if table.get("format_version") != OUTLIERS_VERSION:
-        raise ModelError(f"{path}: format_version {table.get('format_version')!r}, expected {OUTLIERS_VERSION}")
-    count, linears = table.get("channels"), table.get("linears")
-    if type(count) is not int or count <= 0:
-        raise ModelError(f"{path}: channels {count!r} is not a positive integer")
-    if not isinstance(linears, dict):
-        raise ModelError(f"{path}: linears is not a JSON object")
-    cfg, prefix = read_qwen35_config(folder)
-    wanted = norm_fed_names(cfg.layer_types, prefix)
-    missing, extra = sorted(set(wanted) - set(linears)), sorted(set(linears) - set(wanted))
-    if missing or extra:
-        which = f"no entry for {missing[0]}" if missing else f"an entry for {extra[0]}, which is no norm-fed linear"
-        raise ModelError(f"{path}: {which} (one entry per norm-fed linear: {len(wanted)})")
-    out = {}
-    for name in wanted:
-        channels = linears[name]
-        if not isinstance(channels, list) or not all(type(c) is int for c in channels):
-            raise ModelError(f"{path}: linears[{name!r}] is not a list of integers")
-        if len(channels) != count or len(set(channels)) != count:
-            raise ModelError(f"{path}: linears[{name!r}] has {len(set(channels))} distinct channels, not {count}")
-        if not all(0 <= c < cfg.hidden_size for c in channels):
-            raise ModelError(f"{path}: linears[{name!r}] has a channel outside the input width {cfg.hidden_size}")
-        out[name] = tuple(sorted(channels))
-    return out
-
-
-def norm_fed_names(layer_types: Sequence[str], prefix: str) -> list[str]:
-    """The first full names of the norm-fed fused groups, layer by layer (the outlier table's keys)."""
-    names = []
-    for i, kind in enumerate(layer_types):
-        mixer = NORM_FED[1] if kind == FULL else NORM_FED[0]
-        names += [f"{prefix}layers.{i}.{mixer}", f"{prefix}layers.{i}.{NORM_FED[2]}"]
-    return names
 
 
 def _per_token(x: torch.Tensor, top: float) -> torch.Tensor:

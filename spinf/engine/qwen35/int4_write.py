@@ -25,8 +25,9 @@ from spinf.catalog.resolve import read_config
 from spinf.engine.layout import build_pass
 from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
-from spinf.engine.qwen35.int4 import BITS, GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, ZERO, norm_fed_names
+from spinf.engine.qwen35.int4 import BITS, GROUP, STORED_ZEROS, ZERO
 from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.outliers import OUTLIERS_FILE, OUTLIERS_VERSION, norm_fed_names
 from spinf.engine.qwen35.readout import has_readout, read_readout
 from spinf.engine.trie import Job
 from spinf.errors import ModelError
@@ -144,9 +145,9 @@ def write_gptq_checkpoint(
     """Write an int4 GPTQ v1 checkpoint of the float Qwen3.5 checkpoint in ``source_folder`` into ``dest_folder``
     (created if needed) and return it: the decoder linears quantized (`quantize_rtn`, `pack_gptq`), every other
     tensor as it is, `QUANTIZATION_CONFIG` in config.json and quantize_config.json, the source's other files
-    (tokenizer, generation config) copied, and `OUTLIERS_FILE` with ``outlier_channels`` channels per norm-fed
-    linear measured over ``calibration_tokens`` (None: `CALIBRATION_TOKENS` seeded random ids). The same source
-    gives the same bytes."""
+    (tokenizer, generation config, a decider's readout) copied, and `OUTLIERS_FILE` (our format) with
+    ``outlier_channels`` channels per norm-fed linear measured over ``calibration_tokens`` (None:
+    `CALIBRATION_TOKENS` seeded random ids). The same source gives the same bytes."""
     source, dest = Path(source_folder), Path(dest_folder)
     cfg, prefix = read_qwen35_config(source)
     if calibration_tokens is None:
@@ -175,8 +176,8 @@ def write_gptq_checkpoint(
         "calibration": {"tokens": len(calibration_tokens), "dtype": "float32"},
     }
     (dest / OUTLIERS_FILE).write_text(json.dumps(table, indent=1) + "\n")
-    for path in sorted(source.iterdir()):
-        weights = path.suffix == ".safetensors" or path.name == "model.safetensors.index.json"
+    for path in sorted(source.iterdir()):  # a decider's readout.safetensors is copied: it is no weight shard
+        weights = path.match("model*.safetensors") or path.name == "model.safetensors.index.json"
         if path.is_file() and not weights and path.name not in ("config.json", "quantize_config.json", OUTLIERS_FILE):
             shutil.copyfile(path, dest / path.name)
     return dest

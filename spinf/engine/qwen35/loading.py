@@ -2,10 +2,11 @@
 
 A float checkpoint runs as it is: ``fp32`` (the CPU) or ``bf16`` (a GPU); the Gemma stack's fp8 schemes are not
 built for this stack. An int4 GPTQ checkpoint (`spinf.engine.qwen35.int4`) runs in one of the modes of api spec §9.8
-(``int4-i8``, the default, with the outlier table shipped in the checkpoint; ``int4-f16``, ``int4-fp8``,
-``int4-bf16``); the CPU emulates each. A checkpoint with a readout (`spinf.engine.qwen35.readout`: the decider,
-engine spec A.15) scores with it instead of an LM head. On a GPU with room to spare, an ``i8`` model keeps its int8
-weights unpacked beside the packed ones (`spinf.engine.qwen35.int4.keep_unpacked`): the same bits, less time.
+(``int4-i8``, the default, with the outlier table shipped in the checkpoint or stored for its revision,
+`spinf.engine.qwen35.outliers`; ``int4-f16``, ``int4-fp8``, ``int4-bf16``); the CPU emulates each. A checkpoint
+with a readout (`spinf.engine.qwen35.readout`: the decider, engine spec A.15) scores with it instead of an LM head.
+On a GPU with room to spare, an ``i8`` model keeps its int8 weights unpacked beside the packed ones
+(`spinf.engine.qwen35.int4.keep_unpacked`): the same bits, less time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35 import readout
 from spinf.engine.qwen35.config import read_qwen35_config
 from spinf.engine.qwen35.model import Qwen35Text, load_qwen35
+from spinf.engine.qwen35.outliers import missing_table_error, read_outliers
 from spinf.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -30,11 +32,20 @@ FLOAT_FORMATS = ("safetensors-f32", "safetensors-bf16")
 
 
 def load_for_engine(
-    folder: str | Path, *, scheme: str, device: str, weight_format: str, readout_expected: bool = False
+    folder: str | Path,
+    *,
+    scheme: str,
+    device: str,
+    weight_format: str,
+    readout_expected: bool = False,
+    model_id: str = "",
+    revision: str = "",
 ) -> Qwen35Text:
     """The model of the Qwen3.5 checkpoint in ``folder`` under ``scheme`` (as `choose_quant` gives it), on
     ``device``; ``weight_format`` the checkpoint's (`spinf.catalog.resolve.detect_format` or the manifest's).
-    ``readout_expected``: the manifest says the head is a readout (a checkpoint without one is refused)."""
+    ``readout_expected``: the manifest says the head is a readout (a checkpoint without one is refused).
+    ``model_id`` and ``revision`` key the store's outlier table, looked up when the folder ships none
+    (`spinf.engine.qwen35.outliers`)."""
     folder = Path(folder)
     cfg, _ = read_qwen35_config(folder)
     on_cpu = torch.device(device).type == "cpu"
@@ -50,7 +61,11 @@ def load_for_engine(
         if not scheme.startswith(INT4_PREFIX):
             raise ModelError(f"{folder}: an int4 GPTQ checkpoint runs in the modes i8, f16, fp8, bf16, not {scheme}")
         mode = scheme.removeprefix(INT4_PREFIX)
-        outliers = int4.read_outliers(folder) if mode == "i8" else None
+        outliers = None
+        if mode == "i8":
+            outliers = read_outliers(folder, model_id, revision)
+            if outliers is None:
+                raise missing_table_error(folder, model_id, revision)
         dtype = torch.float32 if on_cpu else torch.bfloat16
         raw = read_tensors(folder, "")
         model = load_qwen35(folder, dtype, int4.int4_linears(raw, mode, outliers, device), readout=head, raw=raw)

@@ -6,13 +6,14 @@ scattered to the codes' vocabulary ids in a full-vocabulary row of −inf, then 
 log-prob is −inf, so all mass lies on the codes, and the scorer reads options from these rows exactly as from an LM
 head's (A.7, A.8): renormalised over a question's options they are the decider's own masked softmax.
 
-The files, in the checkpoint's folder:
+The files, in the checkpoint's folder, read as spinf-serve 0.1.1 and the checkpoint's public loaders read them:
 
-* ``readout.safetensors``: exactly one tensor, ``weight`` (`READOUT_TENSOR`), float, shape [codes, hidden], finite;
-  row ``i`` belongs to ``token_ids[i]``.
-* ``decision_config.json``: an object with exactly the keys ``format_version`` (the integer 1), ``token_ids`` (the
+* ``readout.safetensors``: the tensor ``weight`` (`READOUT_TENSOR`), float, shape [codes, hidden], finite; row ``i``
+  belongs to ``token_ids[i]``. Other tensors in the file are ignored (logged once).
+* ``decision_config.json``: an object with the keys ``format_version`` (the integer 1), ``token_ids`` (the
   single-token answer codes' vocabulary ids: distinct, inside the vocabulary, one per row of ``R``) and
-  ``temperature`` (a finite number above 0).
+  ``temperature`` (a finite number above 0). Other keys (the published file's ``codes``, the code strings its
+  loaders read) are ignored (logged once).
 
 Whatever is wrong with either file is a `ModelError` that names the file and the problem.
 """
@@ -20,6 +21,7 @@ Whatever is wrong with either file is a `ModelError` that names the file and the
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +33,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from spinf.engine.gemm import stable_mm
+from spinf.engine.qwen35.config import log_ignored
 from spinf.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 READOUT_FILE = "readout.safetensors"
 DECISION_CONFIG_FILE = "decision_config.json"
@@ -112,14 +117,12 @@ def _read_decision_config(path: Path, vocab_size: int) -> tuple[tuple[int, ...],
     if not path.is_file():
         raise ModelError(f"{path}: missing (a readout head needs {DECISION_CONFIG_FILE} and {READOUT_FILE})")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+        raw = json.loads(path.read_text(encoding="utf-8"))  # NaN parses (as for the reference): the checks refuse it
     except (ValueError, OSError) as exc:
         raise ModelError(f"{path}: not readable JSON ({exc})") from exc
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: not a JSON object")
-    unknown = sorted(set(raw) - set(_CONFIG_KEYS))
-    if unknown:
-        raise ModelError(f"{path}: unknown key {unknown[0]!r} (the keys are {', '.join(_CONFIG_KEYS)})")
+    log_ignored(log, path, "keys this build does not read", sorted(set(raw) - set(_CONFIG_KEYS)))
     missing = [key for key in _CONFIG_KEYS if key not in raw]
     if missing:
         raise ModelError(f"{path}: missing key {missing[0]!r}")
@@ -127,10 +130,6 @@ def _read_decision_config(path: Path, vocab_size: int) -> tuple[tuple[int, ...],
     if not _is_int(version) or version != FORMAT_VERSION:
         raise ModelError(f"{path}: format_version is {version!r}; only {FORMAT_VERSION} is supported")
     return _check_token_ids(path, raw["token_ids"], vocab_size), _check_temperature(path, raw["temperature"])
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _is_int(value: Any) -> bool:
@@ -167,11 +166,12 @@ def _read_matrix(path: Path) -> torch.Tensor:
     try:
         with safe_open(str(path), framework="pt") as f:
             names = sorted(f.keys())
-            if names != [READOUT_TENSOR]:
-                raise ModelError(f"{path}: holds the tensors {names}; a readout holds exactly one, {READOUT_TENSOR!r}")
+            if READOUT_TENSOR not in names:
+                raise ModelError(f"{path}: holds the tensors {names}; a readout's matrix is {READOUT_TENSOR!r}")
             matrix = f.get_tensor(READOUT_TENSOR)
     except (SafetensorError, OSError) as exc:
         raise ModelError(f"{path}: not a readable safetensors file ({exc})") from exc
+    log_ignored(log, path, "tensors this build does not read", [name for name in names if name != READOUT_TENSOR])
     if matrix.dim() != 2 or not matrix.is_floating_point():
         raise ModelError(
             f"{path}: {READOUT_TENSOR} is a {matrix.dim()}-D {matrix.dtype} tensor; a readout is a 2-D float matrix "

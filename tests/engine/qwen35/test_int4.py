@@ -28,17 +28,16 @@ from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.int4 import (
     ACT_BLOCK,
     MODES,
-    OUTLIERS_FILE,
     GptqConfig,
     Int4Linear,
     int4_linears,
     read_gptq_config,
-    read_outliers,
     scheme,
     unpack_gptq,
 )
 from spinf.engine.qwen35.int4_write import pack_gptq, quantize_rtn, write_gptq_checkpoint
 from spinf.engine.qwen35.model import load_qwen35, rms_norm
+from spinf.engine.qwen35.outliers import OUTLIERS_FILE, read_outliers
 from spinf.engine.qwen35.tiny import TEXT_PREFIX, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
@@ -300,9 +299,12 @@ def test_the_outlier_table_is_read_and_checked(folders, tmp_path):
         (lambda t: t["linears"].update({GROUPS["down"][0]: [0] * 8}), r"an entry for .*down_proj, which is no norm"),
         (
             lambda t: t["linears"][first].__setitem__(1, t["linears"][first][0]),
-            rf"linears\[{first!r}\] has 7 distinct channels, not 8",
+            rf"linears\[{first!r}\] repeats channel \d+$",
         ),
-        (lambda t: t["linears"][first].pop(), rf"linears\[{first!r}\] has 7 distinct channels, not 8"),
+        (lambda t: t["linears"][first].pop(), rf"linears\[{first!r}\] has 7 channels, not channels 8$"),
+        (lambda t: t["linears"][first].clear(), rf"linears\[{first!r}\] is not a non-empty list of integers$"),
+        (lambda t: t["linears"].update({first: [0.5] * 8}), r"linears\[.*\] is not a non-empty list of integers$"),
+        (lambda t: t.pop("format_version"), r"neither outlier-table format: no 'format_version' \(ours\) nor .*"),
         (
             lambda t: t["linears"][first].__setitem__(0, 64),
             rf"linears\[{first!r}\] has a channel outside the input width 64",

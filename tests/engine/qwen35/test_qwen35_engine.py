@@ -16,9 +16,10 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from spinf import Engine
 from spinf.engine.layout import build_pass
 from spinf.engine.loading import read_tensors
-from spinf.engine.qwen35.int4 import int4_linears, read_outliers
+from spinf.engine.qwen35.int4 import int4_linears
 from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
 from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.outliers import read_outliers
 from spinf.engine.qwen35.tiny import write_tiny_decider, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
