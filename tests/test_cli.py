@@ -485,3 +485,13 @@ def test_serve_serves_the_model_id_when_no_model_is_named(capsys, monkeypatch):
     assert run(capsys, "serve", "--device", "cpu") == (0, "", "")
     ((settings,),) = [calls]
     assert (settings.engine.model, settings.engine.served_model) == ("tiny", "spinf/tiny-gemma4")
+
+
+def test_score_warns_of_the_notes_before_scoring(capsys, monkeypatch, caplog):
+    warned = []
+    monkeypatch.setattr(spinf.bulk, "main", lambda args, settings: warned.append(list(caplog.messages)) or 0)
+    monkeypatch.setenv("SPINF_LM_ROWS", "2048")
+    with caplog.at_level(logging.WARNING, logger="spinf.settings"):
+        assert run(capsys, "score", "body.json", "tiny", "--device", "cpu")[0] == 0
+    reason = SETTING["lm_rows"].no_effect
+    assert warned == [[f"engine.lm_rows = 2048 (env SPINF_LM_ROWS): no effect on this engine: {reason}"]]
