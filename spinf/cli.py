@@ -75,7 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     download.add_argument("--dir", default=None, help="the hub cache folder to use")
     command("models", "list the catalog's models and whether each is present locally")
     calibrate = command("calibrate", "build the fp8s activation-scale table of the model in SPINF_MODEL (etc.)")
-    calibrate.add_argument("--corpus", required=True, metavar="FILE", help="scoring request bodies, JSON or gzip")
+    calibrate.add_argument("--corpus", required=True, metavar="FILE", help="scoring requests, gzip JSON (or JSON)")
+    calibrate.add_argument("--fixture", default=None, metavar="F", help="parity fixture: SPINF_FIXTURE, else built-in")
+    calibrate.add_argument("--images", default=None, metavar="DIR", help="JPEG and PNG, read at high and low detail")
+    calibrate.add_argument("--audio", default=None, metavar="DIR", help="WAV clips")
+    calibrate.add_argument("--n-images", type=_positive, default=24, metavar="N", help="images drawn from DIR (24)")
+    calibrate.add_argument("--n-audio", type=_positive, default=8, metavar="N", help="clips drawn from --audio (8)")
     calibrate.add_argument("--headroom", type=float, default=2.0, help="scales cover this times the largest input")
     calibrate.add_argument("--out", default=None, metavar="FILE", help="write here instead of the table store")
     calibrate.add_argument("--device", default=None, help="the torch device (default: the device setting)")
@@ -200,21 +205,27 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    """The engine comes from the environment (api spec §10); the table goes to the store unless ``--out``."""
+    """The engine comes from the environment (api spec §10); the table goes to the store unless ``--out``. The
+    files and folders are checked before the (slow) load."""
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
-    from spinf.engine.calibrate import calibrate, calibration_engine, read_corpus
+    from spinf.engine.calibrate import calibrate, calibration_engine, check_folders, media_requests, read_corpus
+    from spinf.engine.parity import read_fixture
     from spinf.engine.scales import store_path, write_table
 
-    bodies = read_corpus(args.corpus)
+    corpus = read_corpus(args.corpus)
+    fixture = read_fixture(args.fixture or os.environ.get("SPINF_FIXTURE") or None)
+    check_folders(args.images, args.audio)
     engine = calibration_engine(settings)
-    table = calibrate(engine, bodies, headroom=args.headroom, corpus_name=str(args.corpus))
+    media = media_requests(engine, args.images, args.audio, n_images=args.n_images, n_audio=args.n_audio)
+    table = calibrate(engine, corpus, headroom=args.headroom, media=media, fixture=fixture)
     path = args.out or store_path(engine.model_id, engine.revision)
     table_id = write_table(table, path)
-    corpus = table["corpus"]
+    about = table["corpus"]
+    inputs = ", ".join(f"{kind} {n}" for kind, n in about["inputs"].items())
     print(
-        f"{path} (table {table_id}: {len(table['scales'])} linears, {corpus['requests']} requests scored, "
-        f"{corpus['refused']} refused)"
+        f"{path} (table {table_id}: {len(table['scales'])} linears, {about['requests']} requests scored, "
+        f"{about['refused']} inputs refused; inputs: {inputs})"
     )
     return 0
 

@@ -2,8 +2,13 @@
 
 Per decoder linear the checkpoint holds an e4m3 ``weight [out, in]``, a ``weight_scale`` and an ``input_scale`` (one
 value each: tensor strategy, ``dynamic: false``); everything else is as in a bf16 checkpoint. `format_problem` reads
-``config.json``'s ``quantization_config`` and names, in one line, anything that is not exactly that layout (another
-method, format, bit width, strategy, dynamic scales, output or KV-cache quantization, sparsity, transforms).
+``config.json``'s ``quantization_config`` and names, in one line, anything that is not that layout (another method,
+format, bit width, strategy, dynamic scales, output or KV-cache quantization, sparsity, transforms, a decoder linear
+left unquantized). It reads the config as compressed-tensors and the reference engine do: a key left out has
+compressed-tensors' default (``symmetric`` true, ``dynamic`` false), and a null ``symmetric`` or ``dynamic`` is read
+as that default; ``targets`` may be the class ``Linear``, module names or ``re:`` regexes (matched from the start of
+the module name, as compressed-tensors matches them), across any number of groups, less the ``ignore`` list, as long
+as together they name every decoder linear.
 
 `take_layer` pops one decoder layer's linears and fuses them as the engine runs them (q/k/v into ``wqkv``, gate/up
 into ``w_gate_up``): the fp8 data is concatenated as it is and each projection keeps its own weight scale, so the
@@ -17,12 +22,13 @@ is clipped more than the checkpoint asked).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import torch
 
-from spinf.engine.config import LayerSpec
+from spinf.engine.config import GEMMA4_TYPES, LayerSpec, parse_text_config
 from spinf.engine.quant import Fp8Weight
 from spinf.errors import ModelError
 
@@ -34,16 +40,28 @@ CHECKPOINT_TABLE = "checkpoint"
 READS_FP8 = ("fp8s", "fp8")
 # The layout this reader accepts, field by field, for both the weights and the input activations.
 _ARGS = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+# compressed-tensors' defaults of the fields a writer may leave out (its ``type`` defaults to int, its ``strategy`` is
+# inferred: neither is the layout unless written); for the last two a null means the default, as the reference reads it
+_DEFAULTS = {"num_bits": 8, "symmetric": True, "dynamic": False}
+_NULL_MEANS_DEFAULT = ("symmetric", "dynamic")
+
+
+# The engine's fused linears and the checkpoint projections each is made of, in order; a layer whose keys serve as
+# values has no VALUES_PROJECTION.
+FUSED_PROJECTIONS = {
+    "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "wo": ("self_attn.o_proj",),
+    "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "w_down": ("mlp.down_proj",),
+}
+VALUES_PROJECTION = "self_attn.v_proj"
 
 
 def projections(spec: LayerSpec) -> dict[str, tuple[str, ...]]:
     """The engine's fused linears of a layer and the checkpoint projections each is made of, in order."""
-    qkv = ("self_attn.q_proj", "self_attn.k_proj") + (() if spec.k_eq_v else ("self_attn.v_proj",))
     return {
-        "wqkv": qkv,
-        "wo": ("self_attn.o_proj",),
-        "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-        "w_down": ("mlp.down_proj",),
+        name: tuple(part for part in parts if not (spec.k_eq_v and part == VALUES_PROJECTION))
+        for name, parts in FUSED_PROJECTIONS.items()
     }
 
 
@@ -64,7 +82,7 @@ def format_problem(config: Mapping) -> str | None:
         problem = _group_problem(group, quant.get("format"))
         if problem is not None:
             return f"config group {name!r}: {problem}"
-    return None
+    return _coverage_problem(config, [group["targets"] for group in groups.values()], quant.get("ignore"))
 
 
 def _group_problem(group: object, top_format: object) -> str | None:
@@ -79,12 +97,63 @@ def _group_problem(group: object, top_format: object) -> str | None:
         if not isinstance(args, Mapping):
             return f"{part} are not quantized (fp8-static quantizes both weights and input activations)"
         for key, wanted in _ARGS.items():
-            if args.get(key) != wanted:
+            value = args.get(key, _DEFAULTS.get(key))
+            if value is None and key in _NULL_MEANS_DEFAULT:
+                value = _DEFAULTS[key]
+            if value != wanted:
                 return f"{part}.{key} is {args.get(key)!r}, not {wanted!r}"
-    targets = group.get("targets")
-    if targets != ["Linear"]:
-        return f"targets are {targets!r}, not ['Linear']"
+    return _targets_problem(group.get("targets"))
+
+
+def _targets_problem(targets: object) -> str | None:
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
+        return f"targets are {targets!r}, not a list of module classes, names or re: patterns"
+    for target in targets:
+        if target.startswith("re:"):
+            try:
+                re.compile(target.removeprefix("re:"))
+            except re.error as exc:
+                return f"target {target!r} is not a regular expression: {exc}"
     return None
+
+
+def _matches(name: str, targets: object) -> bool:
+    """Whether a linear named ``name`` is one of ``targets``, as compressed-tensors matches a target: the class
+    ``Linear``, the exact name, or a ``re:`` pattern matched from the start of the name."""
+    if not isinstance(targets, list):
+        return False
+    return any(
+        target == "Linear"
+        or target == name
+        or (target.startswith("re:") and re.match(target.removeprefix("re:"), name) is not None)
+        for target in targets
+        if isinstance(target, str)
+    )
+
+
+def _coverage_problem(config: Mapping, targets: list[list[str]], ignore: object) -> str | None:
+    """The first decoder linear that no group targets, or that ``ignore`` leaves out, by its module name."""
+    for name in _decoder_linears(config):
+        if not any(_matches(name, group) for group in targets) or _matches(name, ignore):
+            return f"the targets leave {name} unquantized (every decoder linear must be fp8)"
+    return None
+
+
+def _decoder_linears(config: Mapping) -> list[str]:
+    """The module names of the text model's decoder linears (none when the config cannot say: the loader then
+    names what is missing)."""
+    unified = config.get("model_type") in GEMMA4_TYPES
+    text, prefix = (config.get("text_config") or {}, "model.language_model.") if unified else (config, "model.")
+    try:
+        specs = parse_text_config(dict(text)).layers
+    except (ModelError, KeyError, TypeError, ValueError):
+        return []
+    return [
+        f"{prefix}layers.{index}.{part}"
+        for index, spec in enumerate(specs)
+        for parts in projections(spec).values()
+        for part in parts
+    ]
 
 
 def check_format(config: Mapping, where: str) -> None:

@@ -26,7 +26,7 @@ from spinf.engine.hardware import (
     settled_quant,
 )
 from spinf.engine.qwen35.loading import FLOAT_SCHEMES
-from spinf.engine.scales import find_table, missing_table_error, store_path
+from spinf.engine.scales import find_table, missing_table_error, stored_table
 from spinf.engine.schemes import SCHEMES
 from spinf.engine.tiny import find_or_generate
 from spinf.errors import ModelError
@@ -118,7 +118,7 @@ def check_before_lookup(
         _check_family(name, resolved.family)
     size = manifest.source.bytes if manifest is not None and resolved.revision == manifest.source.revision else None
     model_id = model_id or resolved.model_id
-    stored = resolved.revision is not None and store_path(model_id, resolved.revision).is_file()
+    stored = resolved.revision is not None and stored_table(model_id, resolved.revision) is not None
     scheme = settled_quant(
         resolved, quant, facts.capability, has_scale_table=stored, checkpoint_bytes=size, free_bytes=facts.free_bytes
     )

@@ -28,8 +28,9 @@ compressed_tensors = pytest.importorskip("compressed_tensors")
 INPUT_SCALE = 0.25  # every linear's input scale in the fixture; e4m3's range then covers |x| <= 112
 
 
-def _ecosystem_checkpoint(src, dst, input_scale=INPUT_SCALE):
-    """``src`` compressed as llm-compressor would leave it: transformers + compressed-tensors + save_pretrained."""
+def _ecosystem_checkpoint(src, dst, input_scale=INPUT_SCALE, targets=("Linear",)):
+    """``src`` compressed as llm-compressor would leave it: transformers + compressed-tensors + save_pretrained,
+    quantizing the ``targets`` (compressed-tensors' names: a class, a module name or ``re:`` a regex)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationArgs,
@@ -44,7 +45,7 @@ def _ecosystem_checkpoint(src, dst, input_scale=INPUT_SCALE):
     def args():
         return QuantizationArgs(num_bits=8, type="float", strategy="tensor", symmetric=True, dynamic=False)
 
-    scheme = QuantizationScheme(targets=["Linear"], weights=args(), input_activations=args())
+    scheme = QuantizationScheme(targets=list(targets), weights=args(), input_activations=args())
     # the media embedders stay bf16 (engine spec A.14.1), as a published checkpoint leaves them
     media = [
         name for name, m in model.named_modules() if name.startswith("model.embed_") and hasattr(m, "in_features")
@@ -143,11 +144,77 @@ def _changed(config, path, value):
         (("config_groups", "group_0", "output_activations"), {"num_bits": 8}, "output activations are quantized"),
         (("kv_cache_scheme",), {"num_bits": 8}, "kv_cache_scheme is set"),
         (("config_groups",), {}, "no config_groups"),
+        (("config_groups", "group_0", "weights", "symmetric"), False, "weights.symmetric is False, not True"),
+        (
+            ("config_groups", "group_0", "input_activations", "dynamic"),
+            "local",
+            "input_activations.dynamic is 'local'",
+        ),
+        (("config_groups", "group_0", "targets"), "Linear", "targets are 'Linear', not a list of module classes"),
+        (("config_groups", "group_0", "targets"), ["re:.*(q_proj"], "target 're:.*(q_proj' is not a regular exp"),
+        (
+            ("config_groups", "group_0", "targets"),
+            ["re:.*self_attn\\..*", "re:.*mlp.(gate|up)_proj"],
+            "the targets leave model.language_model.layers.0.mlp.down_proj unquantized",
+        ),
+        (
+            ("ignore",),
+            ["lm_head", "model.language_model.layers.5.self_attn.o_proj"],
+            "the targets leave model.language_model.layers.5.self_attn.o_proj unquantized",
+        ),
     ],
 )
 def test_any_other_quantization_config_is_refused_with_its_reason(fp8_folder, path, value, reason):
     problem = format_problem(_changed(_config(fp8_folder), path, value))
     assert problem is not None and reason in problem and "\n" not in problem
+
+
+# Targets as regexes naming the decoder linears, as a recipe that quantizes the text model alone writes them.
+REGEX_TARGETS = ("re:.*self_attn.(q|k|v|o)_proj", "re:.*mlp.gate_proj", "re:.*mlp.up_proj", "re:.*down_proj$")
+
+
+@pytest.fixture(scope="module")
+def regex_folder(bf16_folder, tmp_path_factory):
+    return _ecosystem_checkpoint(bf16_folder, tmp_path_factory.mktemp("fp8-regex") / "tiny-fp8", targets=REGEX_TARGETS)
+
+
+def _tensors(folder):
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open is no dict
+
+
+def test_regex_targets_naming_the_decoder_linears_load_as_the_linear_class_does(regex_folder, fp8_folder):
+    """compressed-tensors writes the targets as given; the tensors are those of ``targets: ["Linear"]``."""
+    group = _config(regex_folder)["quantization_config"]["config_groups"]["group_0"]
+    assert group["targets"] == list(REGEX_TARGETS) and format_problem(_config(regex_folder)) is None
+    ours, linear = _tensors(regex_folder), _tensors(fp8_folder)
+    assert ours.keys() == linear.keys()
+    assert all(torch.equal(ours[k].view(torch.uint8), linear[k].view(torch.uint8)) for k in ours if ours[k].dim())
+    read, reference = load_gemma4_text(regex_folder, scheme="fp8s"), load_gemma4_text(fp8_folder, scheme="fp8s")
+    for a, b in zip(read.layers, reference.layers, strict=True):
+        assert a.fp8.keys() == b.fp8.keys() == {"wqkv", "wo", "w_gate_up", "w_down"}
+        assert all(a.fp8[n][1] == b.fp8[n][1] == INPUT_SCALE for n in a.fp8)
+
+
+@pytest.mark.parametrize("symmetric", [None, "absent"])
+def test_symmetric_null_or_absent_is_read_as_compressed_tensors_default(fp8_folder, tmp_path, symmetric):
+    """A null or missing ``symmetric`` (and a missing ``dynamic``) means compressed-tensors' default, symmetric and
+    static: the reference engine does not read the field at all."""
+    folder = tmp_path / "tiny-fp8"
+    shutil.copytree(fp8_folder, folder)
+    config = _config(folder)
+    group = config["quantization_config"]["config_groups"]["group_0"]
+    group["targets"] = ["re:.*self_attn.*_proj", "Linear"]
+    for part in ("weights", "input_activations"):
+        group[part].pop("dynamic")
+        if symmetric == "absent":
+            group[part].pop("symmetric")
+        else:
+            group[part]["symmetric"] = None
+    (folder / "config.json").write_text(json.dumps(config))
+    assert format_problem(config) is None
+    model = load_gemma4_text(folder, scheme="fp8s")
+    assert all(scale == INPUT_SCALE for layer in model.layers for _, scale in layer.fp8.values())
 
 
 def _table(folder):

@@ -8,11 +8,13 @@ import copy
 import gzip
 import hashlib
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from spinf import Engine, __version__
 from spinf.cli import main
@@ -24,6 +26,7 @@ from spinf.engine.scales import SHIPPED_TABLE, find_table, read_scale_table, sto
 from spinf.errors import ConfigError, ModelError
 
 from ..catalog.hub import write_snapshot
+from ..test_reference_gemma_files import fused_max, projection_amax, reference_table, write_reference_table
 from .test_calibrate import CORPUS
 from .test_independence import CONTENT, TARGETS, body, numbers, other_questions
 
@@ -104,7 +107,8 @@ def test_fp8s_without_a_table_names_the_store_path_and_the_command(catalog_bf16,
         open_bf16(catalog_bf16, "fp8s")
     assert str(refused.value) == (
         f"acme/tiny-bf16: the fp8s scheme needs a scale table for acme/tiny-bf16 at revision {REVISION}, and there "
-        f"is none at {path} (nor {catalog_bf16}/models--acme--tiny-bf16/snapshots/{REVISION}/{SHIPPED_TABLE}). "
+        f"is none at {path} (nor {store}/tables/acme__tiny-bf16/{REVISION}.json, "
+        f"{catalog_bf16}/models--acme--tiny-bf16/snapshots/{REVISION}/{SHIPPED_TABLE}). "
         "Make one with `SPINF_MODEL=acme/tiny-bf16 spinf-serve calibrate --corpus FILE` under the same settings, "
         "or choose another scheme with --quant"
     )
@@ -210,8 +214,9 @@ def test_a_stored_table_of_another_revision_is_refused(tiny_engine, tiny_table):
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        ({"scheme": "fp8"}, "is not an fp8s table of format 1"),
-        ({"format": 2}, "is not an fp8s table of format 1"),
+        ({"scheme": "fp8"}, "is not an fp8s table of format 1 or the reference's"),
+        ({"format": 2}, "is not an fp8s table of format 1 or the reference's"),
+        ({"scales": {}}, "has no scales, or a scale that is not a positive number"),
         ({"scales": {"layers.0.wqkv": -1.0}}, "has no scales, or a scale that is not a positive number"),
         ({"scales": {"layers.0.wqkv": "1"}}, "has no scales, or a scale that is not a positive number"),
     ],
@@ -228,7 +233,7 @@ def test_a_malformed_table_is_refused(tiny_engine, tiny_table, change, problem):
     [
         (lambda data: data[: len(data) // 2], r"is not JSON: .*\(char \d+\)"),  # a copy cut short
         (lambda data: b"\xc3(" + data, r"is not JSON: 'utf-8' codec can't decode byte 0xc3 in position 0: .*"),
-        (lambda data: b"[1, 2]", "is not an fp8s table of format 1"),
+        (lambda data: b"[1, 2]", "is not an fp8s table of format 1 or the reference's"),
     ],
 )
 def test_a_corrupt_table_is_one_line_naming_it(tiny_engine, tiny_table, damage, problem):
@@ -267,6 +272,110 @@ def test_a_table_missing_a_linear_is_refused_with_its_path(tiny_engine, tiny_tab
 
 def test_loading_without_a_table_is_the_missing_table_error(tiny_engine):
     with pytest.raises(ModelError, match=r"^tiny: the fp8s scheme needs a scale table for spinf/tiny-gemma4 at "):
+        load(fresh_model(tiny_engine), tiny_engine)
+
+
+# -- the reference engine's tables ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_scales(tiny_engine) -> dict:
+    """The tiny model's table as the reference engine writes it (per projection, q/k/v and gate/up apart)."""
+    return reference_table(tiny_engine.model_id, tiny_engine.revision, projection_amax(tiny_engine.model))
+
+
+def layer_scales(model) -> dict[str, float]:
+    return {layer.prefix + name: scale for layer in model.layers for name, (_, scale) in layer.fp8.items()}
+
+
+def test_a_reference_table_gives_the_scales_of_ours_each_fused_linear_its_largest(
+    tiny_engine, reference_scales, store
+):
+    path = write_reference_table(store / "tables", tiny_engine.model_id, tiny_engine.revision, reference_scales)
+    assert find_table(tiny_engine.model_id, tiny_engine.revision, tiny_engine.folder) == path
+    model = fresh_model(tiny_engine)
+    assert load(model, tiny_engine) == table_id(path.read_bytes())  # the file's bytes, as the reference hashes them
+    expected = fused_max(reference_scales["scales"])
+    assert layer_scales(model) == expected
+    assert expected["layers.0.wqkv"] == reference_scales["scales"]["layers.0.self_attn.k_proj"]  # k's is the largest
+    assert expected["layers.0.w_gate_up"] == reference_scales["scales"]["layers.0.mlp.gate_proj"] > 2**-4
+    ours = fresh_model(tiny_engine)
+    write_table(
+        some_table(tiny_engine.model_id, tiny_engine.revision, expected),
+        store_path(tiny_engine.model_id, tiny_engine.revision),
+    )
+    load(ours, tiny_engine)
+    for a, b in zip(model.layers, ours.layers, strict=True):  # the same e4m3 weights as well
+        for name in a.fp8:
+            assert torch.equal(a.fp8[name][0].data.view(torch.uint8), b.fp8[name][0].data.view(torch.uint8))
+
+
+def test_the_store_of_ours_comes_before_the_reference_layout_then_the_reference_package(
+    tiny_engine, reference_scales, store, tmp_path, monkeypatch
+):
+    """The reference keeps its tables in its package (``spinf_serve/quant/tables``); what a pip upgrade leaves of it
+    (a folder without ``__init__.py``) is found too."""
+    model_id, revision = tiny_engine.model_id, tiny_engine.revision
+    site = tmp_path / "site-packages"
+    package = write_reference_table(site / "spinf_serve" / "quant" / "tables", model_id, revision, reference_scales)
+    assert find_table(model_id, revision, tiny_engine.folder) is None
+    monkeypatch.syspath_prepend(str(site))
+    assert find_table(model_id, revision, tiny_engine.folder) == package
+    in_store = write_reference_table(store / "tables", model_id, revision, reference_scales)
+    assert find_table(model_id, revision, tiny_engine.folder) == in_store
+    write_table(some_table(model_id, revision), store_path(model_id, revision))
+    assert find_table(model_id, revision, tiny_engine.folder) == store_path(model_id, revision)
+
+
+def test_a_reference_table_makes_the_automatic_choice_fp8s(catalog_bf16, on_gpu, store, reference_scales):
+    write_reference_table(store / "tables", "acme/tiny-bf16", REVISION, {**reference_scales, "model_id": "x/y"})
+    assert open_bf16(catalog_bf16) == "fp8s"
+
+
+def test_unknown_keys_are_logged_once_and_ignored(tiny_engine, reference_scales, store, caplog):
+    table = {**reference_scales, "notes": "hand-made"}
+    table["scales"] = {**table["scales"], "layers.0.per_layer_input_gate": 1.0}
+    path = write_reference_table(store / "tables", tiny_engine.model_id, tiny_engine.revision, table)
+    with caplog.at_level(logging.WARNING, logger="spinf.engine.scales"):
+        for _ in range(2):
+            load(fresh_model(tiny_engine), tiny_engine)
+    assert caplog.text.count(f"{path}: ignoring what this engine does not read: notes") == 1
+    assert caplog.text.count(f"{path} scales: ignoring what this engine does not read: layers.0.per_layer_input") == 1
+    stored = write_table(
+        {**some_table(tiny_engine.model_id, tiny_engine.revision, fused_max(reference_scales["scales"])), "extra": 1},
+        store_path(tiny_engine.model_id, tiny_engine.revision),
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spinf.engine.scales"):
+        assert load(fresh_model(tiny_engine), tiny_engine) == stored
+    assert "ignoring what this engine does not read: extra" in caplog.text
+
+
+def test_a_reference_table_read_where_it_lies_whatever_revision_it_names(tiny_engine, reference_scales, store, caplog):
+    """The reference keys a table by its path alone (its calibration writes the folder's name as the revision)."""
+    table = {**reference_scales, "revision": "tiny-local-dir"}
+    path = write_reference_table(store / "tables", tiny_engine.model_id, tiny_engine.revision, table)
+    with caplog.at_level(logging.WARNING, logger="spinf.engine.scales"):
+        assert load(fresh_model(tiny_engine), tiny_engine) == table_id(path.read_bytes())
+    assert "says spinf/tiny-gemma4 at revision tiny-local-dir" in caplog.text
+
+
+def test_a_reference_table_without_a_projection_the_engine_fuses_is_refused(tiny_engine, reference_scales, store):
+    scales = {k: v for k, v in reference_scales["scales"].items() if k != "layers.2.mlp.up_proj"}
+    path = write_reference_table(
+        store / "tables", tiny_engine.model_id, tiny_engine.revision, {**reference_scales, "scales": scales}
+    )
+    expected = (
+        rf"^the scale table {re.escape(str(path))} has no scale for layers\.2\.mlp\.up_proj, which the engine runs "
+        rf"fused with layers\.2\.mlp\.gate_proj$"
+    )
+    with pytest.raises(ModelError, match=expected):
+        load(fresh_model(tiny_engine), tiny_engine)
+    scales = {k: v for k, v in reference_scales["scales"].items() if not k.startswith("layers.4.")}
+    write_reference_table(
+        store / "tables", tiny_engine.model_id, tiny_engine.revision, {**reference_scales, "scales": scales}
+    )
+    with pytest.raises(ModelError, match=r": the scale table has no scale for 4 linears, e\.g\. layers\.4\.wqkv$"):
         load(fresh_model(tiny_engine), tiny_engine)
 
 
@@ -313,11 +422,11 @@ def test_calibrate_writes_where_the_engine_looks_whatever_the_quant_setting(
 ):
     monkeypatch.setenv("SPINF_MODEL", "tiny")
     monkeypatch.setenv("SPINF_CACHE_DIRS", str(tiny_cache))
-    monkeypatch.setenv("SPINF_QUANT", "fp8s")  # calibration runs in float: fp8s would need the table it makes
+    monkeypatch.setenv("SPINF_QUANT", "fp8s")  # calibration runs in dynamic fp8: fp8s would need the table it makes
     calibrate_command(tmp_path, "cpu")
     path = find_table(tiny_engine.model_id, tiny_engine.revision, tiny_engine.folder)
     assert path == store_path(tiny_engine.model_id, tiny_engine.revision)
-    assert json.loads(path.read_text())["environment"]["quant"] == "fp32"
+    assert json.loads(path.read_text())["environment"]["quant"] == "fp8"
     assert load(fresh_model(tiny_engine), tiny_engine) == table_id(path.read_bytes())
 
 
@@ -361,6 +470,6 @@ def test_calibrate_then_serve_picks_fp8s_for_a_bf16_catalog_model(tmp_path, monk
     monkeypatch.setenv("SPINF_MODEL", "acme/tiny-bf16")
     calibrate_command(tmp_path, "cuda:0")
     path = store_path("acme/tiny-bf16", REVISION)
-    assert json.loads(path.read_text())["environment"]["quant"] == "bf16"
+    assert json.loads(path.read_text())["environment"]["quant"] == "fp8"
     engine = Engine("acme/tiny-bf16", device="cuda:0")
     assert (engine.quant, engine.scale_table, engine.batch_invariant) == ("fp8s", table_id(path.read_bytes()), True)
