@@ -73,15 +73,15 @@ def reference_layout_path(tables: str | Path, model_id: str, revision: str) -> P
     return Path(tables) / model_id.replace("/", "__") / f"{revision or 'unpinned'}.json"
 
 
-def reference_package_tables() -> Path | None:
-    """The reference engine's own table folder, ``spinf_serve/quant/tables``, when a ``spinf_serve`` package (or what
-    an uninstall left of it) is importable; found without importing it."""
+def reference_package_tables() -> list[Path]:
+    """The reference engine's own table folders, ``spinf_serve/quant/tables``, where a ``spinf_serve`` package (or
+    what an uninstall left of it, a namespace package) is importable; found without importing it."""
     try:
         spec = importlib.util.find_spec("spinf_serve")
     except (ImportError, ValueError):
-        return None
+        return []
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    return Path(locations[0]) / "quant" / "tables" if locations else None
+    return [Path(location) / "quant" / "tables" for location in locations]
 
 
 def stored_tables(model_id: str, revision: str) -> list[Path]:
@@ -90,10 +90,7 @@ def stored_tables(model_id: str, revision: str) -> list[Path]:
         store_path(model_id, revision),
         reference_layout_path(store_root() / REFERENCE_LAYOUT, model_id, revision),
     ]
-    package = reference_package_tables()
-    if package is not None:
-        paths.append(reference_layout_path(package, model_id, revision))
-    return paths
+    return paths + [reference_layout_path(tables, model_id, revision) for tables in reference_package_tables()]
 
 
 def stored_table(model_id: str, revision: str) -> Path | None:
