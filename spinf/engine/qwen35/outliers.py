@@ -2,13 +2,15 @@
 formats it is read in, and what is checked.
 
 **Lookup**, in spinf-serve 0.1.1's order: `OUTLIERS_FILE` in the checkpoint folder (the published checkpoints ship
-it there), else the checkpoint revision's table beside its fp8s scale table (`revision_tables`, in order):
+it there), else the checkpoint revision's table beside where its fp8s scale table may be (`revision_tables`, in
+order):
 
 1. ``<HF_HOME>/spinf/scales/<org>--<name>/<revision>-outliers.json``: the scale-table store;
 2. ``<HF_HOME>/spinf/scales/tables/<org>__<name>/<revision>-outliers.json``: the reference's layout inside the
    store, so that its ``quant/tables/`` folder copied there is read as it is;
-3. ``spinf_serve/quant/tables/<org>__<name>/<revision>-outliers.json`` beside an importable ``spinf_serve``
-   package: where the reference keeps them itself (it ships one for a third-party GPTQ copy of Qwen3.8 27B).
+3. ``spinf_serve/quant/tables/<org>__<name>/<revision>-outliers.json`` in each folder of an importable
+   ``spinf_serve`` package: where the reference keeps them itself (it ships one for a third-party GPTQ copy of
+   Qwen3.8 27B).
 
 **spinf-serve 0.1.1's format**, what the published checkpoints ship::
 
@@ -39,14 +41,13 @@ out-of-range channel, a count off ``n_out``/``channels`` is a `ModelError` namin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from spinf.engine.qwen35.config import FULL, log_ignored, read_qwen35_config
-from spinf.engine.scales import store_path
+from spinf.engine.scales import stored_tables
 from spinf.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ log = logging.getLogger(__name__)
 OUTLIERS_FILE = "spinf_outliers.json"
 OUTLIERS_VERSION = 1
 REVISION_SUFFIX = "-outliers.json"  # the per-revision table's name: <revision>-outliers.json
-REFERENCE_LAYOUT = "tables"  # the store's folder of tables in the reference's layout
 # the norm-fed fused groups by their first name after the layer prefix (our key), and the reference's fused name
 FUSED_NAMES = {
     "linear_attn.in_proj_qkv": "linear_attn.in_proj_qkvz",
@@ -81,28 +81,11 @@ def _norm_fed(layer_types: Sequence[str], prefix: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def revision_table_path(model_id: str, revision: str, tables: Path | None = None) -> Path:
-    """Where the outlier table of ``model_id`` at ``revision`` lives: in the scale-table store beside the fp8s table
-    (`spinf.engine.scales.store_path`), or, under a folder ``tables`` in the reference's layout,
-    ``<org>__<name>/<revision>-outliers.json``."""
-    if tables is None:
-        scales = store_path(model_id, revision)
-        return scales.with_name(scales.stem + REVISION_SUFFIX)
-    return tables / model_id.replace("/", "__") / f"{revision or 'unpinned'}{REVISION_SUFFIX}"
-
-
 def revision_tables(model_id: str, revision: str) -> list[Path]:
-    """The places outside the checkpoint where its revision's table may be, in lookup order (the module docstring)."""
-    ours = revision_table_path(model_id, revision)
-    paths = [ours, revision_table_path(model_id, revision, ours.parent.parent / REFERENCE_LAYOUT)]
-    try:  # found without importing it (an uninstall may leave the folder behind)
-        spec = importlib.util.find_spec("spinf_serve")
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if locations:
-        paths.append(revision_table_path(model_id, revision, Path(locations[0]) / "quant" / "tables"))
-    return paths
+    """The places outside the checkpoint where its revision's table may be, in lookup order: beside each place of
+    its fp8s scale table (`spinf.engine.scales.stored_tables`, the module docstring's list), ``<revision>.json``
+    there becoming ``<revision>-outliers.json``."""
+    return [path.with_name(path.stem + REVISION_SUFFIX) for path in stored_tables(model_id, revision)]
 
 
 def table_paths(folder: str | Path, model_id: str = "", revision: str = "") -> list[Path]:

@@ -20,7 +20,7 @@ from spinf.engine.qwen35.int4 import int4_linears
 from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
 from spinf.engine.qwen35.loading import load_for_engine
 from spinf.engine.qwen35.model import load_qwen35
-from spinf.engine.qwen35.outliers import OUTLIERS_FILE, read_outliers, revision_table_path, table_paths
+from spinf.engine.qwen35.outliers import OUTLIERS_FILE, read_outliers, table_paths
 from spinf.engine.qwen35.readout import read_readout
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG, write_tiny_decider, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
@@ -187,7 +187,7 @@ def test_the_engine_runs_i8_with_the_stores_table_and_names_the_places_without_o
         f"{store}/tables/org__name/unpinned-outliers.json; engine spec B.14.3): add the table, or run another mode "
         "(f16, fp8, bf16)"
     )
-    path = revision_table_path("org/name", "rev1")
+    path = store / "org--name" / "rev1-outliers.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(reference_outliers(json.loads((int4 / OUTLIERS_FILE).read_text()))))
     body = {
