@@ -156,7 +156,7 @@ class CompileStream:
         self.inputs: list[CompiledInput] = []
         self.jobs: list[Job] = []
         self.floors: dict[tuple, Prompt] = {}
-        self.warnings: list[dict] = []
+        self.warnings: list[dict] = list(req.warnings)  # the parser's (ignored trusted keys) come first
         self.queries: dict[str, CompiledQuery] = {}  # by query path: each compiled once per request
         self._done = False
 

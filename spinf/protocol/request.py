@@ -31,6 +31,9 @@ MAX_SEARCHED_TOKENS = 64
 # The media kind of each non-text part type (the media gates and §4.10's pack media check).
 MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
 _EXTRACTION_FIELDS = ("max_tokens", "top_k", "calibration", "generate")
+FEATURE_KEYS = ("media", "extraction", "generation")  # a trusted caller's features (§4.11)
+IGNORED_FIELD = "ignored_field"  # the §5.6 warning code of a trusted limits or features key that is ignored
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def body_has_media(body: object) -> bool:
@@ -115,9 +118,10 @@ def parse_score_request(
         raise bad_request("scoring_required", "scoring", "the chat route needs scoring; the server does not chat")
     model = _model(body, served_names)
     endpoint = _endpoint(body)
+    warnings: list[dict[str, str]] = []  # §5.6: the trusted keys ignored
     if trusted:
-        limits = _limits(body, limits)
-        features = _features(body, features)
+        limits = _limits(body, limits, warnings)
+        features = _features(body, features, warnings)
     scoring = body.get("scoring", {})
     if not isinstance(scoring, dict):
         raise _invalid("scoring", "scoring must be an object")
@@ -159,6 +163,7 @@ def parse_score_request(
         limits=limits,
         features=features,
         packs=() if pack_call is None else pack_call.uses,
+        warnings=tuple(warnings),
     )
 
 
@@ -183,8 +188,12 @@ def _endpoint(body: dict) -> str | None:
     return body["endpoint"]
 
 
-def _limits(body: dict, server: Limits) -> Limits:
-    """A trusted caller's limits: each given key capped by the server's value; keys left out keep it (D4)."""
+def _limits(body: dict, server: Limits, warnings: list[dict[str, str]]) -> Limits:
+    """A trusted caller's limits: each given key capped by the server's value; keys left out keep it (D4).
+
+    As the reference reads them: a key that is not a limit is ignored (with a warning here), and a string of
+    ASCII digits is its integer (a front end that sends ``"8192"``). Any other value must pass the server
+    setting's own validator."""
     if "limits" not in body:
         return server
     given = body["limits"]
@@ -193,7 +202,9 @@ def _limits(body: dict, server: Limits) -> Limits:
     changes = {}
     for key, value in given.items():
         if key not in Limits.keys():
-            raise _invalid(f"limits.{key}", f"unknown limit {key!r}; the limits are {', '.join(Limits.keys())}")
+            warnings.append(_ignored(f"limits.{key}", f"the limits are {', '.join(Limits.keys())}"))
+            continue
+        value = _limit_value(value, f"limits.{key}")
         try:
             attrs.evolve(server, **{key: value})  # the server setting's own validator
         except ValueError as e:
@@ -202,13 +213,34 @@ def _limits(body: dict, server: Limits) -> Limits:
     return attrs.evolve(server, **changes)
 
 
-def _features(body: dict, server: Features) -> Features:
-    """A trusted caller's features, capped by the server's (§4.11); keys left out keep the server's value."""
+def _limit_value(value: object, param: str) -> object:
+    """A limit as sent, with a string of ASCII digits read as its integer (not signs, spaces, ``_`` or other
+    scripts' digits, which `int` would take too); anything else unchanged, for the setting's validator."""
+    if not (isinstance(value, str) and _DIGITS.fullmatch(value)):
+        return value
+    try:
+        return int(value)
+    except ValueError as e:  # longer than Python reads (4,300 digits)
+        raise _invalid(param, f"{param} has {len(value)} digits; too many to read") from e
+
+
+def _ignored(param: str, known: str) -> dict[str, str]:
+    """The §5.6 warning for a trusted key the parser ignored."""
+    message = f"{param} is not a key this server knows, so it was ignored; {known}"
+    return {"code": IGNORED_FIELD, "message": message, "param": param}
+
+
+def _features(body: dict, server: Features, warnings: list[dict[str, str]]) -> Features:
+    """A trusted caller's features, capped by the server's (§4.11); keys left out keep the server's value, and
+    another key is ignored with a warning (the reference ignores it silently)."""
     if "features" not in body:
         return server
     given = body["features"]
     if not isinstance(given, dict):
         raise _invalid("features", "features must be an object")
+    for key in given:
+        if key not in FEATURE_KEYS:
+            warnings.append(_ignored(f"features.{key}", f"the features are {', '.join(FEATURE_KEYS)}"))
     media = given.get("media", [])
     if not isinstance(media, list) or not all(isinstance(kind, str) for kind in media):
         raise _invalid("features.media", "features.media must be a list of media kinds")

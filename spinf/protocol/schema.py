@@ -216,15 +216,19 @@ INPUT = Named(
 # §4.1 and §4.11: the top level, checked by the parser in §4.12's order.
 MODEL = String(min_chars=1, doc=_about("a name of the served model, matched case-insensitively"))
 ENDPOINT = String(min_chars=1, max_chars=MAX_ID_CHARS)
+# §4.11: each an integer > 0, except max_extractions_per_input >= 0 (the settings' own rules, spinf.settings), or
+# the same number as a string of ASCII digits, as the reference coerces it. The parser checks these itself.
+_DIGITS = {0: "^[0-9]+$", 1: "^0*[1-9][0-9]*$"}
 _LIMITS = Object(
-    # §4.11: each an integer > 0, except max_extractions_per_input >= 0 (the settings' own rules, spinf.settings)
-    tuple(Field(key, Integer(0 if key == "max_extractions_per_input" else 1)) for key in Limits.keys()),
-    closed=True,
-    doc=_about(TRUSTED),
+    tuple(
+        Field(key, Union((Integer(lo), String(elsewhere={"pattern": _DIGITS[lo]})), expected="an integer"))
+        for key, lo in ((key, 0 if key == "max_extractions_per_input" else 1) for key in Limits.keys())
+    ),
+    doc=_about(TRUSTED + "; another key is ignored with an ignored_field warning (§5.6)"),
 )
 _FEATURES = Object(
     (Field("media", ListOf(String())), Field("extraction", Boolean()), Field("generation", Boolean())),
-    doc=_about(TRUSTED),
+    doc=_about(TRUSTED + "; another key is ignored with an ignored_field warning (§5.6)"),
 )
 # Exactly one of messages and inputs is present and not null (step 2).
 _ONE_FORM = [{"required": [key], "properties": {key: {"not": {"type": "null"}}}} for key in ("messages", "inputs")]

@@ -132,7 +132,9 @@ class ScoreRequest:
     """A parsed ``/v1/score`` (or chat) body with the call's effective limits and features.
 
     ``packs`` holds the call's checked pack references in reference order (`spinf.packs.calls.PackUse`); their
-    queries are already merged into ``queries`` and every input is already wrapped in their context."""
+    queries are already merged into ``queries`` and every input is already wrapped in their context. ``warnings``
+    are the parser's own (api spec §5.6): the keys of a trusted caller's ``limits`` and ``features`` that it
+    ignored; the response lists them first."""
 
     inputs: tuple[InputSpec, ...]
     queries: tuple[QuerySpec, ...]
@@ -144,3 +146,4 @@ class ScoreRequest:
     limits: Limits = Limits()
     features: Features = Features()
     packs: tuple = ()
+    warnings: tuple[Mapping[str, str], ...] = ()

@@ -46,17 +46,80 @@ def test_trusted_limits_accept_zero_extractions():
     [
         ([], "limits", r"^limits must be an object$"),
         (None, "limits", r"^limits must be an object$"),
-        ({"max_options": 5, "max_tokens": 5}, "limits.max_tokens", r"^unknown limit 'max_tokens'; the limits are .*$"),
         ({"max_options": 0}, "limits.max_options", r"^max_options must be an integer greater than 0, got 0$"),
         ({"max_options": True}, "limits.max_options", r"^max_options must be an integer greater than 0, got True$"),
         ({"max_frames": 2.0}, "limits.max_frames", r"^max_frames must be an integer greater than 0, got 2\.0$"),
         ({"max_extractions_per_input": -1}, "limits.max_extractions_per_input", r"^.* at least 0, got -1$"),
+        # a string is read only when it is ASCII digits, and then held to the same rules as a number
+        ({"max_content_tokens": "abc"}, "limits.max_content_tokens", r"^.* greater than 0, got 'abc'$"),
+        ({"max_content_tokens": "0"}, "limits.max_content_tokens", r"^.* greater than 0, got 0$"),
+        ({"max_options": ""}, "limits.max_options", r"^.* greater than 0, got ''$"),
+        ({"max_options": "8.0"}, "limits.max_options", r"^.* greater than 0, got '8\.0'$"),
+        ({"max_options": "-5"}, "limits.max_options", r"^.* greater than 0, got '-5'$"),
+        ({"max_options": " 8"}, "limits.max_options", r"^.* greater than 0, got ' 8'$"),
+        ({"max_options": "1_000"}, "limits.max_options", r"^.* greater than 0, got '1_000'$"),
+        ({"max_options": "\u0668"}, "limits.max_options", r"^.* greater than 0, got '\u0668'$"),  # Arabic-Indic 8
+        (
+            {"max_options": "9" * 5000},
+            "limits.max_options",
+            r"^limits\.max_options has 5000 digits; too many to read$",
+        ),
+        ({"max_options": None}, "limits.max_options", r"^.* greater than 0, got None$"),
     ],
 )
 def test_trusted_limits_refused(given, param, message):
     with pytest.raises(ApiError, match=message) as info:
         parse_score_request(body(limits=given), trusted=True)
     assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_field", param)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"max_content_tokens": "8192"}, Limits(max_options=50, max_extractions_per_input=4)),  # capped at 4,096
+        ({"max_content_tokens": "100"}, Limits(max_options=50, max_extractions_per_input=4, max_content_tokens=100)),
+        ({"max_options": "007"}, Limits(max_options=7, max_extractions_per_input=4)),
+        ({"max_extractions_per_input": "0"}, Limits(max_options=50, max_extractions_per_input=0)),
+    ],
+)
+def test_trusted_limits_sent_as_digit_strings_are_read_as_integers(given, expected):
+    req = parse_score_request(body(limits=given), limits=SERVER_LIMITS, trusted=True)
+    assert req.limits == expected and req.warnings == ()
+
+
+def test_unknown_trusted_limits_and_features_are_ignored_with_a_warning_each():
+    limits = {"max_tokens": 5, "max_options": 10, "bogus": {"any": ["thing"]}}
+    features = {"packs": False, "media": ["image"]}
+    req = parse_score_request(
+        body(limits=limits, features=features), limits=SERVER_LIMITS, features=SERVER_FEATURES, trusted=True
+    )
+    assert req.limits == Limits(max_options=10, max_extractions_per_input=4)
+    assert req.features == Features(frozenset({"image"}), True, True)
+    names = ", ".join(Limits.keys())
+    assert req.warnings == (
+        {
+            "code": "ignored_field",
+            "message": f"limits.max_tokens is not a key this server knows, so it was ignored; the limits are {names}",
+            "param": "limits.max_tokens",
+        },
+        {
+            "code": "ignored_field",
+            "message": f"limits.bogus is not a key this server knows, so it was ignored; the limits are {names}",
+            "param": "limits.bogus",
+        },
+        {
+            "code": "ignored_field",
+            "message": "features.packs is not a key this server knows, so it was ignored; the features are media, "
+            "extraction, generation",
+            "param": "features.packs",
+        },
+    )
+
+
+def test_an_unknown_key_does_not_hide_a_bad_value_after_it():
+    with pytest.raises(ApiError) as info:
+        parse_score_request(body(limits={"bogus": 1, "max_options": "many"}), trusted=True)
+    assert (info.value.code, info.value.param) == ("invalid_field", "limits.max_options")
 
 
 SERVER_FEATURES = Features(media=frozenset({"image", "audio"}), extraction=True, generation=True)
@@ -101,7 +164,9 @@ def test_untrusted_callers_limits_and_features_are_ignored_unchecked():
     req = parse_score_request(
         body(limits="junk", features={"media": 5}), limits=SERVER_LIMITS, features=SERVER_FEATURES
     )
-    assert (req.limits, req.features) == (SERVER_LIMITS, SERVER_FEATURES)
+    assert (req.limits, req.features, req.warnings) == (SERVER_LIMITS, SERVER_FEATURES, ())
+    ignored = parse_score_request(body(limits={"bogus": 1}, features={"bogus": 1}), limits=SERVER_LIMITS)
+    assert ignored.warnings == ()  # an untrusted caller's overrides are not read at all, so nothing is reported
 
 
 # Media and feature gates (§4.12 steps 12 and 13)
