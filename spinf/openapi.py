@@ -18,7 +18,8 @@ from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VAL
 from spinf.protocol.schema import DETAILS, MODES
 from spinf.protocol.schema import components as request_components
 
-# §2.5: every code, by status. The 404 pack codes belong to GET /v1/packs/{id}; in a score body they are 400s.
+# §2.5: every code, by status. The 404 pack codes belong to GET /v1/packs/{id} and the 404 model_not_served to
+# GET /v1/models/{id}; in a score body they are 400s.
 ERROR_CODES: dict[int, tuple[str, ...]] = {
     400: tuple(
         """invalid_json invalid_field scoring_required model_not_served media_not_supported media_disabled
@@ -30,7 +31,7 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
         invalid_http""".split()
     ),
     401: ("invalid_token",),
-    404: ("not_found", "unknown_pack", "unknown_pack_version"),
+    404: ("not_found", "unknown_pack", "unknown_pack_version", "model_not_served"),
     405: ("method_not_allowed",),
     408: ("body_timeout",),
     413: ("body_too_large", "request_too_large"),
@@ -163,6 +164,10 @@ def _response_schemas() -> dict:
             "oneOf": [
                 obj({"code": {"const": "low_option_mass"}, **same(STR, "input_id query_id message")}),
                 obj({"code": {"const": "join_not_merged"}, **same(STR, "message param")}),
+                obj(
+                    {"code": {"const": "ignored_field"}, **same(STR, "message param")},
+                    description="a trusted caller's limits or features key that the server does not know (4.11)",
+                ),
             ]
         },
         "Usage": _usage(),
@@ -364,7 +369,21 @@ def _other_schemas() -> dict:
         "Drain": obj({"draining": BOOL}),
         "Info": obj({"engine": ref("EngineInfo"), "boot": ref("Boot")}),
         "Model": model,
-        "Models": obj({"models": array(ref("Model"), 1, 1)}),
+        "OpenAIModel": obj(
+            {
+                "id": described(STR, "the served id, also when asked for by an alias"),
+                "object": {"const": "model"},
+                "created": described(INT, "Unix seconds: when this server started"),
+                "owned_by": described(STR, "the namespace of the published name (spinf, a Hub organisation)"),
+            }
+        ),
+        "Models": obj(
+            {
+                "models": array(ref("Model"), 1, 1),
+                "object": {"const": "list"},
+                "data": array(ref("OpenAIModel"), 1, 1, description="OpenAI's shape of the same model"),
+            }
+        ),
         "PackEntry": pack,
         "ComingSoonPack": obj({**common, **coming_soon, "model": {"anyOf": [STR, array(STR)]}}),
         "Packs": obj({"packs": array({"oneOf": [ref("PackEntry"), ref("ComingSoonPack")]}), "sources": array(STR)}),
@@ -399,7 +418,8 @@ _REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-I
 _ERROR_DESCRIPTIONS = {
     400: "an invalid request (§2.5, §4.12)",
     401: "a missing or wrong token, or a caller who is not trusted on /v0 (§2.3)",
-    404: "an unknown path (not_found), or an unknown pack id or version on /v1/packs/{id}",
+    404: "an unknown path (not_found), an unknown pack id or version on /v1/packs/{id}, or a name the served model "
+    "does not answer to on /v1/models/{id} (model_not_served)",
     405: "a known path called with a method it does not serve",
     408: "the body did not arrive within body_timeout_s (ours; the connection is closed)",
     413: "a body over max_body_bytes, or a call over max_processed_tokens, or out of device memory",
@@ -460,6 +480,7 @@ ROUTES = (
         (400, 401, 500, 503),
     ),
     ("/v1/models", "get", "models", "access", "The served model (§7)", "Models", (401, 500)),
+    ("/v1/models/{id}", "get", "model", "access", "OpenAI's entry of the model (§7)", "OpenAIModel", (401, 404, 500)),
     ("/v1/packs", "get", "packs", "access", "The enabled packs (§8.1)", "Packs", (401, 500)),
     ("/v1/packs/{id}", "get", "pack", "access", "One pack file (§8.2)", "PackFile", (401, 404, 500)),
     ("/v1/score", "post", "score", "access", "Score (§4, §5)", "ScoreResponse", SCORING_ERRORS),
@@ -485,6 +506,10 @@ _PACK_PARAMETERS = [
     {"name": "id", "in": "path", "required": True, "schema": STR, "description": "the pack id; it may contain /"},
     {"name": "version", "in": "query", "required": False, "schema": STR, "description": "default: the default"},
 ]
+_MODEL_PARAMETERS = [
+    {"name": "id", "in": "path", "required": True, "schema": STR, "example": "spinf/gemma-4-12b-fp8",
+     "description": "the served id or an alias, case-insensitively; it may contain / (sent as is or as %2F)"},
+]  # fmt: skip
 
 
 _RELOAD_PARAMETERS = [
@@ -503,6 +528,8 @@ def _paths() -> dict:
             op["description"] = "Trusted callers only (§2.4)."
         if op_id == "pack":
             op["parameters"] = _PACK_PARAMETERS
+        if op_id == "model":
+            op["parameters"] = _MODEL_PARAMETERS
         if op_id == "packsReload":
             op["parameters"] = _RELOAD_PARAMETERS
         if method == "post" and path.startswith("/v1/"):

@@ -183,6 +183,18 @@ class Phase(enum.Enum):
     STOPPING = "stopping"  # the shutdown began: nothing new is admitted, the calls in flight finish
 
 
+class ModelsEntry(Protocol):
+    """What the web layer reads of the served model (`spinf.supervisor.ModelEntry`): the ``/v1/models`` entry of api
+    spec §7 for the lifecycle now, and OpenAI's entry beside it, which ``GET /v1/models/{id}`` answers for a name
+    the model ``answers_to`` (its id or an alias, case-insensitively, as requests name it: §9.6)."""
+
+    def __call__(self, lifecycle: Lifecycle) -> dict: ...
+
+    def openai(self) -> dict: ...
+
+    def answers_to(self, name: str) -> bool: ...
+
+
 class IllegalTransition(RuntimeError):
     """A lifecycle move its phase does not allow: a wiring bug, so it crashes the supervisor."""
 

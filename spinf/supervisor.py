@@ -39,7 +39,7 @@ from spinf.errors import SpinfError
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, log_lines
 from spinf.packs.listing import read_catalog
-from spinf.serving import EngineStatus, InFlight, Lifecycle, ServedEngine
+from spinf.serving import EngineStatus, InFlight, Lifecycle, ModelsEntry, ServedEngine
 from spinf.web import WebServices, create_app
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class Running:
 async def running_actors(
     options: ServerOptions,
     load: Callable[[], ServedEngine],
-    models_entry: Callable[[Lifecycle], dict],
+    models_entry: ModelsEntry,
     *,
     openapi: Callable[[], dict] = dict,
     executor_class: type = Executor,
@@ -295,7 +295,7 @@ async def running_actors(
 async def serve(
     options: ServerOptions,
     load: Callable[[], ServedEngine],
-    models_entry: Callable[[Lifecycle], dict],
+    models_entry: ModelsEntry,
     *,
     openapi: Callable[[], dict] = dict,
     packs: PackCatalogs | None = None,
@@ -324,6 +324,13 @@ class ModelEntry:
     ``capabilities`` lists the model's minus what the switches turn off. ``media`` (in the entry and its features)
     is the kinds the model reads that ``--media`` keeps, in the manifest's order: before the engine is loaded the
     manifest's kinds, then those the engine reads (its checkpoint may lack an embedder the manifest names).
+
+    Beside it, OpenAI's entry (`openai`) for the openai SDK's ``models.list()`` and ``models.retrieve()``. Its
+    ``created`` is when this entry was made, at the server's start: no file we hold says when the model was made
+    (manifests carry no date; a checkpoint's file times are when it was downloaded or generated), and a time fixed
+    for the process keeps the list and every retrieve in agreement. ``owned_by`` is the namespace of the name the
+    model is published under, the catalog's (``spinf``) or the Hub repo's organisation; ``spinf-serve`` for a local
+    folder, whose owner nothing records.
     """
 
     resolved: object  # spinf.catalog.ResolvedModel
@@ -332,10 +339,11 @@ class ModelEntry:
     extraction: bool = True
     generation: bool = True
     media: frozenset[str] = frozenset()  # the server's --media
+    created: int = attrs.field(factory=lambda: int(time.time()))  # Unix seconds: the server's start
 
     def __call__(self, lifecycle: Lifecycle) -> dict:
         body = self.resolved.listing()
-        body["id"] = self.served_model or body["id"]
+        body["id"] = self.id
         status = "error" if lifecycle.error else "available" if lifecycle.is_warm else "loading"
         engine = lifecycle.engine
         capabilities = self.capabilities(engine)
@@ -354,6 +362,23 @@ class ModelEntry:
         # ours, beyond §7: a checkpoint outside the catalog carries no batch-invariance guarantee (§9.6, D2)
         body["batch_invariant"] = engine.batch_invariant if engine else self.resolved.batch_invariant
         return dict(sorted(body.items(), key=lambda item: _MODEL_KEYS.index(item[0])))
+
+    @property
+    def id(self) -> str:
+        return self.served_model or self.resolved.served_name
+
+    def answers_to(self, name: str) -> bool:
+        """Whether ``name`` is one of the model's names, compared case-insensitively, as a request's ``model`` is:
+        the served name, the manifest id and its aliases (api spec §9.6)."""
+        manifest = self.resolved.manifest
+        names = (self.id, *((manifest.id,) if manifest is not None else ()), *self.resolved.aliases)
+        return name.casefold() in {known.casefold() for known in names}
+
+    def openai(self) -> dict:
+        """OpenAI's model object for the served model (api spec §7, "OpenAI's shape beside it")."""
+        published = self.resolved.manifest.id if self.resolved.manifest is not None else self.resolved.repo_id
+        owner = published.split("/")[0] if published and "/" in published else "spinf-serve"
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": owner}
 
     def capabilities(self, engine=None) -> list[str]:
         """The model's capabilities (all three without a manifest) minus what the switches turn off, and once the

@@ -36,12 +36,15 @@ from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, Refused
 from spinf.packs.entries import listing, pack_file
 from spinf.protocol.ids import new_request_id
-from spinf.serving import InFlight, Lifecycle, PackReload, ScoreWork, is_draining, set_draining
+from spinf.serving import InFlight, Lifecycle, ModelsEntry, PackReload, ScoreWork, is_draining, set_draining
 
 log = logging.getLogger(__name__)
 
 SERVED = {"GET", "POST", "DELETE"}
 PROBES = {"/healthz", "/readyz", "/livez", "/metrics"}
+# Routes whose last part is a name that may hold a /: a trailing slash there belongs to the name, not redirected; the
+# name is looked up as sent (and refused with the route's own 404). The pack route also takes an empty name.
+_NAMED_ROUTES = ("/v1/packs/", "/v1/models/")
 
 
 @attrs.define
@@ -52,7 +55,7 @@ class WebServices:
     lifecycle: Lifecycle
     packer: trio.MemorySendChannel[ScoreWork]
     admission: Admission
-    models_entry: Callable[[Lifecycle], dict]  # the one /v1/models entry for the lifecycle now
+    models_entry: ModelsEntry  # the one /v1/models entry for the lifecycle now, and OpenAI's beside it
     in_flight: InFlight = attrs.field(factory=InFlight)
     token: str = ""
     trusted_token: str = ""
@@ -118,7 +121,8 @@ def create_app(services: WebServices) -> QuartTrio:
         g.body_read = admitted is not None
         if request.method not in SERVED:
             return _method_not_allowed()
-        if request.path != "/" and request.path.endswith("/") and not request.path.startswith("/v1/packs/"):
+        named = request.path.startswith(_NAMED_ROUTES) and request.path != "/v1/models/"  # that one is the list's
+        if request.path != "/" and request.path.endswith("/") and not named:
             return Response("", status=307, headers={"Location": request.path.rstrip("/")})
         return None
 
@@ -245,8 +249,18 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
 
     @app.get("/v1/models", provide_automatic_options=False)
     async def models() -> Response:
+        """§7's ``models`` for spinf-client, and OpenAI's list shape for the openai SDK, of the same model."""
         _authorise(services)
-        return json_response({"models": [services.models_entry(lifecycle)]})
+        entry = services.models_entry
+        return json_response({"models": [entry(lifecycle)], "object": "list", "data": [entry.openai()]})
+
+    @app.get("/v1/models/<path:id>", provide_automatic_options=False)  # ids hold a / (the SDK sends it as %2F)
+    async def model(id: str) -> Response:  # noqa: A002 - the route's parameter is named as in the spec
+        _authorise(services)
+        entry = services.models_entry
+        if not entry.answers_to(id):
+            raise ApiError(404, "model_not_served", "id", f"model {id!r} is not served here; see GET /v1/models")
+        return json_response(entry.openai())
 
     @app.get("/v1/packs", provide_automatic_options=False)
     async def packs() -> Response:

@@ -128,8 +128,20 @@ class FakeExecutor:
 InlinePacker = Packer  # the packer compiles nothing itself any more (the loop does, in the executor's step)
 
 
-def models_entry(lifecycle):
-    return {"id": "fake", "status": "available" if lifecycle.is_warm else "loading"}
+class FakeModelsEntry:
+    """The served model's entries (`spinf.serving.ModelsEntry`) of a model named ``fake``."""
+
+    def __call__(self, lifecycle):
+        return {"id": "fake", "status": "available" if lifecycle.is_warm else "loading"}
+
+    def openai(self) -> dict:
+        return {"id": "fake", "object": "model", "created": 0, "owned_by": "spinf-serve"}
+
+    def answers_to(self, name: str) -> bool:
+        return name.casefold() == "fake"
+
+
+models_entry = FakeModelsEntry()
 
 
 def options(**changes) -> ServerOptions:

@@ -30,6 +30,7 @@ REGISTRY = Registry().with_resource(DOC_URI, DRAFT202012.create_resource(DOC))
 # The app's one route with a path converter, under the name the spec gives its parameter; `/v1/packs/` is the same
 # route with the empty id (api spec §8.2: answered 404 unknown_pack).
 RULE_PATHS = {"/v1/packs/<path:id>": "/v1/packs/{id}", "/v1/packs/": "/v1/packs/{id}"}
+RULE_PATHS["/v1/models/<path:id>"] = "/v1/models/{id}"
 
 RICH_BODY = {
     "model": "TINY",  # an alias, in another case: echoed as sent
@@ -189,6 +190,15 @@ async def test_a_rich_score_answer_validates(server):
         await server.post("/v1/score", json=RICH_BODY, headers={"Authorization": "Bearer boss"}), "/v1/score"
     )
     assert "packed_tokens" in trusted["usage"]
+    overridden = {**RICH_BODY, "limits": {"max_content_tokens": "1000", "max_tokens": 5}, "features": {"x": 1}}
+    ignored = check(
+        await server.post("/v1/score", json=overridden, headers={"Authorization": "Bearer boss"}), "/v1/score", 200
+    )
+    assert [(w["code"], w.get("param")) for w in ignored["warnings"][:2]] == [
+        ("ignored_field", "limits.max_tokens"),
+        ("ignored_field", "features.x"),
+    ]
+    assert ignored["warnings"][2:] == trusted["warnings"] and ignored["results"] == trusted["results"]
     chat = check(await server.post("/v1/chat/completions", json=RICH_BODY), "/v1/chat/completions", 200)
     assert chat["choices"] == [] and chat["results"] == body["results"]
 
@@ -245,6 +255,12 @@ async def test_error_envelopes_validate(server):
     assert check(anonymous, "/v1/models", 401)["error"]["type"] == "authentication_error"
     assert check(await server.post("/v0/drain"), "/v0/drain", 401)["error"]["code"] == "invalid_token"
     assert check(await server.get("/v1/packs/acme/tone"), "/v1/packs/{id}", 404)["error"]["param"] == "id"
+    assert (await server.get("/v1/models/")).headers["location"] == "/v1/models"  # the list's trailing slash (§1)
+    for name in ("spinf/other", "spinf/tiny-gemma4/", "tiny%2F"):
+        unserved = check(await server.get(f"/v1/models/{name}"), "/v1/models/{id}", 404)["error"]
+        assert (unserved["code"], unserved["param"]) == ("model_not_served", "id")
+    anonymous = await server.get("/v1/models/tiny", headers={"Authorization": "Bearer wrong"})
+    assert check(anonymous, "/v1/models/{id}", 401)["error"]["code"] == "invalid_token"
     envelope = Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/ErrorEnvelope"}, registry=REGISTRY)
     unknown = await server.get("/nope")
     assert unknown.status_code == 404 and envelope.is_valid(unknown.json())
@@ -258,6 +274,9 @@ async def test_probes_models_packs_info_and_drain_validate(server):
     assert check(await server.get("/livez"), "/livez", 200) == {"live": True}
     models = check(await server.get("/v1/models"), "/v1/models", 200)
     assert models["models"][0]["id"] == "spinf/tiny-gemma4" and models["models"][0]["status"] == "available"
+    assert models["object"] == "list" and [entry["id"] for entry in models["data"]] == ["spinf/tiny-gemma4"]
+    for name in ("spinf/tiny-gemma4", "TINY", "spinf%2Ftiny-gemma4"):  # an alias; the / as the openai SDK sends it
+        assert check(await server.get(f"/v1/models/{name}"), "/v1/models/{id}", 200) == models["data"][0]
     assert check(await server.get("/v1/packs"), "/v1/packs", 200) == {"packs": [], "sources": []}
     trusted = {"Authorization": "Bearer boss"}
     assert check(await server.get("/v0/info", headers=trusted), "/v0/info", 200)["engine"]["model"]
