@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from spinf.errors import ApiError
 from spinf.openapi import ERROR_CODES
 from spinf.protocol.request import decode_json_body
-from spinf.settings import MEDIA_KINDS, Features, Limits
+from spinf.settings import Features, Limits
+from spinf.settings.kinds import MEDIA_KINDS
 from tests.protocol.bodies import FIXED, refusal
 from tests.protocol.document import COMPONENTS, SCORE_REQUEST
 
