@@ -122,7 +122,8 @@ class Gate:
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
         # who calls is known from the headers: a trusted caller gets ``rejected`` on the body's 413 and 400 too,
         # although the token is enforced only after them (api spec §2.4, §2.6)
-        authorisation = headers.get(b"authorization", b"").decode("latin-1")
+        # the first one, as the routes read it; the connection layer refuses a request with two (spinf.http11)
+        authorisation = next((v for n, v in scope["headers"] if n == b"authorization"), b"").decode("latin-1")
         authorised, trusted = caller(services.token, services.trusted_token, authorisation)
         body_read, slot = False, None
         try:

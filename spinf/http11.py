@@ -10,9 +10,14 @@ What this module owns, beside that:
 
 - **Framing.** A request with both ``Content-Length`` and ``Transfer-Encoding`` is refused with 400 and the
   connection closed (RFC 9112 §6.3), so no bytes after a chunked terminator run as a second request.
+- **One reading of the headers.** More than one ``Authorization`` header is 400 (the gate and the routes would read
+  different ones). A head over ``h11_max_incomplete_size`` (16 KiB) is 431 however its bytes arrive: h11 measures
+  only a head still arriving, so one that came in a single write is measured here (`head_size`).
 - **Protocol refusals in the envelope.** h11's own 400, 431 and 501 (malformed request line, headers over
   ``h11_max_incomplete_size``, a transfer coding other than chunked) are the error envelope of api spec §2.5 with
   code ``invalid_http`` and an ``X-Request-Id``, never a bare plain-text answer.
+- **Closing answers close cleanly.** After an answer that says ``Connection: close`` (the 1,000th request of a
+  keep-alive connection, a refusal whose body was not read) nothing more is read from the connection.
 - **Responses always finish.** quart-trio cancels a request's task group as soon as the client's side reports
   ``http.disconnect``; landing inside Hypercorn's send-and-close path, that cancel left the socket open after a
   ``Connection: close`` answer. `HTTPConnection` sends the response shielded (bounded by Quart's response
@@ -30,8 +35,9 @@ from http import HTTPStatus
 import h11
 import hypercorn.trio.tcp_server
 import trio
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from quart_trio.asgi import TrioASGIHTTPConnection
 
@@ -64,14 +70,35 @@ def envelope_bytes(status: int, message: str) -> tuple[bytes, bytes]:
 
 
 class Http11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol with the upgrades to HTTP/2 taken out and ambiguous framing refused."""
+    """Hypercorn's HTTP/1.1 protocol with the upgrades to HTTP/2 taken out, ambiguous framing and headers refused,
+    and nothing read after an answer that closes the connection."""
+
+    closing = False  # the answer being sent says Connection: close
+
+    async def handle(self, event) -> None:
+        if isinstance(event, RawData) and self.closing:
+            # RFC 9112 §9.6: after a closing answer the server reads no further request. Handed to h11, these bytes
+            # (a request sent on the strength of the answer's head) made it close the socket from the reading task
+            # while the answering task was still writing the body: BusyResourceError, logged as an ERROR.
+            return
+        await super().handle(event)
+
+    async def stream_send(self, event) -> None:
+        if isinstance(event, Response) and event.status_code >= 200:
+            self.closing = self.keep_alive_requests >= self.config.keep_alive_max_requests or _says_close(event)
+        await super().stream_send(event)
 
     async def _check_protocol(self, event: h11.Request) -> None:
         if event.method == b"PRI" and event.http_version == b"2.0":
             raise Refusal(505, _REASONS[505])
-        names = {name for name, _ in event.headers}  # h11 lower-cases header names
+        names = [name for name, _ in event.headers]  # h11 lower-cases header names
         if b"content-length" in names and b"transfer-encoding" in names:
             raise Refusal(400, "a request may not carry both Content-Length and Transfer-Encoding (RFC 9112 §6.3)")
+        if names.count(b"authorization") > 1:
+            # RFC 9110 §5.3: a singleton field; read first by one layer and last by another, it was two callers
+            raise Refusal(400, "a request may carry one Authorization header, not several")
+        if head_size(event) > self.config.h11_max_incomplete_size:
+            raise Refusal(431, _REASONS[431])
 
     async def _send_error_response(self, status_code: int) -> None:
         # h11's own refusals; Hypercorn closes the connection after this
@@ -96,6 +123,20 @@ class Http11Protocol(H11Protocol):
             await self._send_h11_event(h11.Response(status_code=status, headers=headers, reason=reason))
             await self._send_h11_event(h11.Data(data=body))
             await self._send_h11_event(h11.EndOfMessage())
+
+
+def head_size(event: h11.Request) -> int:
+    """The bytes of a request's head as h11 parsed it: request line, ``name: value`` lines, the blank line.
+
+    h11 measures only a head that has not arrived whole (``max_incomplete_event_size``), so without this check
+    a head that came in one write passed at any size while the same head in pieces was refused at 16 KiB. h11
+    strips the spaces around a value, so a head padded with them can be a few bytes longer on the wire."""
+    line = len(event.method) + len(event.target) + len(event.http_version) + len(b"  HTTP/\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in event.headers) + 2
+
+
+def _says_close(event: Response) -> bool:
+    return any(name.lower() == b"connection" and b"close" in value.lower() for name, value in event.headers)
 
 
 class Http11Only(ProtocolWrapper):

@@ -7,6 +7,7 @@ and reads what comes back until the server closes the connection or a short wait
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -33,12 +34,15 @@ async def port(tmp_path, monkeypatch):
         nursery.cancel_scope.cancel()
 
 
-async def exchange(port: int, data: bytes, wait_s: float = 2.0) -> tuple[bytes, bool]:
-    """Send ``data``; (everything read, whether the server closed the connection within ``wait_s``)."""
+async def exchange(port: int, data: bytes, wait_s: float = 2.0, piece: int = 0) -> tuple[bytes, bool]:
+    """Send ``data`` (``piece`` bytes per write when given); (everything read, whether the server closed the
+    connection within ``wait_s``)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         try:
-            await stream.send_all(data)
+            for at in range(0, len(data), piece or len(data)):
+                await stream.send_all(data[at : at + (piece or len(data))])
+                await trio.sleep(0)
         except trio.BrokenResourceError:
             pass  # the server refused and closed before taking it all
         received = b""
@@ -151,3 +155,87 @@ async def test_a_scored_call_still_works_on_the_same_server(port):
     raw, _ = await exchange(port, head + OK_BODY, wait_s=1.0)
     [(status, headers, body)] = answers(raw)
     assert status == 200 and body["id"] == headers["x-request-id"]
+
+
+def with_header(size: int) -> bytes:
+    """A GET /healthz whose head (request line, fields, blank line) is ``size`` bytes long."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: \r\n\r\n"
+    return head.replace(b"X-Big: ", b"X-Big: " + b"a" * (size - len(head)))
+
+
+@pytest.mark.parametrize("size", [16_384, 16_385, 20_000, 65_000])
+async def test_one_header_limit_whatever_the_segmentation(port, size):
+    """Regression: a 65 KB head in one write passed while 20 KB in pieces was refused (h11 only measures a head
+    that has not arrived whole). Now a head over 16 KiB is 431 both ways, and one of 16 KiB passes both ways."""
+    request = with_header(size)
+    assert len(request) == size
+    statuses = []
+    for raw, closed in [await exchange(port, request), await exchange(port, request, piece=1000)]:
+        [(status, _, _)] = answers(raw)
+        statuses.append(status)
+        assert closed
+    assert statuses == ([200, 200] if size <= 16_384 else [431, 431])
+
+
+async def test_duplicate_authorization_headers_are_refused(port):
+    """Regression: the gate read the last of two ``Authorization`` headers and the routes the first. A request
+    with more than one is now 400 ``invalid_http`` and closed, on every route, before any of them reads it."""
+    for target in (b"GET /v1/models", b"POST /v1/score"):
+        auth = b"Authorization: Bearer a\r\nAuthorization: Bearer b\r\n"
+        body = OK_BODY if target.startswith(b"POST") else b""
+        head = target + b" HTTP/1.1\r\nHost: x\r\n" + auth + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        raw, closed = await exchange(port, head + body)
+        headers = refused(raw, 400, "invalid_http")
+        assert headers["connection"] == "close" and closed
+    raw, _ = await exchange(
+        port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nConnection: close\r\n\r\n"
+    )
+    assert answers(raw)[0][0] == 200
+
+
+async def keep_alive_until_closed(port: int, request: bytes) -> tuple[list[int], str]:
+    """Send ``request`` on one connection again as soon as the head of each answer arrives (before its body, which
+    is where a request sent after a closing answer landed), until the server closes; (statuses, last Connection)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = b""
+    async with stream:
+        with trio.fail_after(60):
+            for k in range(1_001):
+                try:
+                    await stream.send_all(request)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                while received.count(b"HTTP/1.1 ") <= k:
+                    try:
+                        chunk = await stream.receive_some(65536)
+                    except trio.BrokenResourceError:
+                        chunk = b""
+                    if not chunk:
+                        break
+                    received += chunk
+                else:
+                    continue
+                break
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+    found = answers(received)
+    return [status for status, _, _ in found], found[-1][1].get("connection", "")
+
+
+async def test_the_keep_alive_request_limit_closes_cleanly(port, caplog):
+    """Regression: the 1,000th request on a keep-alive connection logged ``ERROR ... BusyResourceError`` when the
+    client's next request arrived while that answer's body was being sent (the connection was closed from the
+    reading task while the answering task was still writing). Now the 1,000th answer says ``Connection: close``,
+    what arrives after it is not read, the connection closes after the answer, and nothing is logged at ERROR."""
+    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    results = []
+
+    async def client():
+        results.append(await keep_alive_until_closed(port, one))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(client)
+    assert results == [([200] * 1000, "close")] * 6
+    assert await healthy(port)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
