@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -148,8 +149,11 @@ def read_pack_file(path: str | os.PathLike, *, draft: bool = False) -> Parsed:
     """Read, validate and parse the pack file at ``path``."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return _refused(f"the file is larger than 16 MiB ({path.stat().st_size} bytes)")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read for ever
+            return _refused("the file is not a regular file (a FIFO, socket or device)")
+        if info.st_size > MAX_FILE_BYTES:
+            return _refused(f"the file is larger than 16 MiB ({info.st_size} bytes)")
         text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         return _refused(f"the file cannot be read: {exc.strerror or exc}")

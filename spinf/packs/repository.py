@@ -4,11 +4,18 @@
 folder) and, inside it, the JSON path. With a manifest, each listed version is loaded, validated and compared with
 its entry; without one, every ``*.json`` file that looks like a pack file is loaded (hidden files and folders
 excluded, sorted path order). No model filter and no namespace reservation apply here: those are the catalog's (§4).
+
+Only regular files inside the folder are read, in both modes: a listed path that resolves outside the folder is
+missing, and a discovered ``*.json`` link to a file outside it is a problem naming the link (the folder is what
+the operator chose to serve). A FIFO, socket or device is skipped with a log line, never opened for a blocking
+read: a FIFO in the folder held the catalog build, and so the start or a reload, for ever.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 
 import attrs
@@ -18,6 +25,7 @@ from spinf.packs.packfile import MAX_FILE_BYTES, PackFile, loads_strict, parse_p
 from spinf.packs.problems import Problem
 
 SNIFF_CHARS = 4096
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -69,9 +77,17 @@ def _inside(folder: Path, relative: str) -> Path | None:
     try:
         path = (folder / relative).resolve()
         inside = path.is_file() and path.is_relative_to(folder.resolve())
-    except (OSError, ValueError):  # a NUL byte in the name, a symlink loop
+    except (OSError, ValueError, RuntimeError):  # a NUL byte in the name, a symlink loop (RuntimeError in 3.11)
         return None
     return path if inside else None
+
+
+def _links_out(folder: Path, path: Path) -> bool:
+    """Whether ``path`` (found under ``folder``) resolves to somewhere outside it, or cannot be resolved."""
+    try:
+        return not path.resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, RuntimeError):
+        return True
 
 
 @attrs.define
@@ -171,7 +187,12 @@ def _discover(folder: Path) -> Scan:
     packs, problems = [], []
     for path in _json_files(folder):
         relative = path.relative_to(folder).as_posix()
-        raw = _sniff(path)
+        if _links_out(folder, path):
+            problems.append(
+                Problem("", "a link to a file outside the folder; not read (a source serves its folder)", relative)
+            )
+            continue
+        raw = _sniff(path, relative)
         if raw is None:
             continue
         parsed = read_pack_file(path) if raw is _TOO_LARGE else parse_pack(raw)
@@ -193,16 +214,26 @@ def _json_files(folder: Path) -> list[Path]:
 _TOO_LARGE = object()
 
 
-def _sniff(path: Path) -> object:
+def _sniff(path: Path, relative: str) -> object:
     """The file's JSON object when it looks like a pack file (``pack`` and ``scoring`` keys); `_TOO_LARGE` for one
-    that mentions ``"pack"`` but is over the size limit (read_pack_file then refuses it); None to skip it."""
+    that mentions ``"pack"`` but is over the size limit (read_pack_file then refuses it); None to skip it. Opened
+    without blocking and checked on the open descriptor, so a FIFO is never waited on."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            if '"pack"' not in f.read(SNIFF_CHARS):
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                log.warning(
+                    "pack folder %s: %s is not a regular file (a FIFO, socket or device); skipped",
+                    path.parent,
+                    relative,
+                )
                 return None
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return _TOO_LARGE
-        raw = loads_strict(path.read_bytes().decode("utf-8"))
+            if '"pack"' not in f.read(4 * SNIFF_CHARS).decode("utf-8", errors="replace")[:SNIFF_CHARS]:
+                return None
+            if info.st_size > MAX_FILE_BYTES:
+                return _TOO_LARGE
+            f.seek(0)
+            raw = loads_strict(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
     if not (isinstance(raw, dict) and "pack" in raw and "scoring" in raw):

@@ -3,9 +3,13 @@ paths, file against entry, coming soon) and discovery without one (what is skipp
 
 from __future__ import annotations
 
+import logging
+import os
 import random
+import threading
 
 from spinf.packs.manifest import MANIFEST_NAME
+from spinf.packs.packfile import read_pack_file
 from spinf.packs.repository import scan_folder
 from tests.packs.folders import MINIMAL, entry, manifest, tone, version, write
 from tests.packs.mutate import mutate
@@ -170,3 +174,68 @@ def test_no_manifest_makes_the_scan_crash(tmp_path):
         scan = scan_folder(tmp_path)
         assert all(p.render() for p in scan.problems)
         assert len(scan.packs) <= 1
+
+
+def scan_in_time(folder, seconds: float = 10.0):
+    """`scan_folder` in a thread that must finish within ``seconds`` (a blocked open would hang the test run)."""
+    done = []
+    worker = threading.Thread(target=lambda: done.append(scan_folder(folder)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, f"scan_folder({folder}) did not return within {seconds} s"
+    return done[0]
+
+
+def test_a_fifo_in_a_discovered_folder_is_skipped_with_a_log_line(tmp_path, caplog):
+    """Regression: a FIFO named ``*.json`` blocked the catalog build (the start, a reload) for ever."""
+    write(tmp_path, "a/tone.json", tone())
+    os.mkfifo(tmp_path / "a" / "pipe.json")
+    os.mkfifo(tmp_path / MANIFEST_NAME)  # not a manifest either: the folder is read by discovery
+    with caplog.at_level(logging.WARNING, logger="spinf.packs.repository"):
+        scan = scan_in_time(tmp_path)
+    assert [p.file for p in scan.packs] == ["a/tone.json"] and scan.problems == ()
+    assert sorted(r.getMessage().split(": ", 1)[1] for r in caplog.records) == [
+        "a/pipe.json is not a regular file (a FIFO, socket or device); skipped",
+        f"{MANIFEST_NAME} is not a regular file (a FIFO, socket or device); skipped",
+    ]
+
+
+def test_a_fifo_listed_in_a_manifest_is_a_missing_file(tmp_path):
+    write(tmp_path, MANIFEST_NAME, manifest(entry("acme/tone", version(), readme="README.md")))
+    (tmp_path / "packs" / "tone").mkdir(parents=True)
+    os.mkfifo(tmp_path / "packs" / "tone" / "1.0.0.json")
+    os.mkfifo(tmp_path / "README.md")
+    scan = scan_in_time(tmp_path)
+    assert scan.packs == ()
+    assert [p.render() for p in scan.problems] == [
+        f"{MANIFEST_NAME}: packs.0.readme: acme/tone: the readme 'README.md' does not exist in the folder",
+        f"{MANIFEST_NAME}: packs.0.versions.0.file: acme/tone 1.0.0: the file 'packs/tone/1.0.0.json' does not exist "
+        "in the folder",
+    ]
+
+
+def test_read_pack_file_refuses_a_fifo_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "pipe.json")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(read_pack_file(tmp_path / "pipe.json")), daemon=True)
+    worker.start()
+    worker.join(10)
+    [parsed] = done
+    assert [p.message for p in parsed.problems] == ["the file is not a regular file (a FIFO, socket or device)"]
+
+
+def test_discovery_refuses_a_link_to_a_file_outside_the_folder(tmp_path):
+    """Regression (issue 33 item 6): discovery followed a file symlink out of the folder and served the pack it
+    found there. Now such a link is a problem naming it, as a manifest's path out of the folder is, and nothing is
+    read through it; a link that stays inside the folder is still read."""
+    outside, folder = tmp_path / "outside", tmp_path / "folder"
+    write(outside, "secret.json", tone(version="6.6.6"))
+    write(folder, "a/tone.json", tone())
+    (folder / "a" / "stolen.json").symlink_to(outside / "secret.json")
+    (folder / "b").mkdir()
+    (folder / "b" / "again.json").symlink_to(folder / "a" / "tone.json")
+    scan = scan_in_time(folder)
+    assert [(p.file, p.pack.version) for p in scan.packs] == [("a/tone.json", "1.0.0"), ("b/again.json", "1.0.0")]
+    assert [p.render() for p in scan.problems] == [
+        "a/stolen.json: a link to a file outside the folder; not read (a source serves its folder)"
+    ]
