@@ -15,11 +15,13 @@ silently run without.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 
+from spinf.catalog.resolve import read_config
 from spinf.errors import ModelError
 
 GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
@@ -33,6 +35,7 @@ UNSUPPORTED = {
     "enable_moe_block": (False, "mixture-of-experts blocks (the 26B A4B model)"),
 }
 DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256}}
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -66,19 +69,46 @@ class TextConfig:
 def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
     """The text config of the checkpoint in ``folder`` and the weight-name prefix of its text model."""
     path = Path(folder) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read the model config {path}: {exc}") from exc
+    return config_in_file(path, _text_config, read_config(Path(folder)))
+
+
+def _text_config(raw: dict) -> tuple[TextConfig, str]:
     model_type = raw.get("model_type")
     if model_type in GEMMA4_TYPES:
         text = dict(raw.get("text_config") or {})
         text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", True))
         text.setdefault("eos_token_id", raw.get("eos_token_id"))
-        return parse_text_config(text), "model.language_model."
-    if model_type in GEMMA4_TEXT_TYPES:
-        return parse_text_config(raw), "model."
-    raise ModelError(f"{path}: model_type {model_type!r} is not a Gemma 4 model; this engine serves Gemma 4")
+        config = parse_text_config(text), "model.language_model."
+    elif model_type in GEMMA4_TEXT_TYPES:
+        config = parse_text_config(raw), "model."
+    else:
+        raise ModelError(f"model_type {model_type!r} is not a Gemma 4 model; this engine serves Gemma 4")
+    check_sizes(config[0], ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "sliding_window"))
+    for layer in config[0].layers:
+        check_sizes(layer, ("head_dim", "num_kv_heads"))
+    return config
+
+
+def config_in_file(path: Path, parse: Callable[[dict], T], raw: dict) -> T:
+    """``parse(raw)``, with any problem of the file's content a `ModelError` that names ``path``: a missing key or
+    a value of the wrong type otherwise surfaced as a bare ``KeyError 'hidden_size'`` or a torch error while the
+    model was built, with no word of which file was wrong."""
+    try:
+        return parse(raw)
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from exc
+    except KeyError as exc:
+        raise ModelError(f"{path}: the key {exc.args[0]!r} is missing") from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ModelError(f"{path}: a value has the wrong type or form ({type(exc).__name__}: {exc})") from exc
+
+
+def check_sizes(config: object, names: Sequence[str]) -> None:
+    """`ModelError` for the first of ``names`` whose value is not a positive integer."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelError(f"{name} must be a positive integer, not {value!r}")
 
 
 def parse_text_config(raw: dict) -> TextConfig:

@@ -104,6 +104,8 @@ def read_media_config(folder: str | Path) -> MediaConfig | None:
     if audio and None in (tokens.boa, tokens.eoa, tokens.audio):
         raise ModelError(f"{folder}/config.json: an audio config needs boa_token_id, eoa_token_index, audio_token_id")
     text = raw.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise ModelError(f"{folder}/config.json: text_config is not an object")
     mode = BIDIRECTIONAL_NONE
     if text.get("use_bidirectional_attention") == "vision":
         mode = BIDIRECTIONAL_OR if layout == "unified" else BIDIRECTIONAL_IN_WINDOW

@@ -52,3 +52,40 @@ def test_an_engine_on_a_damaged_model_dir_is_refused_in_one_line_naming_the_shar
         f"({DTYPE_ERROR}"
     )
     assert "\n" not in message
+
+
+def _broken(config: dict, case: str) -> str:
+    text = dict(config["text_config"])
+    if case == "truncated":
+        return json.dumps(config)[:60]
+    if case == "a list":
+        return "[1, 2]"
+    if case == "a key missing":
+        del text["hidden_size"]
+    elif case == "a size of the wrong type":
+        text["hidden_size"] = "abc"
+    elif case == "text_config a list":
+        return json.dumps({**config, "text_config": [1]})
+    return json.dumps({**config, "text_config": text})
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("truncated", "cannot read {path}: Unterminated string"),
+        ("a list", "{path} is not a JSON object"),
+        ("a key missing", "{path}: the key 'hidden_size' is missing"),
+        ("a size of the wrong type", "{path}: hidden_size must be a positive integer, not 'abc'"),
+        ("text_config a list", "{path}: text_config is not an object"),
+    ],
+)
+def test_a_broken_config_json_is_refused_naming_the_file(tiny_engine, tmp_path, case, says):
+    """Regression (issue 33 item 8): a config.json that parsed but held a wrong shape was reported as a bare
+    ``KeyError: 'hidden_size'``, a torch ``TypeError`` or an ``AttributeError``, naming no file."""
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_engine.folder, folder)
+    path = folder / "config.json"
+    path.write_text(_broken(json.loads(path.read_text()), case))
+    with pytest.raises(ModelError) as refused:
+        Engine(str(folder), device="cpu")
+    assert str(refused.value).startswith(says.format(path=path))

@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from spinf.catalog.resolve import read_config
+from spinf.engine.config import check_sizes, config_in_file
 from spinf.errors import ModelError
 
 QWEN35_TYPES = {"qwen3_5": "model.language_model.", "qwen3_5_text": "model."}  # model type -> text weight prefix
@@ -35,6 +36,21 @@ def log_ignored(logger: logging.Logger, path: str | Path, what: str, names: Sequ
     if line not in _LOGGED:
         _LOGGED.add(line)
         logger.info("%s", line)
+
+
+SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 
 @attrs.frozen
@@ -78,17 +94,21 @@ class Qwen35Config:
 
 def read_qwen35_config(folder: str | Path) -> tuple[Qwen35Config, str]:
     """The text config of the Qwen3.5 checkpoint in ``folder`` and the weight-name prefix of its text model."""
-    path = Path(folder) / "config.json"
-    raw = read_config(Path(folder))
+    return config_in_file(Path(folder) / "config.json", _text_config, read_config(Path(folder)))
+
+
+def _text_config(raw: dict) -> tuple[Qwen35Config, str]:
     model_type = raw.get("model_type")
     if model_type not in QWEN35_TYPES:
-        raise ModelError(f"{path}: model_type {model_type!r} is not a Qwen3.5 model ({', '.join(QWEN35_TYPES)})")
+        raise ModelError(f"model_type {model_type!r} is not a Qwen3.5 model ({', '.join(QWEN35_TYPES)})")
     text = raw
     if model_type == "qwen3_5":
         text = dict(raw.get("text_config") or {})
         text.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
         text.setdefault("eos_token_id", raw.get("eos_token_id"))
-    return parse_qwen35_config(text), QWEN35_TYPES[model_type]
+    config = parse_qwen35_config(text)
+    check_sizes(config, SIZES)
+    return config, QWEN35_TYPES[model_type]
 
 
 def parse_qwen35_config(raw: dict) -> Qwen35Config:
