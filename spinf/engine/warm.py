@@ -32,13 +32,20 @@ After the scoring steps, an engine that can extract (``engine.extractor`` set: t
 so the decode path's first use (its buffers, and on a GPU its kernels) is paid before ready. Its seconds are
 ``boot.warmup_extract_s`` rather than part of ``boot.warmup_s`` (api spec §3.1): each step says which it counts
 in (`Step.part`).
+
+Every warm-up call's answer is checked for a non-finite number (`checked_score`): a checkpoint that loads but
+computes NaN (a damaged or wrongly quantized shard) would otherwise turn ready and answer every call 500, since
+the JSON encoder refuses NaN (api spec §2.1). The warm-up fails with a `ModelError` naming where the first one
+appeared, so the boot fails (api spec §3.1: ``/readyz`` answers 503 with the reason, calls 503
+``model_unavailable``). Under ``none`` nothing runs, so nothing is checked.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import attrs
@@ -46,6 +53,7 @@ import attrs
 from spinf.engine.graphs import all_buckets
 from spinf.engine.trie import Job
 from spinf.engine.work import RawJobs
+from spinf.errors import ModelError
 
 if TYPE_CHECKING:
     from spinf.engine.engine import Engine
@@ -185,11 +193,11 @@ def steps(engine: Engine, mode: str) -> list[Step]:
     the scoring calls, the built passes, then the extraction call when the engine can extract."""
     filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
     options = answer_options(engine)
-    calls = [Step(functools.partial(engine.score, with_options(body, options))) for body in bodies(mode)]
+    calls = [Step(functools.partial(checked_score, engine, with_options(body, options))) for body in bodies(mode)]
     embedders = getattr(engine, "embedders", None)
     media = media_body(mode, engine.features.media & embedders.kinds) if embedders is not None else None
     if media is not None:
-        calls.append(Step(functools.partial(engine.score, with_options(media, options))))
+        calls.append(Step(functools.partial(checked_score, engine, with_options(media, options))))
     built = passes(mode, engine.shape.token_budget)
     found = calls + [Step(functools.partial(run_pass, engine.loop, jobs(plan, filler))) for plan in built]
     if engine.extractor is not None:
@@ -197,8 +205,33 @@ def steps(engine: Engine, mode: str) -> list[Step]:
             mode, max_slots=engine.limits.max_extractions_per_input, generation=engine.features.generation
         )
         if body is not None:
-            found.append(Step(functools.partial(engine.score, body), part="warmup_extract_s"))
+            found.append(Step(functools.partial(checked_score, engine, body), part="warmup_extract_s"))
     return found
+
+
+def checked_score(engine: Engine, body: dict) -> dict:
+    """``engine.score(body)``; a `ModelError` when the answer holds a non-finite number (the model computes NaN or
+    infinity: no call it answers could be sent)."""
+    response = engine.score(body)
+    where = next(non_finite(response["results"], "results"), None)
+    if where is not None:
+        raise ModelError(
+            f"the model computes non-finite scores (the warm-up call's {where} is not a finite number): the "
+            "checkpoint's weights or its quantization are damaged"
+        )
+    return response
+
+
+def non_finite(value: object, path: str) -> Iterator[str]:
+    """The dotted paths of the NaN and infinite floats in a JSON-shaped value, in order."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from non_finite(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for k, item in enumerate(value):
+            yield from non_finite(item, f"{path}.{k}")
 
 
 def answer_options(engine: Engine) -> list[str] | None:

@@ -11,6 +11,7 @@ import pytest
 from spinf import Engine
 from spinf.engine import warm
 from spinf.engine.graphs import all_buckets, bucket_of
+from spinf.errors import ModelError
 from spinf.settings import Features
 
 
@@ -55,7 +56,8 @@ def test_full_begins_with_the_calls_of_short_and_both_end_with_the_extraction_ca
         full[-1].run.func,
         full[-1].run.args,
     )
-    assert [s.run.func for s in short] == [engine.score] * 4  # two scoring calls, the media call, extraction
+    # two scoring calls, the media call, extraction; each answer checked for non-finite numbers
+    assert [(s.run.func, s.run.args[0]) for s in short] == [(warm.checked_score, engine)] * 4
     assert [s.part for s in short] == ["warmup_s", "warmup_s", "warmup_s", "warmup_extract_s"]
     assert [s.part for s in full] == ["warmup_s"] * (len(full) - 1) + ["warmup_extract_s"]
     assert len(full) == len(short) + len(all_buckets()) + 1
@@ -130,3 +132,29 @@ def test_a_pass_runs_through_the_engine_loop(engine):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match=r"^warm-up mode 'half': one of full, short, none$"):
         warm.passes("half", 2048)
+
+
+def test_a_warm_up_call_that_scores_nan_fails_naming_where(engine, monkeypatch):
+    """Regression (issue 33 item 8): a checkpoint that loads but computes NaN passed the warm-up and reported
+    ready while every call was a 500. A warm-up call whose answer holds a non-finite number now fails."""
+    [first, *_] = engine.warmup_steps("short")
+    assert first()["results"]  # finite: passes
+    score = engine.score
+
+    def poisoned(body):
+        response = score(body)
+        response["results"][0]["queries"][0]["combinations"][0]["options"][1]["p"] = float("nan")
+        return response
+
+    monkeypatch.setattr(engine, "score", poisoned)
+    with pytest.raises(
+        ModelError,
+        match=r"^the model computes non-finite scores \(the warm-up call's "
+        r"results\.0\.queries\.0\.combinations\.0\.options\.1\.p is not a finite number\)",
+    ):
+        first()
+
+
+def test_non_finite_finds_nan_and_infinities_in_order():
+    value = {"a": [1.0, float("inf"), {"b": float("nan")}], "c": -float("inf"), "d": "nan", "e": 3}
+    assert list(warm.non_finite(value, "x")) == ["x.a.1", "x.a.2.b", "x.c"]
