@@ -1,7 +1,8 @@
 """The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
-Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing what the manifest, the settings
-and the device decide, ``spinf.engine.opening.check_before_lookup``, and a model name that resolves to nothing,
+Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing an address it cannot listen on,
+``spinf.supervisor.bind_sockets``, what the manifest, the settings and the device decide,
+``spinf.engine.opening.check_before_lookup``, and a model name that resolves to nothing,
 ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
 and ``models`` (``spinf.catalog``), ``calibrate`` and ``parity`` (``spinf.engine.calibrate``, ``spinf.engine.parity``),
@@ -128,16 +129,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Refuses, before anything starts or is fetched, a start that cannot work (`check_before_lookup`: what the
-    manifest, the settings and the device decide), then a Hub repo id that is neither cached nor on the Hub (api spec
-    §9.6, which asks the Hub). What the settings note (a key outside its section, a reference setting with no effect
-    here) is logged first, once."""
+    """Refuses, before anything starts or is fetched, a start that cannot work: a listening address that cannot be
+    bound (`bind_sockets`), what the manifest, the settings and the device decide (`check_before_lookup`), then a
+    Hub repo id that is neither cached nor on the Hub (api spec §9.6, which asks the Hub). What the settings note (a
+    key outside its section, a reference setting with no effect here) is logged first, once."""
     settings = _settings(args)
     if settings.notes:
         from spinf.logs import configure
 
         configure(settings.server.log_format)
         log_notes(settings)
+    from spinf.supervisor import ServerOptions, bind_sockets, run
+
+    sockets = bind_sockets(ServerOptions.from_settings(settings))  # an address in use: one line, before any load
     from spinf.catalog.checkpoint import check_findable
     from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
 
@@ -156,10 +160,8 @@ def _serve(args: argparse.Namespace) -> int:
         revision=engine.revision,
         cache_dirs=list(engine.cache_dirs) or None,
     )
-    from spinf.supervisor import run
-
     # a pack reload reads the layers again: the config file may have changed the pack settings since the start
-    return run(settings, reload_settings=lambda: _settings(args))
+    return run(settings, reload_settings=lambda: _settings(args), sockets=sockets)
 
 
 def _score(args: argparse.Namespace) -> int:

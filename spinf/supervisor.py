@@ -15,17 +15,20 @@ snapshot per call; it is cancelled once the HTTP server has closed, since no rel
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import attrs
-import hypercorn.trio
 import trio
-from hypercorn.config import Config
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
 
 from spinf import http11
 from spinf.actors.drain import DrainController
@@ -35,7 +38,7 @@ from spinf.actors.pack_syncer import PackSyncer, can_listen_for_hangups
 from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
 from spinf.admission import Admission
-from spinf.errors import SpinfError
+from spinf.errors import ConfigError, SpinfError
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, log_lines
 from spinf.packs.listing import read_catalog
@@ -165,6 +168,30 @@ def hypercorn_config(options: ServerOptions) -> Config:
     config.accesslog = None  # spinf.access logs one line per request, without content
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers (plain or JSON lines)
     return config
+
+
+def bind_sockets(options: ServerOptions) -> Sockets:
+    """The listening address bound (not yet listening: a connection before the server runs is refused, not left
+    waiting), so that an address in use is one line before the model loads rather than a trace after it.
+
+    Raises ``ConfigError`` naming the address and the reason (in use, not on this machine, a privileged port)."""
+    address = f"[{options.host}]:{options.port}" if ":" in options.host else f"{options.host}:{options.port}"
+    try:
+        return hypercorn_config(options).create_sockets()
+    except OSError as error:  # socket.gaierror too: a host name that does not resolve
+        if error.errno in _BIND_REASONS:
+            reason = _BIND_REASONS[error.errno]
+        else:
+            reason = (error.strerror or str(error)).lower()
+        raise ConfigError(f"cannot listen on {address}: {reason}") from error
+
+
+_BIND_REASONS = {
+    errno.EADDRINUSE: "address already in use (another server runs there; choose another --port)",
+    errno.EADDRNOTAVAIL: "the address is not one of this machine's (--host)",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    socket.EAI_NONAME: "unknown host name (--host)",
+}
 
 
 def _queued(packer: Packer) -> int:
@@ -299,18 +326,25 @@ async def serve(
     *,
     openapi: Callable[[], dict] = dict,
     packs: PackCatalogs | None = None,
+    sockets: Sockets | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds.
+    ``sockets``: the address bound already (`bind_sockets`); None binds it here.
 
     Returns the exit status: 0, also when the shutdown deadline cut calls short, or 70 when the engine was
     degraded (api spec §3.2).
     """
     http11.install()
+    config = hypercorn_config(options)
+    sockets = sockets or bind_sockets(options)
     async with running_actors(options, load, models_entry, openapi=openapi, packs=packs) as running:
-        app = create_app(running.services)
-        config = hypercorn_config(options)
-        await hypercorn.trio.serve(app, config, shutdown_trigger=running.shutdown.wait, task_status=task_status)
+        app = wrap_app(create_app(running.services), config.wsgi_max_body_size, None)
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+        await worker_serve(
+            app, config, sockets=sockets, shutdown_trigger=running.shutdown.wait, task_status=task_status
+        )
         log.info("the HTTP server has closed")
     return running.drain.exit_code
 
@@ -409,9 +443,11 @@ _MODEL_KEYS = ["id", "name", "status", "base_model", "aliases", "family", "capab
 _MODEL_KEYS += ["features", "image", "batch_invariant"]
 
 
-def run(settings, reload_settings: Callable[[], object] | None = None) -> int:
+def run(settings, reload_settings: Callable[[], object] | None = None, sockets: Sockets | None = None) -> int:
     """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT. ``reload_settings``
-    gives the layered settings again; a pack reload takes its pack settings from them."""
+    gives the layered settings again; a pack reload takes its pack settings from them. ``sockets``: the address
+    bound already (`bind_sockets`, which the command calls before its checks); None binds it here, before the
+    pack catalog and the model."""
     from spinf import __version__
     from spinf.catalog import resolve_model
     from spinf.logs import configure
@@ -420,6 +456,7 @@ def run(settings, reload_settings: Callable[[], object] | None = None) -> int:
     configure(settings.server.log_format)
     resolved = resolve_model(settings.engine.model)
     options = ServerOptions.from_settings(settings)
+    sockets = sockets or bind_sockets(options)
     if resolved.manifest is not None:
         options = attrs.evolve(options, prompt_style=resolved.manifest.prompt_style)
     log.info(
@@ -443,6 +480,12 @@ def run(settings, reload_settings: Callable[[], object] | None = None) -> int:
     document = openapi_document(__version__)
     return trio.run(
         functools.partial(
-            serve, options, load, models_entry_for(resolved, settings), openapi=lambda: document, packs=packs
+            serve,
+            options,
+            load,
+            models_entry_for(resolved, settings),
+            openapi=lambda: document,
+            packs=packs,
+            sockets=sockets,
         )
     )

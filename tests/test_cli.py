@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import spinf.bulk
 import spinf.catalog
 import spinf.cli
 import spinf.logs
+import spinf.supervisor
 from spinf._version import __version__
 from spinf.cli import main
 from spinf.errors import ModelError
@@ -42,6 +44,8 @@ def hermetic(monkeypatch):
         monkeypatch.delenv(name)
     monkeypatch.setattr(spinf.cli, "_manifest_defaults", lambda model: MANIFEST)
     monkeypatch.setattr(spinf.logs, "configure", lambda log_format: None)  # `serve` with notes: pytest's handlers stay
+    # `serve` in-process binds no port (the default 8000 may be anyone's); the subprocess tests bind for real
+    monkeypatch.setattr(spinf.supervisor, "bind_sockets", lambda options: None)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -245,7 +249,7 @@ def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
     import spinf.supervisor
 
     calls = []
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, reload_settings: calls.append(
+    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, reload_settings, sockets: calls.append(
         (settings, reload_settings)) or 0)  # fmt: skip
     code, out, err = run(capsys, "serve", "tiny", "--device", "cpu", "--port", "9001", "--debug")
     assert (code, out, err) == (0, "", "")
@@ -495,3 +499,50 @@ def test_score_warns_of_the_notes_before_scoring(capsys, monkeypatch, caplog):
         assert run(capsys, "score", "body.json", "tiny", "--device", "cpu")[0] == 0
     reason = SETTING["lm_rows"].no_effect
     assert warned == [[f"engine.lm_rows = 2048 (env SPINF_LM_ROWS): no effect on this engine: {reason}"]]
+
+
+def _serve_refused(*argv: str, env: dict[str, str] | None = None) -> str:
+    """``python -m spinf serve ARGV``, which must refuse to start: its one line on stderr, after asserting exit
+    status 2, nothing on stdout and no traceback. Offline, so a model name is never looked up on the Hub."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spinf", "serve", *argv],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}
+        | {"HF_HUB_OFFLINE": "1"}
+        | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,  # a server that came up would run until killed: the timeout turns that into a failure
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_serve_refuses_an_address_in_use_in_one_line_before_the_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = _serve_refused("tiny", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port))
+    assert err == (
+        f"spinf-serve: cannot listen on 127.0.0.1:{port}: address already in use (another server runs there; "
+        "choose another --port)\n"
+    )
+
+
+def test_serve_refuses_an_unknown_host_name_in_one_line():
+    err = _serve_refused("tiny", "--device", "cpu", "--host", "no-such-host.invalid", "--port", "8123")
+    assert err == "spinf-serve: cannot listen on no-such-host.invalid:8123: unknown host name (--host)\n"
+
+
+def test_serve_refuses_an_unknown_model_in_one_line():
+    err = _serve_refused("acme-nowhere", "--device", "cpu", "--port", "8123")
+    assert err.startswith("spinf-serve: unknown model 'acme-nowhere': it is no catalog id or alias")
+
+
+def test_serve_refuses_a_bad_config_file_in_one_line(tmp_path):
+    config = tmp_path / "spinf.toml"
+    config.write_text("[server]\nprot = 8001\n")
+    err = _serve_refused("tiny", "--device", "cpu", "--port", "8123", env={"SPINF_CONFIG": str(config)})
+    assert err.startswith(f"spinf-serve: server.prot (config {config}:2): unknown key; did you mean ")
