@@ -73,8 +73,9 @@ async def test_errors_come_in_the_envelope(server):
     assert envelope(await server.get("/nope")) == (404, "not_found", None)
     refused = await server.get("/v1/score")
     assert envelope(refused) == (405, "method_not_allowed", None) and refused.headers["allow"] == "POST"
-    head = await server.head("/healthz")  # a HEAD answer carries no body, only the status and headers
-    assert head.status_code == 405 and head.headers["allow"] == "GET" and head.headers["x-request-id"]
+    for probe in ("/healthz", "/readyz", "/livez"):  # api spec §1: HEAD is not served (docs/deployment.md says why)
+        head = await server.head(probe)  # a HEAD answer carries no body, only the status and headers
+        assert head.status_code == 405 and head.headers["allow"] == "GET" and head.headers["x-request-id"]
     assert envelope(await server.post("/v1/score", content=b"")) == (400, "invalid_json", None)
     assert envelope(await server.post("/v1/score", content=b"x" * 5000)) == (413, "body_too_large", None)
     assert envelope(await server.post("/v1/chat/completions", json={"messages": []})) == (
