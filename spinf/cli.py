@@ -58,7 +58,11 @@ def _parser() -> argparse.ArgumentParser:
 
     add_flags(command("serve", "run the HTTP server"))
     score = command("score", "score one request body, or a JSON Lines file of inputs, without a server")
-    score.add_argument("request", metavar="REQUEST", help="the request body (JSON), or its shared part with --inputs")
+    score.add_argument(
+        "request",
+        metavar="REQUEST",
+        help="the request body (or its shared part with --inputs): a JSON file, - for stdin, or the JSON itself",
+    )
     add_flags(score)
     bulk = score.add_argument_group("bulk scoring")
     bulk.add_argument("--inputs", metavar="FILE.jsonl", help="one input per line, scored with REQUEST's queries")

@@ -1,6 +1,7 @@
 """``spinf-serve score``: one body (api spec §10), or a whole inputs file with ``--inputs`` and ``--output``.
 
-``score REQUEST.json [MODEL]`` scores the body and prints the public response JSON to stdout. With ``--inputs
+``score REQUEST [MODEL]`` scores the body (a file, ``-`` for stdin, or the JSON itself when it starts with ``{``;
+`spinf.bulk.inputs.read_request`) and prints the public response JSON to stdout. With ``--inputs
 FILE.jsonl --output FILE.jsonl`` REQUEST.json holds only the shared part of the body (``scoring``, optionally
 ``model`` and ``endpoint``) and every line of the inputs file is one input; see `spinf.bulk.run`. The engine runs
 in-process (one batch at a time) unless ``--url`` names servers, which get ``--concurrency`` batches at once
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Callable
 
 from spinf.bulk.errors import BatchFailed, BulkError, BulkInputError, request_id_of
-from spinf.bulk.inputs import check_shared, read_json_object
+from spinf.bulk.inputs import check_shared, describe_request, read_request
 from spinf.bulk.output import dumps
 from spinf.bulk.progress import ProgressBar
 from spinf.bulk.remote import http_scorers
@@ -78,7 +79,7 @@ def _check_mode(args) -> None:
 
 
 def _run_file(args, request: dict, scorers: list, remote: bool) -> None:
-    check_shared(request, f"the request file {str(args.request)!r}")
+    check_shared(request, describe_request(args.request))
     show = not args.no_progress and sys.stderr.isatty()
     bar = ProgressBar(sys.stderr) if show else None
     try:
@@ -113,7 +114,7 @@ def _interrupted(args, exc: KeyboardInterrupt) -> int:
     elif args.inputs is not None:
         line = f"interrupted before scoring began: nothing was written to {args.output}"
     else:
-        line = f"interrupted: {args.request} was not scored"
+        line = f"interrupted: {describe_request(args.request)} was not scored"
     print(f"{_PREFIX}: {line}", file=sys.stderr)
     if isinstance(exc, Interrupted) and exc.running:
         sys.stdout.flush()
@@ -126,7 +127,7 @@ def main(args, settings, *, make_engine: Callable[[], object] | None = None) -> 
     """Runs ``score`` for parsed ``args``; ``make_engine`` replaces building the engine from ``settings``."""
     try:
         _check_mode(args)
-        request = read_json_object(args.request, "request file")
+        request = read_request(args.request, sys.stdin.buffer)
         scorers, remote = _scorers(args, settings, make_engine)
         if args.inputs is None:
             print(dumps(scorers[0](request)))

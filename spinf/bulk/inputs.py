@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import attrs
 
@@ -58,6 +59,32 @@ def read_json_object(path: str | Path, what: str) -> dict:
         raise BulkInputError(f"the {what} {str(path)!r} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise BulkInputError(f"the {what} {str(path)!r} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def describe_request(argument: str | Path) -> str:
+    """How errors name ``score``'s REQUEST argument: stdin (``-``), inline JSON (it starts with ``{``) or a file."""
+    argument = str(argument)
+    if argument == "-":
+        return "the request on stdin"
+    if argument.lstrip().startswith("{"):
+        return "the inline request"
+    return f"the request file {argument!r}"
+
+
+def read_request(argument: str | Path, stdin: BinaryIO) -> dict:
+    """``score``'s REQUEST: ``-`` reads the body from ``stdin``, an argument starting with ``{`` is the body itself,
+    anything else names a file (a file whose name starts with ``{`` is read as ``./{...``)."""
+    argument = str(argument)
+    if argument != "-" and not argument.lstrip().startswith("{"):
+        return read_json_object(argument, "request file")
+    what = describe_request(argument)
+    try:
+        value = json.loads(stdin.read() if argument == "-" else argument)
+    except ValueError as exc:
+        raise BulkInputError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise BulkInputError(f"{what} must be a JSON object, not {type(value).__name__}")
     return value
 
 

@@ -57,6 +57,31 @@ def test_one_body_prints_the_response(run, tmp_path, capsys, tiny_engine):
     assert response["results"] == tiny_engine.score(body)["results"]
 
 
+def test_the_request_is_read_from_stdin_or_given_inline(run, capsys, monkeypatch, tiny_engine):
+    body = {**REQUEST, "messages": [{"role": "user", "content": "great film"}]}
+    expected = tiny_engine.score(body)["results"]
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(json.dumps(body).encode())))
+    assert run(request="-") == 0
+    assert json.loads(capsys.readouterr().out)["results"] == expected
+    assert run(request=" " + json.dumps(body)) == 0  # a shell's quoting may leave a leading space
+    assert json.loads(capsys.readouterr().out)["results"] == expected
+
+
+@pytest.mark.parametrize(
+    ("request_argument", "stdin", "message"),
+    [
+        ("-", b"{", "the request on stdin is not valid JSON: "),
+        ("-", b"[1]", "the request on stdin must be a JSON object, not list"),
+        ('{"scoring": ', b"", "the inline request is not valid JSON: "),
+    ],
+)
+def test_a_bad_request_from_stdin_or_inline_is_one_line(run, capsys, monkeypatch, request_argument, stdin, message):
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(stdin)))
+    assert run(request=request_argument) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spinf-serve score: {message}") and err.count("\n") == 1
+
+
 def test_an_api_error_prints_the_envelope_without_rejected(run, tmp_path, capsys):
     path = write_jsonl(tmp_path / "req.json", [{**REQUEST, "inputs": [{"id": "a", "messages": "no"}]}])
     assert run(request=path) == 1
@@ -258,7 +283,7 @@ def test_ctrl_c_on_a_single_body_is_one_line(tmp_path):
         finally:
             stalling.release.set()
     assert (done.returncode, done.stdout) == (130, "")
-    assert done.stderr == f"spinf-serve score: interrupted: {req} was not scored\n"
+    assert done.stderr == f"spinf-serve score: interrupted: the request file '{req}' was not scored\n"
 
 
 def test_ctrl_c_while_the_inputs_are_checked_says_nothing_was_written(run, tmp_path, capsys, monkeypatch):
