@@ -114,11 +114,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--packs", action="append", default=[], metavar="SOURCE", help="a pack source (repeatable)")
     listing.add_argument("--model", default=None, metavar="ID", help="keep only the versions for this model")
-    listing.add_argument("--no-official", action="store_true", help="leave out the official pack repository")
+    # serve's names for the same settings are aliases: a user copies them over from a serve command line
     listing.add_argument(
-        "--allow-namespace", action="append", default=[], metavar="NS", help="allow a reserved namespace (repeatable)"
+        "--no-official", "--no-official-packs", action="store_true", help="leave out the official pack repository"
     )
-    listing.add_argument("--refresh", action="store_true", help="resolve cached tags again")
+    listing.add_argument(
+        "--allow-namespace",
+        "--packs-allow-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="allow a reserved namespace (repeatable)",
+    )
+    listing.add_argument("--refresh", "--packs-refresh", action="store_true", help="resolve cached tags again")
     return parser
 
 

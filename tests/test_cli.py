@@ -224,9 +224,9 @@ def test_serve_logs_the_notes_once_before_the_server_starts(capsys, monkeypatch,
     assert formats == ["json"]
 
 
-def run_help(capsys, command: str) -> str:
+def run_help(capsys, *command: str) -> str:
     with pytest.raises(SystemExit):
-        main([command, "--help"])
+        main([*command, "--help"])
     return capsys.readouterr().out
 
 
@@ -546,3 +546,21 @@ def test_serve_refuses_a_bad_config_file_in_one_line(tmp_path):
     config.write_text("[server]\nprot = 8001\n")
     err = _serve_refused("tiny", "--device", "cpu", "--port", "8123", env={"SPINF_CONFIG": str(config)})
     assert err.startswith(f"spinf-serve: server.prot (config {config}:2): unknown key; did you mean ")
+
+
+def test_packs_list_takes_serve_s_names_of_its_options(capsys):
+    """``--no-official-packs``, ``--packs-allow-namespace`` and ``--packs-refresh`` as ``serve`` spells them."""
+    parse = spinf.cli._parser().parse_args
+    ours = parse(["packs", "list", "--no-official", "--allow-namespace", "spinf", "--refresh"])
+    serves = parse(["packs", "list", "--no-official-packs", "--packs-allow-namespace", "spinf", "--packs-refresh"])
+    assert vars(ours) == vars(serves) and (ours.no_official, ours.allow_namespace, ours.refresh) == (
+        True,
+        ["spinf"],
+        True,
+    )
+    code, out, err = run(
+        capsys, "packs", "list", "--no-official-packs", "--packs", "fixtures/packs", "--model", "tiny"
+    )
+    assert (code, err, out.splitlines()[0]) == (0, "", "sources: local:fixtures/packs")  # no official source
+    help_text = run_help(capsys, "packs", "list")
+    assert "--no-official, --no-official-packs" in help_text and "--refresh, --packs-refresh" in help_text
