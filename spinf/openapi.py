@@ -44,7 +44,8 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
 }
 ERROR_TYPES = ("invalid_request", "authentication_error", "not_found", "rate_limited", "unavailable", "api_error")
 LIMIT_KEYS = """max_content_tokens max_query_tokens max_prompts_per_input max_processed_tokens
-    max_extractions_per_input max_options max_option_tokens max_frames max_audio_seconds max_image_pixels""".split()
+    max_extractions_per_input max_options max_option_tokens max_frames max_audio_seconds max_image_pixels
+    max_request_pixels""".split()
 MEDIA = ("image", "audio", "video")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_ID = r"^scr_[0-9A-HJKMNP-TV-Z]{26}$"

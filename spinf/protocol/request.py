@@ -176,7 +176,11 @@ def _model(body: dict, served_names: Collection[str] | None) -> str | None:
     model = body["model"]
     MODEL.check(model, "model")
     if served_names is not None and model.casefold() not in {name.casefold() for name in served_names}:
-        served = ", ".join(repr(name) for name in served_names)
+        # each name once: the served name is often the manifest id too, and names compare without case
+        distinct: dict[str, str] = {}
+        for name in served_names:
+            distinct.setdefault(name.casefold(), name)
+        served = ", ".join(repr(name) for name in distinct.values())
         raise bad_request("model_not_served", "model", f"model {model!r} is not served here; its names are {served}")
     return model
 

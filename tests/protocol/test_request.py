@@ -336,3 +336,11 @@ def slot_refusals():
 @pytest.mark.parametrize(("data", "code", "param"), [pytest.param(*case[1:], id=case[0]) for case in refusals()])
 def test_refused(refused, data, code, param):
     refused(lambda: parse_score_request(data, served_names=["spinf-12b"], model_media=ALL_MEDIA), code, param)
+
+
+def test_model_not_served_names_each_name_once():
+    """The served name is often the manifest id as well, and names compare without case: each is listed once."""
+    names = ["spinf/tiny-gemma4", "spinf/tiny-gemma4", "tiny", "TINY", "Spinf/Tiny-Gemma4"]
+    with pytest.raises(ApiError) as refused:
+        parse_score_request(body(model="gpt-4"), served_names=names)
+    assert refused.value.message == "model 'gpt-4' is not served here; its names are 'spinf/tiny-gemma4', 'tiny'"

@@ -84,7 +84,10 @@ async def test_errors_come_in_the_envelope(server):
         "scoring",
     )
     bad = dict(SCORE_BODY, model="gpt-4")
-    assert envelope(await server.post("/v1/score", json=bad)) == (400, "model_not_served", "model")
+    refused = await server.post("/v1/score", json=bad)
+    assert envelope(refused) == (400, "model_not_served", "model")
+    names = refused.json()["error"]["message"].split("; its names are ")[1].split(", ")
+    assert names == ["'spinf/tiny-gemma4'", "'tiny'"]  # the served name is the manifest id too: named once
     redirect = await server.post("/v1/score/", json=SCORE_BODY)
     assert redirect.status_code == 307 and redirect.headers["location"] == "/v1/score"
 
