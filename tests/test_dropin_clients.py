@@ -14,7 +14,7 @@ import time
 import httpx
 import openai
 import pytest
-from spinf_client import SpinfClient, text
+from spinf_client import SpinfClient, billed_tokens, text
 
 from contrib.loadtest.harness import ServerProcess, tiny_cache
 
@@ -81,6 +81,20 @@ def test_spinf_client_reads_models_as_before(server):
     assert entry["id"] == "spinf/tiny-gemma4" and entry["aliases"] == ["tiny"] and entry["status"] == "available"
     assert body["data"] == [sdk(server).models.retrieve("tiny").model_dump(exclude_unset=True)]
     assert client.score(content=[text(CONTENT)], queries=[QUERY])["results"][0]["queries"][0]["id"] == "refund"
+
+
+def test_spinf_client_billed_tokens_reads_the_hosted_price_list_not_models(server):
+    """spinf-client's ``billed_tokens`` takes a model's entry of the hosted ``pricing()`` (per-detail prices under
+    ``media``), which §7's entry is not: its ``media`` is the list of kinds and it has no prices, so the estimator
+    fails on it (docs/scoring-api.md says so). What a call would bill is in its answer, ``usage.billed_tokens``."""
+    client = SpinfClient(api_key=TOKEN, base_url=server.url, model="tiny")
+    (entry,) = client.models()["models"]
+    assert entry["media"] == ["image", "audio", "video"] and not any("price" in key for key in entry)
+    with pytest.raises(AttributeError, match=r"^'list' object has no attribute 'get'$"):
+        billed_tokens(entry, text_tokens=10)
+    usage = client.score(content=[text(CONTENT)], queries=[QUERY])["usage"]
+    assert usage["billed_tokens"] == max(usage["prompt_tokens"], 1000)
+    assert billed_tokens({"min_billed_tokens_per_call": 1000}, usage["prompt_tokens"]) == usage["billed_tokens"]
 
 
 # A trusted front end's per-call limits and features (§4.11)
