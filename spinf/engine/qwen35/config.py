@@ -66,7 +66,6 @@ class Qwen35Config:
     rotary_dim: int
     rope_theta: float
     mrope_section: tuple[int, ...]  # 3-D rotary sections (t, h, w) over the rotary pairs; text uses t = h = w
-    mrope_interleaved: bool
     # Gated DeltaNet: q/k heads, v heads (each q/k head serves consecutive v heads), head dims, conv taps
     linear_num_key_heads: int
     linear_num_value_heads: int
@@ -125,15 +124,8 @@ def parse_qwen35_config(raw: dict) -> Qwen35Config:
     unknown = sorted(set(layer_types) - {LINEAR, FULL})
     if unknown or len(layer_types) != num_layers:
         raise ModelError(f"Qwen3.5 layer_types: {num_layers} layers of {LINEAR}/{FULL} expected, got {layer_types}")
-    rope = dict(raw.get("rope_parameters") or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ModelError(f"Qwen3.5 rope_type {rope['rope_type']!r} is not supported")
     head_dim = raw.get("head_dim", 256)
-    fraction = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
-    rotary_dim = int(head_dim * fraction)
-    section = tuple(rope.get("mrope_section", (11, 11, 10)))
-    if sum(section) != rotary_dim // 2:
-        raise ModelError(f"Qwen3.5 mrope_section {section} does not cover the {rotary_dim // 2} rotary pairs")
+    rope = _rope(raw, head_dim)
     eos = raw.get("eos_token_id")
     return Qwen35Config(
         vocab_size=raw.get("vocab_size", 248320),
@@ -143,10 +135,7 @@ def parse_qwen35_config(raw: dict) -> Qwen35Config:
         num_heads=raw.get("num_attention_heads", 16),
         num_kv_heads=raw.get("num_key_value_heads", 4),
         head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10_000.0))),
-        mrope_section=section,
-        mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
+        **rope,
         linear_num_key_heads=raw.get("linear_num_key_heads", 16),
         linear_num_value_heads=raw.get("linear_num_value_heads", 32),
         linear_key_head_dim=raw.get("linear_key_head_dim", 128),
@@ -157,3 +146,34 @@ def parse_qwen35_config(raw: dict) -> Qwen35Config:
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
     )
+
+
+def _rope(raw: dict, head_dim: int) -> dict:
+    """The rotary fields of a `Qwen35Config`, read as transformers reads them: ``rope_parameters`` (or the legacy
+    ``rope_scaling``), its ``rope_theta`` and ``partial_rotary_factor`` falling back to top-level keys, then to
+    10,000 and 0.25 (``Qwen3_5TextConfig``'s defaults); the rotary dims ``int(head_dim · factor)``, as
+    ``compute_default_rope_parameters`` takes them. ``mrope_section`` defaults to [11, 11, 10], which
+    ``Qwen3_5TextRotaryEmbedding`` applies whether or not the config names it: its interleaved layout clips the
+    sections to the rotary pairs there are, so any three counts work (a text position has t = h = w, so text runs
+    plain rotary whatever they are; they matter only for image rows). transformers always interleaves the sections
+    (`spinf.engine.qwen35.model.rope_axes`) and does not read ``mrope_interleaved``; nor does this."""
+    rope = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ModelError(f"Qwen3.5 rope_type {kind!r} is not supported (default only)")
+    fraction = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
+    rotary_dim = int(head_dim * fraction)
+    section = rope.get("mrope_section", (11, 11, 10))
+    if (
+        not isinstance(section, list | tuple)
+        or len(section) != 3
+        or not all(isinstance(n, int) and n >= 0 for n in section)
+    ):
+        raise ModelError(f"Qwen3.5 mrope_section {section!r} is not three counts of rotary pairs (t, h, w)")
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ModelError(f"Qwen3.5 partial_rotary_factor {fraction} gives {rotary_dim} rotary dims of {head_dim}")
+    return {
+        "rotary_dim": rotary_dim,
+        "rope_theta": float(rope.get("rope_theta", raw.get("rope_theta", 10_000.0))),
+        "mrope_section": tuple(section),
+    }

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
 from spinf import Engine
 from spinf.engine.layout import build_pass
@@ -24,8 +24,8 @@ from spinf.engine.qwen35.tiny import write_tiny_decider, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
 from spinf.errors import ApiError, ConfigError, ModelError
-from tests.engine.oracle import Oracle
-from tests.engine.test_oracle import CHOSEN, check_combination, chosen_queries, text_input
+from tests.engine.qwen35.hf_checkpoint import check_scores, oracle_of
+from tests.engine.test_oracle import CHOSEN, text_input
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +40,13 @@ def engine(folder):
 
 @pytest.fixture(scope="module")
 def oracle(folder):
-    """The oracle with the checkpoint's tokenizer.json as it is: the tiny twin carries the tiny Gemma's, and
-    transformers would rebuild a Qwen3.5 tokenizer around it from the model type (its own pre-tokenizer)."""
-    reading = Oracle(folder)
-    reading.hf_tok = PreTrainedTokenizerFast.from_pretrained(folder)
-    reading.bos = reading.hf_tok("", add_special_tokens=True).input_ids
-    return reading
+    return oracle_of(folder)  # the tiny twin carries the tiny Gemma's tokenizer, read as it is
 
 
 @pytest.mark.parametrize("name", sorted(CHOSEN))
 def test_scores_equal_transformers_on_every_chosen_body(engine, oracle, name):
     body = CHOSEN[name]
-    response = engine.score(body)
-    for inp, result in zip(body["inputs"], response["results"], strict=True):
-        wanted = chosen_queries(body, inp)
-        expected = oracle.score_input(inp["messages"][0]["content"][0]["text"], wanted, body["scoring"])
-        assert [q["id"] for q in result["queries"]] == [q["id"] for q in wanted]
-        for got_query, combos in zip(result["queries"], expected, strict=True):
-            for got, (main, floor) in zip(got_query["combinations"], combos, strict=True):
-                check_combination(got, main, floor)
+    check_scores(engine.score(body), body, oracle)
 
 
 def test_the_engine_reports_the_qwen_stack(engine):
