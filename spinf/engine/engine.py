@@ -468,6 +468,7 @@ class Engine:
             "cuda": torch.version.cuda if cuda else None,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
+            **stack_versions(),  # ours, beyond §3.6: the rest of the numerics stack (constraints/*.txt pin it)
         }
 
     def idle_gib(self) -> float:
@@ -522,3 +523,25 @@ class Engine:
         if held > IDLE_SLACK_BYTES and self.degraded is None:
             self.degraded = f"{held / 2**30:.2f} GiB still held after an out-of-memory error"
             log.error("engine degraded: %s", self.degraded)
+
+
+# The numerics stack beside torch and transformers, by distribution: the kernels (triton; fla-core for the Qwen
+# stack's linear attention), the tokenizer, the checkpoint reader and numpy, whose versions decide the scores.
+_STACK = {"triton": "triton", "tokenizers": "tokenizers", "safetensors": "safetensors", "numpy": "numpy"}
+_OPTIONAL_STACK = {"fla": "fla-core"}
+
+
+def stack_versions() -> dict[str, str | None]:
+    """The installed versions of `_STACK` (None for one not installed: triton off Linux) and of `_OPTIONAL_STACK`
+    where installed, read from the distributions' metadata without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(distribution: str) -> str | None:
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            return None
+
+    versions = {key: installed(distribution) for key, distribution in _STACK.items()}
+    optional = {key: installed(distribution) for key, distribution in _OPTIONAL_STACK.items()}
+    return versions | {key: found for key, found in optional.items() if found is not None}

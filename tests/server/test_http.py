@@ -5,6 +5,7 @@ Real clock and real executor thread (the mock clock would fire timeouts while th
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import httpx
@@ -105,6 +106,11 @@ async def test_bearer_tokens_and_trust(server):
     trusted = {"Authorization": "Bearer boss"}
     info = await server.get("/v0/info", headers=trusted)
     assert info.status_code == 200 and info.json()["engine"]["model"] == "spinf/tiny-gemma4"
+    stack = {name: info.json()["engine"].get(name) for name in ("torch", "triton", "transformers", "tokenizers")}
+    stack |= {name: info.json()["engine"].get(name) for name in ("safetensors", "numpy", "fla")}
+    assert stack == {  # the numerics stack's versions, as installed (constraints/*.txt pin them)
+        name: importlib.metadata.version({"fla": "fla-core"}.get(name, name)) for name in stack
+    }
     inside = (await server.post("/v1/score", json=SCORE_BODY, headers=trusted)).json()
     assert inside["engine"]["model"] == "spinf/tiny-gemma4" and inside["usage"]["packed_tokens"] > 0
     assert inside["usage"]["content_tokens"] == inside["usage"]["prompt_tokens_details"]["content_tokens"]
