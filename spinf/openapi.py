@@ -181,6 +181,8 @@ def _response_schemas() -> dict:
                 "lm_head": described(enum("f32out", "bf16", "fp32"), "the LM head's precision (fingerprint part 7)"),
                 "batch_invariant": described(BOOL, "bit-identical scores whatever shares the call (api spec 5.10)"),
                 "cuda": nullable(STR),
+                **same(nullable(STR), "triton tokenizers safetensors numpy"),  # null: not installed
+                "fla?": described(STR, "fla-core's version, when installed"),
                 "scale_table?": described(ANY, "only when there is one"),
             }
         ),
