@@ -75,6 +75,7 @@ SAMPLES: dict[str, tuple[object, object]] = {
     "max_frames": (64, 32),
     "max_audio_seconds": (30, 60),
     "max_image_pixels": (1_000_000, 2_000_000),
+    "max_request_pixels": (10_000_000, 20_000_000),
 }
 MEDIA_ORDER = ("image", "audio", "video")
 

@@ -166,7 +166,7 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
             "limits.max_option ({path}:2): unknown key; did you mean limits.max_options? "
             "[limits] takes max_content_tokens, max_query_tokens, max_prompts_per_input, max_processed_tokens, "
             "max_extractions_per_input, max_options, max_option_tokens, max_frames, max_audio_seconds, "
-            "max_image_pixels",
+            "max_image_pixels, max_request_pixels",
         ),
         (
             "[engine]\nprefetch = 'six'\n",

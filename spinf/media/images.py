@@ -4,7 +4,9 @@ Decoding (api spec §4.3): the URL must be ``data:image/<png|jpeg|jpg|webp|gif>;
 opened with Pillow restricted to those four formats, whatever subtype the URL names (a mislabelled PNG still reads
 as a PNG; a BMP never reaches a decoder). ``Image.open`` reads only the header, so the size is checked against
 ``max_image_pixels`` **before** any pixel is decoded: a decompression bomb (a huge declared size in a tiny file)
-is ``image_too_large`` without allocating its pixels. Pillow's own bomb guard (``DecompressionBombError`` above
+is ``image_too_large`` without allocating its pixels. Reading and decoding are two steps (`read_image_part`, then
+`decode_image`), so that a call's images can be counted and refused from their headers alone
+(`spinf.media.items.decode_media`). Pillow's own bomb guard (``DecompressionBombError`` above
 twice ``Image.MAX_IMAGE_PIXELS``, about 179 million pixels; left at Pillow's default, which is process-wide) stays
 in place as a second net, refused with the same code: a ``max_image_pixels`` set above it is capped there. Its
 warning is silenced because our limit decides. An animation is read as its first frame. Transparency is composited onto
@@ -18,10 +20,11 @@ order.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import attrs
 import numpy as np
@@ -44,6 +47,22 @@ Resize = Callable[[np.ndarray, str], np.ndarray]
 
 
 @attrs.frozen(eq=False)
+class ImageHeader:
+    """An image part (or a video frame) read as far as its header: the file's bytes, the size it was sent at and the
+    detail it is read at. What a call's images cost (tokens, pixels) follows from these, before a pixel is decoded."""
+
+    data: bytes
+    height: int
+    width: int
+    detail: str
+    path: str
+
+    @property
+    def num_pixels(self) -> int:
+        return self.height * self.width
+
+
+@attrs.frozen(eq=False)
 class DecodedImage:
     """An image part (or a video frame) decoded: RGB pixels, the size it was sent at and the detail it is read at.
 
@@ -58,44 +77,68 @@ class DecodedImage:
     path: str
 
 
+def read_image_part(payload: dict, path: str, *, max_pixels: int, detail: str | None = None) -> ImageHeader:
+    """An ``image_url`` payload (``{url, detail = "auto"}``) read as far as its header, its size checked against
+    ``max_pixels``; ``detail`` overrides the payload's own."""
+    if detail is None:
+        detail = check_detail(payload, path, "auto")
+    data = data_url_bytes(payload.get("url"), path)
+    with _opened(data, path, max_pixels=max_pixels) as image:
+        width, height = image.size
+    return ImageHeader(data=data, height=height, width=width, detail=detail, path=path)
+
+
+def decode_image(header: ImageHeader, *, max_pixels: int, resize: Resize | None = None) -> DecodedImage:
+    """The pixels of an image read by `read_image_part`, resized at once with ``resize`` (`gemma_resize` for Gemma),
+    so that a request of many large images or frames holds only their model-sized pixels (at most 1,120 blocks
+    each), never all the sent ones."""
+    pixels = decode_image_bytes(header.data, header.path, max_pixels=max_pixels)
+    height, width = pixels.shape[:2]
+    if resize is not None:
+        pixels = resize(pixels, header.detail)
+    return DecodedImage(pixels=pixels, height=height, width=width, detail=header.detail, path=header.path)
+
+
 def decode_image_part(
     payload: dict, path: str, *, max_pixels: int, detail: str | None = None, resize: Resize | None = None
 ) -> DecodedImage:
-    """An ``image_url`` payload (``{url, detail = "auto"}``) decoded; ``detail`` overrides the payload's own.
-
-    With ``resize`` (`gemma_resize` for Gemma) the pixels are resized at once, so that a request of many large
-    images or frames holds only their model-sized pixels (at most 1,120 blocks each), never all the sent ones.
-    """
-    if detail is None:
-        detail = check_detail(payload, path, "auto")
-    pixels = decode_data_url(payload.get("url"), path, max_pixels=max_pixels)
-    height, width = pixels.shape[:2]
-    if resize is not None:
-        pixels = resize(pixels, detail)
-    return DecodedImage(pixels=pixels, height=height, width=width, detail=detail, path=path)
+    """An ``image_url`` payload read (`read_image_part`) and decoded (`decode_image`)."""
+    header = read_image_part(payload, path, max_pixels=max_pixels, detail=detail)
+    return decode_image(header, max_pixels=max_pixels, resize=resize)
 
 
 def decode_data_url(url: object, path: str, *, max_pixels: int) -> np.ndarray:
     """The RGB pixels ``[height, width, 3]`` uint8 of an image data URL; refusals at ``path``."""
+    return decode_image_bytes(data_url_bytes(url, path), path, max_pixels=max_pixels)
+
+
+def data_url_bytes(url: object, path: str) -> bytes:
+    """The file bytes of an image data URL; ``invalid_media`` at ``path`` when it is not one."""
     if not isinstance(url, str):
         raise invalid_media(path, "the image url must be a string")
     match = _DATA_URL.match(url)
     if match is None:
         raise invalid_media(path, "the image url must be a data URL, data:image/<png|jpeg|jpg|webp|gif>;base64,<data>")
-    return decode_image_bytes(decode_base64(url[match.end() :], path, "image data"), path, max_pixels=max_pixels)
+    return decode_base64(url[match.end() :], path, "image data")
 
 
 def decode_image_bytes(data: bytes, path: str, *, max_pixels: int) -> np.ndarray:
     """Pillow-decoded RGB pixels of a png, jpeg, webp or gif file, the size checked before the pixels."""
-    try:
-        with Image.open(io.BytesIO(data), formats=_FORMATS) as image:
-            width, height = image.size
-            if width * height > max_pixels:
-                raise _too_large(path, width, height, max_pixels)
+    with _opened(data, path, max_pixels=max_pixels) as image:
+        try:
             image.load()  # the first frame only: an animation is never seeked
             if image.mode.startswith("I;16") or image.mode == "I":
                 return _gray16(image)
             return np.asarray(_rgb(image), dtype=np.uint8)
+        except (OSError, ValueError, SyntaxError, EOFError) as error:
+            raise invalid_media(path, f"the image data cannot be decoded: {error}") from error
+
+
+@contextlib.contextmanager
+def _opened(data: bytes, path: str, *, max_pixels: int) -> Iterator[Image.Image]:
+    """The Pillow image of ``data`` with only its header read, refused unless its size is within ``max_pixels``."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=_FORMATS)
     except Image.DecompressionBombError as error:
         raise bad_request("image_too_large", path, f"the image is too large to decode: {error}") from error
     except UnidentifiedImageError as error:
@@ -103,6 +146,11 @@ def decode_image_bytes(data: bytes, path: str, *, max_pixels: int) -> np.ndarray
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         # Pillow reports truncated, corrupt and unsupported variants with these (SyntaxError from some plugins).
         raise invalid_media(path, f"the image data cannot be decoded: {error}") from error
+    with image:
+        width, height = image.size
+        if width * height > max_pixels:
+            raise _too_large(path, width, height, max_pixels)
+        yield image
 
 
 def _too_large(path: str, width: int, height: int, max_pixels: int) -> ApiError:

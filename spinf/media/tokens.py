@@ -97,6 +97,13 @@ def qwen_image_tokens(height: int, width: int, detail: str) -> int:
     return (h // QWEN_BLOCK) * (w // QWEN_BLOCK)
 
 
+def image_content_tokens(height: int, width: int, detail: str, scheme: str) -> int:
+    """What an image or video frame adds to the content tokens on a stack's image ``scheme`` (``gemma``: 48-px
+    blocks; ``qwen``: 32-px blocks): its tokens and its 2 markers. ``ValueError`` for a Qwen aspect ratio over 200."""
+    tokens = gemma_image_tokens if scheme == "gemma" else qwen_image_tokens
+    return tokens(height, width, detail) + MARKERS
+
+
 def audio_tokens(num_samples: int) -> int:
     """The audio tokens of ``num_samples`` samples at 16 kHz: ceil(samples / 640), the last frame zero-padded."""
     if num_samples < 0:

@@ -15,7 +15,7 @@ import math
 import attrs
 
 from spinf.errors import bad_request
-from spinf.media.images import DecodedImage, Resize, decode_image_part
+from spinf.media.images import DecodedImage, ImageHeader, Resize, decode_image, read_image_part
 from spinf.media.payload import check_detail, invalid_media
 from spinf.media.tokens import gemma_image_content_tokens, video_timestamp
 
@@ -43,11 +43,17 @@ class Video:
         return sum(gemma_image_content_tokens(f.image.height, f.image.width, self.detail) for f in self.frames)
 
 
-def decode_video_part(
-    payload: dict, path: str, *, max_frames: int, max_pixels: int, resize: Resize | None = None
-) -> Video:
-    """A ``video`` payload checked and its frames decoded at the video's detail (each resized at once with
-    ``resize`` when given: up to 1,024 frames are held, so the engine should pass one)."""
+@attrs.frozen(eq=False)
+class VideoHeader:
+    """A video part read as far as its frames' headers: each frame's time and image header, all at ``detail``."""
+
+    frames: tuple[tuple[float, ImageHeader], ...]
+    detail: str
+    path: str
+
+
+def read_video_part(payload: dict, path: str, *, max_frames: int, max_pixels: int) -> VideoHeader:
+    """A ``video`` payload checked and its frames read as far as their headers, at the video's detail."""
     detail = check_detail(payload, path, "low")
     frames = payload.get("frames")
     frames_path = f"{path}.video.frames"
@@ -55,18 +61,32 @@ def decode_video_part(
         got = f"{len(frames):,} frames" if isinstance(frames, list) else "no frame list"
         message = f"a video has 1 to {max_frames:,} frames (max_frames), not {got}"
         raise bad_request("invalid_field", frames_path, message)
-    decoded: list[VideoFrame] = []
+    read: list[tuple[float, ImageHeader]] = []
     for j, frame in enumerate(frames):
         frame_path = f"{frames_path}.{j}"
         if not isinstance(frame, dict):
             raise bad_request("invalid_field", frame_path, "a video frame must be an object {t, image_url}")
-        t = _frame_time(frame.get("t"), f"{frame_path}.t", decoded[-1].t if decoded else 0.0)
+        t = _frame_time(frame.get("t"), f"{frame_path}.t", read[-1][0] if read else 0.0)
         image_url = frame.get("image_url")
         if not isinstance(image_url, dict):
             raise invalid_media(frame_path, "a video frame needs an image_url object {url}")
-        image = decode_image_part(image_url, frame_path, max_pixels=max_pixels, detail=detail, resize=resize)
-        decoded.append(VideoFrame(t=t, image=image))
-    return Video(frames=tuple(decoded), detail=detail, path=path)
+        read.append((t, read_image_part(image_url, frame_path, max_pixels=max_pixels, detail=detail)))
+    return VideoHeader(frames=tuple(read), detail=detail, path=path)
+
+
+def decode_video(header: VideoHeader, *, max_pixels: int, resize: Resize | None = None) -> Video:
+    """The frames of a video read by `read_video_part`, decoded (each resized at once with ``resize`` when given:
+    up to 1,024 frames are held, so the engine should pass one)."""
+    frames = (VideoFrame(t, decode_image(image, max_pixels=max_pixels, resize=resize)) for t, image in header.frames)
+    return Video(frames=tuple(frames), detail=header.detail, path=header.path)
+
+
+def decode_video_part(
+    payload: dict, path: str, *, max_frames: int, max_pixels: int, resize: Resize | None = None
+) -> Video:
+    """A ``video`` payload read (`read_video_part`) and decoded (`decode_video`)."""
+    header = read_video_part(payload, path, max_frames=max_frames, max_pixels=max_pixels)
+    return decode_video(header, max_pixels=max_pixels, resize=resize)
 
 
 def _frame_time(t: object, path: str, previous: float) -> float:
