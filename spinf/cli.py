@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_flags(argv: list[str]) -> dict[str, object]:
+    """The settings flags of a ``serve`` command line (the words after ``serve``) as ``serve`` reads them, for
+    ``load_settings``; the container's health probe reads the running server's port this way. Raises
+    ``SystemExit`` on a command line ``serve`` would refuse."""
+    return flags_from_args(_parser().parse_args(["serve", *argv]))
+
+
 def _manifest_defaults(model: str) -> Mapping[str, object]:
     from spinf.catalog import resolve_model
 

@@ -4,8 +4,9 @@ The fast tests read the file: the base image, the entrypoint, the probe, the vol
 is in the build context that .dockerignore leaves. The slow one runs the file's own install step in a fresh virtual
 environment (CPU torch and the other dependencies come from the test run's environment, through a ``.pth`` line;
 the project itself is built and installed by the Dockerfile's command line), then starts its entrypoint on the tiny
-model from a folder, as ``--model-dir /model`` would in the container, and checks ``/readyz``, the HEALTHCHECK
-command and the preStop drain script the image carries.
+model from a folder, as ``--model-dir /model`` would in the container, with ``--port`` after the image name, and
+checks ``/readyz``, the HEALTHCHECK's probe (which must find that port) and the preStop drain script the image
+carries. The probe's reading of a server's address is checked on fake ``/proc`` entries.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contrib.docker import healthcheck as healthcheck_probe
 from contrib.loadtest.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,10 +95,63 @@ def test_the_image_is_python_3_12_slim_and_starts_the_server():
     assert re.search(r"\bpip install (--\S+ )*torch==[\d.]+ \.$", install_command())
 
 
-def test_the_healthcheck_asks_readyz():
+def test_the_healthcheck_runs_the_probe_the_image_carries():
     (line,) = arguments("HEALTHCHECK")
     assert re.search(r"--start-period=\d+m", line)
-    assert "/readyz" in " ".join(healthcheck())
+    (command,) = healthcheck()
+    assert (["contrib/docker/healthcheck.py"], f"/usr/local/bin/{command}") in copies()
+
+
+def _process(proc: Path, pid: int, cmdline: list[str], environ: dict[str, str], cwd: Path) -> None:
+    """A fake ``/proc/PID`` with the three entries the probe reads."""
+    folder = proc / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"".join(word.encode() + b"\0" for word in cmdline))
+    (folder / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    (folder / "cwd").symlink_to(cwd)
+
+
+ENTRYPOINT = ["/usr/local/bin/python3.12", "/usr/local/bin/spinf-serve", "serve"]
+
+
+@pytest.mark.parametrize(
+    ("words", "environ", "config", "url"),
+    [
+        pytest.param([], {}, None, "http://127.0.0.1:8000/readyz", id="default"),
+        pytest.param(["tiny", "--port", "9001"], {"SPINF_PORT": "9"}, None, "http://127.0.0.1:9001/readyz", id="flag"),
+        pytest.param(["tiny"], {"SPINF_PORT": "9002"}, None, "http://127.0.0.1:9002/readyz", id="env"),
+        pytest.param(
+            ["tiny", "--config", "spinf.toml"],
+            {},
+            '[server]\nhost = "::"\nport = 9003\n',
+            "http://[::1]:9003/readyz",
+            id="relative-config-file",
+        ),
+        pytest.param(
+            ["--host", "10.1.2.3"], {"SPINF_CONFIG": "spinf.toml"}, "port = 9004\n", "http://10.1.2.3:9004/readyz"
+        ),
+    ],
+)
+def test_the_probe_asks_the_address_the_server_reads(tmp_path, monkeypatch, words, environ, config, url):
+    """The port after the image name (PID 1's argv), in SPINF_PORT or in the config file (relative to the server's
+    working folder) is the one asked; a wildcard host is asked on loopback."""
+    monkeypatch.chdir(tmp_path)  # the probe moves to the server's working folder
+    served = tmp_path / "served"
+    served.mkdir()
+    if config is not None:
+        (served / "spinf.toml").write_text(config)
+    _process(tmp_path / "proc", 1, [*ENTRYPOINT, *words], environ, served)
+    assert healthcheck_probe.readyz_url(*healthcheck_probe.find_server(tmp_path / "proc")) == url
+
+
+def test_the_probe_finds_the_server_when_pid_1_is_an_init(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = tmp_path / "proc"
+    _process(proc, 1, ["/sbin/docker-init", "--", "bash"], {}, tmp_path)
+    _process(proc, 7, [sys.executable, "-m", "spinf", "serve", "--port", "9005"], {}, tmp_path)
+    assert healthcheck_probe.readyz_url(*healthcheck_probe.find_server(proc)) == "http://127.0.0.1:9005/readyz"
+    with pytest.raises(LookupError):
+        healthcheck_probe.find_server(proc, pid=1)
 
 
 def test_every_copied_file_exists_and_is_left_in_the_build_context():
@@ -172,9 +227,12 @@ def test_the_dockerfile_install_step_and_entrypoint_serve_the_tiny_model(tmp_pat
     shutil.copytree(ensure_tiny_snapshot(tmp_path / "generated"), model)
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, **{name: _in_container(value, tmp_path) for name, value in environment().items()}}
-    env.update(PATH=path, HF_HUB_OFFLINE="1", SPINF_PORT=str(free_port()))
-    url = f"http://127.0.0.1:{env['SPINF_PORT']}"
+    env.update(PATH=path, HF_HUB_OFFLINE="1")
+    env.pop("SPINF_PORT", None)
+    port = free_port()  # a --port after the image name, which the HEALTHCHECK must follow
+    url = f"http://127.0.0.1:{port}"
     flags = ["spinf/tiny-gemma4", "--model-dir", str(model), "--device", "cpu", "--host", "127.0.0.1"]
+    flags += ["--port", str(port)]
     log = tmp_path / "server.log"
     with log.open("w") as out:
         server = subprocess.Popen(
@@ -187,13 +245,15 @@ def test_the_dockerfile_install_step_and_entrypoint_serve_the_tiny_model(tmp_pat
     try:
         ready = _wait_ready(url, server, log)
         assert ready["boot"]["weights"] == "config"  # the folder given with --model-dir, not a cache
-        probe = subprocess.run(healthcheck(), env=env, capture_output=True, timeout=30)
+        # the probe from the image's /usr/local/bin; the server is not PID 1 here, so it is named
+        probe_command = [str(root / "usr/local/bin" / healthcheck()[0]), "--pid", str(server.pid)]
+        probe = subprocess.run(probe_command, env=env, capture_output=True, timeout=30)
         assert probe.returncode == 0, probe.stderr
-        drain = [str(root / "usr/local/bin/spinf-prestop-drain"), "--settle-s", "0", "--quiet-s", "0.5"]
+        drain = [str(root / "usr/local/bin/spinf-prestop-drain"), "--url", url, "--settle-s", "0", "--quiet-s", "0.5"]
         drained = subprocess.run(drain, env=env, capture_output=True, text=True, timeout=60)
         assert drained.returncode == 0, drained.stderr
         assert httpx.get(f"{url}/readyz").json() == {"ready": False, "draining": True}
-        assert subprocess.run(healthcheck(), env=env, capture_output=True, timeout=30).returncode != 0
+        assert subprocess.run(probe_command, env=env, capture_output=True, timeout=30).returncode == 1
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0, log.read_text()
     finally:
