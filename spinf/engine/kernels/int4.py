@@ -1,6 +1,8 @@
 """Int4 GPTQ weights on the GPU (engine spec B.14.3, api spec §9.8): unpacking, the activation quantizers and the
 int8 product. `spinf.engine.qwen35.int4` keeps every int4 linear packed (``q`` uint8 [out, in/2], fp16 group scales
-[out, in/32]) and states each mode's arithmetic in plain torch; these kernels compute the same bits faster.
+[out, in/G] for the checkpoint's group of G inputs) and states each mode's arithmetic in plain torch; these kernels
+compute the same bits faster. Only the unpacking reads the groups (``GROUP_BYTES``, G / 2 packed bytes per scale);
+the products see int8 or float weights.
 
 * `unpack_int4`: one pass over the packed weight, writing either the ``i8`` mode's int8 weight
   ``round(s_g · (q − 8) · 127 / amax_row)`` (``amax_row`` read from a table made once at load) or the float weight
@@ -57,13 +59,14 @@ def _codes(q, s, amax):
 @triton.jit
 def _unpack_kernel(
     q_ptr, s_ptr, amax_ptr, out_ptr, rows, half, row0,
-    INT8: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr,
+    INT8: tl.constexpr, GROUP_BYTES: tl.constexpr, BR: tl.constexpr, BJ: tl.constexpr,
 ):  # fmt: skip
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     j = (tl.program_id(1) * BJ + tl.arange(0, BJ)).to(tl.int64)
     mask = (r < rows)[:, None] & (j < half)[None, :]
     q = tl.load(q_ptr + r[:, None] * half + j[None, :], mask=mask, other=0x88).to(tl.int32)
-    s = tl.load(s_ptr + r[:, None] * (half // 16) + (j // 16)[None, :], mask=mask, other=0.0).to(tl.float32)
+    groups = half // GROUP_BYTES
+    s = tl.load(s_ptr + r[:, None] * groups + (j // GROUP_BYTES)[None, :], mask=mask, other=0.0).to(tl.float32)
     if INT8:
         amax = tl.load(amax_ptr + r, mask=r < rows, other=1.0)[:, None]
         low, high = _codes(q, s, amax)
@@ -82,16 +85,17 @@ def unpack_int4(
     row0: int = 0,
     amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Write the weight of the packed ``q`` [out, in/2] and ``scales`` [out, in/32] into ``out[row0 : row0 + out]``
-    (``out`` [rows, in], contiguous): the int8 codes of the ``i8`` mode when ``amax`` (fp32 [out], each row's largest
-    |weight|, 1 for an all-zero row) is given (``out`` int8), else the float weight in ``out``'s dtype."""
+    """Write the weight of the packed ``q`` [out, in/2] and ``scales`` [out, in/G] (groups of G inputs, G even and
+    dividing the input width: the kernel is compiled per G) into ``out[row0 : row0 + out]`` (``out`` [rows, in],
+    contiguous): the int8 codes of the ``i8`` mode when ``amax`` (fp32 [out], each row's largest |weight|, 1 for an
+    all-zero row) is given (``out`` int8), else the float weight in ``out``'s dtype."""
     rows, half = q.shape
-    assert out.is_contiguous() and out.shape[1] == 2 * half and half % 16 == 0
+    assert out.is_contiguous() and out.shape[1] == 2 * half and half % scales.shape[1] == 0
     assert (amax is None) == (out.dtype != torch.int8)
     grid = (triton.cdiv(rows, _UNPACK_ROWS), triton.cdiv(half, _UNPACK_COLS))
     _unpack_kernel[grid](
         q, scales, scales if amax is None else amax, out, rows, half, row0,
-        INT8=amax is not None, BR=_UNPACK_ROWS, BJ=_UNPACK_COLS, num_warps=8,
+        INT8=amax is not None, GROUP_BYTES=half // scales.shape[1], BR=_UNPACK_ROWS, BJ=_UNPACK_COLS, num_warps=8,
     )  # fmt: skip
     return out
 

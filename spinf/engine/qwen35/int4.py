@@ -2,16 +2,18 @@
 spec B.14.3, api spec §9.8).
 
 **Checkpoint.** GPTQ v1 as gptqmodel, optimum and auto_gptq write it, with ``quantization_config`` at the top level
-of config.json (or under ``text_config``): 4 bits, symmetric, group 32 along the input, no act-order. Per quantized
-linear: ``qweight`` int32 [in/8, out] (8 codes per word along the input, low bits first), ``qzeros`` int32
-[in/32, out/8] (the zero-point minus 1, packed the same way along the output: 7 everywhere for symmetric 4-bit, so
-every word is 0x77777777), ``scales`` fp16 [in/32, out] and ``g_idx`` int32 [in] (``i // 32``); the weight is
+of config.json (or under ``text_config``): 4 bits, symmetric, no act-order, groups of ``group_size`` inputs (G
+below: the config's, 128 when absent as in transformers' ``GPTQConfig``, the whole input width for ``-1``; 32 in
+the published checkpoints; any even G that divides each quantized linear's input width). Per quantized linear:
+``qweight`` int32 [in/8, out] (8 codes per word along the input, low bits first), ``qzeros`` int32 [in/G, out/8]
+(the zero-point minus 1, packed the same way along the output: 7 everywhere for symmetric 4-bit, so every word is
+0x77777777), ``scales`` fp16 [in/G, out] and ``g_idx`` int32 [in] (``i // G``); the weight is
 ``scales[g_idx[i], o] * (code[i, o] - 8)``. The decoder linears are quantized (attention q/k/v/o; the GDN's
 in_proj_qkv, in_proj_z, out_proj; MLP gate/up/down); a linear with a plain ``.weight`` instead of a ``.qweight``
 (the GDN's in_proj_b/a, anything a ``modules_to_not_convert`` or a ``dynamic`` exclusion left out) is read as float.
 The config's other keys (``damp_percent``, ``meta``, ...) belong to the tool that wrote it and are not read.
 
-**Kept packed.** ``q`` uint8 [out, in/2] (low nibble: the even input) and fp16 group ``scales`` [out, in/32];
+**Kept packed.** ``q`` uint8 [out, in/2] (low nibble: the even input) and fp16 group ``scales`` [out, in/G];
 every forward dequantizes (``w = s · (q − 8)``, exact in fp32) into its mode's representation, except where a GPU
 with room keeps the ``i8`` mode's int8 weights unpacked beside them (`keep_unpacked`).
 
@@ -65,7 +67,9 @@ from spinf.engine.qwen35.outliers import norm_fed_names as norm_fed_names
 from spinf.engine.qwen35.outliers import read_outliers as read_outliers
 from spinf.errors import ModelError
 
-GROUP = 32  # inputs per scale group
+GROUP = 32  # inputs per scale group in the published checkpoints (a checkpoint's own is its config's group_size)
+DEFAULT_GROUP = 128  # transformers' GPTQConfig default, for a config without group_size
+WHOLE_ROW = -1  # group_size for one group per output row (the whole input width)
 BITS = 4
 ZERO = 8  # the symmetric 4-bit zero-point; v1 stores it minus 1
 STORED_ZEROS = 0x77777777  # a qzeros word of eight stored 7s
@@ -90,7 +94,8 @@ class GptqConfig:
 
 def read_gptq_config(folder: str | Path) -> GptqConfig | None:
     """The int4 GPTQ config of the checkpoint in ``folder``; None for a float checkpoint (no quantization_config);
-    `ModelError` naming the field for anything but GPTQ v1, 4 bits, symmetric, group 32, no act-order."""
+    `ModelError` naming the field for anything but GPTQ v1, 4 bits, symmetric, no act-order, with a positive or
+    whole-row (-1) group size (whether it divides each linear's input is checked as the tensors are read)."""
     path = Path(folder) / "config.json"
     raw = read_config(Path(folder))
     quant = raw.get("quantization_config", (raw.get("text_config") or {}).get("quantization_config"))
@@ -98,7 +103,12 @@ def read_gptq_config(folder: str | Path) -> GptqConfig | None:
         return None
     if not isinstance(quant, dict):
         raise ModelError(f"{path}: quantization_config is not a JSON object")
-    supported = "int4 GPTQ v1, symmetric, group 32, without act-order"
+    supported = "int4 GPTQ v1, symmetric, any group size, without act-order"
+    if quant.get("desc_act", False) is True:
+        raise ModelError(
+            f"{path}: quantization_config.desc_act is True: act-order GPTQ checkpoints (whose g_idx permutes the "
+            "input channels among the groups) are not supported; quantize with desc_act false"
+        )
 
     def need(field: str, value: object, default: object) -> None:
         got = quant.get(field, default)
@@ -112,7 +122,12 @@ def read_gptq_config(folder: str | Path) -> GptqConfig | None:
     # transformers' GPTQConfig defaults for absent fields; "format" is the newer name of "checkpoint_format"
     need("quant_method", "gptq", None)
     need("bits", BITS, None)
-    need("group_size", GROUP, 128)
+    group_size = quant.get("group_size", DEFAULT_GROUP)
+    if type(group_size) is not int or not (group_size > 0 or group_size == WHOLE_ROW):
+        raise ModelError(
+            f"{path}: quantization_config.group_size is {group_size!r}; supported: {supported} (a positive group "
+            f"size, or {WHOLE_ROW} for whole rows)"
+        )
     need("sym", True, True)
     need("desc_act", False, False)
     need("checkpoint_format", "gptq", "gptq")
@@ -123,22 +138,32 @@ def read_gptq_config(folder: str | Path) -> GptqConfig | None:
         if pattern.startswith("-:"):  # gptqmodel's negative rule: the matching modules are not quantized
             excluded.append(pattern[2:])
             continue
-        for field, value in (("bits", BITS), ("group_size", GROUP), ("sym", True), ("desc_act", False)):
+        for field, value in (("bits", BITS), ("group_size", group_size), ("sym", True), ("desc_act", False)):
             if field in (override or {}) and override[field] != value:
                 raise ModelError(
                     f"{path}: quantization_config.dynamic[{pattern!r}] sets {field} {override[field]!r}; "
                     f"supported: {supported}"
                 )
-    return GptqConfig(bits=BITS, group_size=GROUP, excluded=tuple(excluded))
+    return GptqConfig(bits=BITS, group_size=group_size, excluded=tuple(excluded))
 
 
 @attrs.frozen
 class Int4Weight:
     """A linear's int4 weight kept packed: ``q`` uint8 [out, in/2] (low nibble: even input), ``scales`` fp16
-    [out, in/32]; ``w[o, i] = scales[o, i // 32] · (q[o, i] − 8)``."""
+    [out, in/G] for groups of G inputs (`group`); ``w[o, i] = scales[o, i // G] · (q[o, i] − 8)``."""
 
     q: torch.Tensor
     scales: torch.Tensor
+
+    def __attrs_post_init__(self):
+        width, groups = 2 * self.q.shape[1], self.scales.shape[1]
+        if self.scales.shape[0] != self.q.shape[0] or not groups or width % groups or (width // groups) % 2:
+            raise ValueError(f"int4 scales {tuple(self.scales.shape)} do not group a {tuple(self.q.shape)} weight")
+
+    @property
+    def group(self) -> int:
+        """Inputs per scale (even: a packed byte's two inputs share their scale)."""
+        return 2 * self.q.shape[1] // self.scales.shape[1]
 
     def codes(self) -> torch.Tensor:
         """The 4-bit codes [out, in] as int16 (0..15)."""
@@ -148,32 +173,38 @@ class Int4Weight:
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [out, in]; exact (an fp16 scale times an integer in [-8, 7] fits fp32's significand)."""
         codes = (self.codes() - ZERO).float()
-        return (codes.view(codes.shape[0], -1, GROUP) * self.scales.float()[..., None]).view(codes.shape)
+        return (codes.view(codes.shape[0], -1, self.group) * self.scales.float()[..., None]).view(codes.shape)
 
 
-def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str) -> Int4Weight:
-    """The packed weight of linear ``name`` from its GPTQ v1 ``qweight``, ``qzeros``, ``scales`` and ``g_idx``;
-    `ModelError` naming the tensor for a shape or dtype off the format, a zero-point other than 7 or act-order."""
+def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str, group_size: int | None = None) -> Int4Weight:
+    """The packed weight of linear ``name`` from its GPTQ v1 ``qweight``, ``qzeros``, ``scales`` and ``g_idx``, in
+    groups of ``group_size`` inputs (the config's; `WHOLE_ROW` for the input width; None: as many as the scales'
+    rows imply); `ModelError` naming the tensor for a shape or dtype off the format, a group that does not divide
+    the input width, a zero-point other than 7 or act-order."""
     try:
         qweight, qzeros, scales = (tensors[f"{name}.{part}"] for part in ("qweight", "qzeros", "scales"))
     except KeyError as exc:
         raise ModelError(f"the int4 checkpoint has no tensor {exc.args[0]}") from exc
     words, out = qweight.shape
     width = words * 32 // BITS
+    if group_size is None:  # the scales' rows count the groups
+        rows = scales.shape[0]
+        group_size = width // rows if rows and width % rows == 0 else 0
+    group = _group(name, width, group_size)
     expected = {
         "qweight": (torch.int32, (words, out)),
-        "qzeros": (torch.int32, (width // GROUP, out * BITS // 32)),
-        "scales": (torch.float16, (width // GROUP, out)),
+        "qzeros": (torch.int32, (width // group, out * BITS // 32)),
+        "scales": (torch.float16, (width // group, out)),
         "g_idx": (torch.int32, (width,)),
     }
     for part, (dtype, shape) in expected.items():
         tensor = tensors.get(f"{name}.{part}")
         if tensor is None:  # only g_idx may be absent (it is implied)
             continue
-        if tensor.dtype != dtype or tuple(tensor.shape) != shape or out % 8 or width % GROUP:
+        if tensor.dtype != dtype or tuple(tensor.shape) != shape or out % 8:
             raise ModelError(
                 f"{name}.{part}: {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {shape} (GPTQ v1 int4, "
-                f"group {GROUP}, {width} inputs, {out} outputs)"
+                f"group {group}, {width} inputs, {out} outputs)"
             )
     bad = (qzeros != STORED_ZEROS).nonzero()
     if len(bad):
@@ -185,13 +216,25 @@ def unpack_gptq(tensors: Mapping[str, torch.Tensor], name: str) -> Int4Weight:
         )
     g_idx = tensors.get(f"{name}.g_idx")
     if g_idx is not None and not torch.equal(
-        g_idx, torch.arange(width, dtype=torch.int32, device=g_idx.device) // GROUP
+        g_idx, torch.arange(width, dtype=torch.int32, device=g_idx.device) // group
     ):
-        raise ModelError(f"{name}.g_idx: not i // {GROUP} (act-order or another group size is not supported)")
+        raise ModelError(f"{name}.g_idx: not i // {group} (act-order or another group size is not supported)")
     shifts = torch.arange(0, 32, BITS, dtype=torch.int32, device=qweight.device)
     codes = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(width, out).t()  # [out, in]
     q = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return Int4Weight(q=q.contiguous(), scales=scales.t().contiguous())
+
+
+def _group(name: str, width: int, group_size: int) -> int:
+    """The inputs per group of a linear ``width`` inputs wide (`WHOLE_ROW`: all of them) when ``group_size`` is
+    even and divides the width, else `ModelError`."""
+    group = width if group_size == WHOLE_ROW else group_size
+    if group <= 0 or width % group or group % 2:
+        raise ModelError(
+            f"{name}: group size {group_size} does not divide its {width} inputs into even groups (GPTQ int4 "
+            "needs an even group size that divides every quantized linear's input width, or -1 for whole rows)"
+        )
+    return group
 
 
 def _per_token(x: torch.Tensor, top: float) -> torch.Tensor:
@@ -308,7 +351,8 @@ class Int4Linear(nn.Module):
         for kind, _, part in self._parts():
             if kind == "int4":
                 q, scales = part
-                codes = (Int4Weight(q, scales).codes() - ZERO).abs().view(q.shape[0], -1, GROUP)
+                weight = Int4Weight(q, scales)
+                codes = (weight.codes() - ZERO).abs().view(q.shape[0], -1, weight.group)
                 rows.append((codes.amax(dim=-1).float() * scales.float().abs()).amax(dim=-1))
             else:
                 rows.append(part.abs().amax(dim=1))
@@ -341,8 +385,9 @@ class Int4Linear(nn.Module):
         for kind, _, part in self._parts():
             if kind == "int4":
                 q, scales = part
+                group = Int4Weight(q, scales).group
                 codes = (q.index_select(1, channels // 2).to(torch.int16) >> (4 * (channels % 2))) & 0xF
-                cols.append((codes - ZERO).float() * scales.index_select(1, channels // GROUP).float())
+                cols.append((codes - ZERO).float() * scales.index_select(1, channels // group).float())
             else:
                 cols.append(part.index_select(1, channels))
         return torch.cat(cols)
@@ -422,12 +467,13 @@ class Int4Linear(nn.Module):
 
 
 def _merge_int4(parts: Sequence[Int4Weight | torch.Tensor]) -> list[Int4Weight | torch.Tensor]:
-    """``parts`` with each run of int4 parts fused into one (their rows in order): one packed weight and one
-    unpacking launch per run."""
+    """``parts`` with each run of int4 parts of one group size fused into one (their rows in order): one packed
+    weight and one unpacking launch per run."""
     merged: list[Int4Weight | torch.Tensor] = []
     for part in parts:
-        if isinstance(part, Int4Weight) and merged and isinstance(merged[-1], Int4Weight):
-            last = merged.pop()
+        last = merged[-1] if merged else None
+        if isinstance(part, Int4Weight) and isinstance(last, Int4Weight) and last.group == part.group:
+            merged.pop()
             part = Int4Weight(torch.cat([last.q, part.q]), torch.cat([last.scales, part.scales]))
         merged.append(part)
     return merged
@@ -473,9 +519,11 @@ def int4_linears(
     mode: str,
     outliers: Mapping[str, Sequence[int]] | None = None,
     device: str | torch.device = "cpu",
+    group_size: int | None = None,
 ) -> MakeLinear:
     """`MakeLinear` for an int4 GPTQ checkpoint whose tensors (by full name) are ``raw``, in ``mode``; ``outliers``
-    is the checkpoint's outlier table (`read_outliers`), needed by ``i8``. Each linear is unpacked and kept on
+    is the checkpoint's outlier table (`read_outliers`), needed by ``i8``; ``group_size`` its config's (`unpack_gptq`:
+    None takes each linear's from its scales). Each linear is unpacked and kept on
     ``device`` (a GPU unpacks the 27B's linears in seconds). Each name is read as int4 when it has a ``.qweight``,
     as float when it has a ``.weight``; the parts are fused along the output (`Int4Linear`)."""
     check_mode(mode)
@@ -490,7 +538,8 @@ def int4_linears(
         for name in names:
             if f"{name}.qweight" in raw:
                 fields = (f"{name}.{part}" for part in ("qweight", "qzeros", "scales", "g_idx"))
-                parts.append(unpack_gptq({key: raw[key].to(device) for key in fields if key in raw}, name))
+                tensors = {key: raw[key].to(device) for key in fields if key in raw}
+                parts.append(unpack_gptq(tensors, name, group_size))
             elif f"{name}.weight" in raw:
                 parts.append(raw[f"{name}.weight"].to(device))
             else:

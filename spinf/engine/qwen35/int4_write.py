@@ -1,12 +1,13 @@
 """Writing an int4 GPTQ v1 checkpoint of a float Qwen3.5 checkpoint, with its outlier table (engine spec B.14.3):
 for the tests, and for making small int4 models in the real layout (`spinf.engine.qwen35.int4`).
 
-The decoder linears are quantized by symmetric round-to-nearest per group of 32 inputs, with GPTQ's own symmetric
-grid: scale ``2 · amax / 15`` and zero-point 8, codes ``clamp(round(w / s) + 8, 0, 15)`` (gptqmodel's quantizer
-computes ``(xmax − xmin) / maxq`` with ``xmin = −xmax``). All 16 levels ``s · [−8, 7]`` are used; the group's
-largest positive weight (7.5 steps) clamps to 7 steps, an error of half a step like any rounding. ``amax / 7``
-would leave the −8 level unused and make every step 7.5/7 as coarse. The scale is rounded to fp16 (as stored)
-before the codes are taken, so ``s · (q − 8)`` is the value nearest to w on the stored grid. No GPTQ error
+The decoder linears are quantized by symmetric round-to-nearest per group of inputs (32 unless asked: the
+checkpoint's ``group_size``, -1 for whole rows), with GPTQ's own symmetric grid: scale ``2 · amax / 15`` and
+zero-point 8, codes ``clamp(round(w / s) + 8, 0, 15)`` (gptqmodel's quantizer computes ``(xmax − xmin) / maxq``
+with ``xmin = −xmax``). All 16 levels ``s · [−8, 7]`` are used; the group's largest positive weight (7.5 steps)
+clamps to 7 steps, an error of half a step like any rounding. ``amax / 7`` would leave the −8 level unused and make
+every step 7.5/7 as coarse. The scale is rounded to fp16 (as stored) before the codes are taken, so ``s · (q − 8)``
+is the value nearest to w on the stored grid. No GPTQ error
 compensation: round-to-nearest is enough for a test model, and it is deterministic.
 """
 
@@ -25,7 +26,7 @@ from spinf.catalog.resolve import read_config
 from spinf.engine.layout import build_pass
 from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
-from spinf.engine.qwen35.int4 import BITS, GROUP, STORED_ZEROS, ZERO
+from spinf.engine.qwen35.int4 import BITS, GROUP, STORED_ZEROS, WHOLE_ROW, ZERO
 from spinf.engine.qwen35.model import load_qwen35
 from spinf.engine.qwen35.outliers import OUTLIERS_FILE, OUTLIERS_VERSION, norm_fed_names
 from spinf.engine.qwen35.readout import has_readout, read_readout
@@ -63,11 +64,15 @@ def quantized_names(layer_types: Sequence[str], prefix: str) -> list[str]:
     return names
 
 
-def quantize_rtn(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric round-to-nearest of ``weight`` [out, in] per group of 32 inputs: the codes [out, in] (int32,
-    0..15, zero-point 8) and the fp16 scales [out, in/32] (see the module docstring)."""
+def quantize_rtn(weight: torch.Tensor, group_size: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric round-to-nearest of ``weight`` [out, in] per group of ``group_size`` inputs (`WHOLE_ROW`: the
+    whole row): the codes [out, in] (int32, 0..15, zero-point 8) and the fp16 scales [out, in/G] (see the module
+    docstring)."""
     out, width = weight.shape
-    groups = weight.float().reshape(out, width // GROUP, GROUP)
+    group = width if group_size == WHOLE_ROW else group_size
+    if group <= 0 or width % group:
+        raise ModelError(f"group size {group_size} does not divide a {out} x {width} weight's inputs")
+    groups = weight.float().reshape(out, width // group, group)
     amax = groups.abs().amax(dim=-1)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))  # an all-zero group: GPTQ's ±1 range
     scales = (2 * amax / 15).to(torch.float16)
@@ -76,21 +81,26 @@ def quantize_rtn(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_gptq(codes: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GPTQ v1 tensors of codes [out, in] (0..15) and fp16 scales [out, in/32]: ``qweight`` int32 [in/8, out] (eight
-    codes per word along the input, the first in the low bits), ``qzeros`` int32 [in/32, out/8] (zero-point 8 stored
-    as 7, eight per word along the output), ``scales`` fp16 [in/32, out], ``g_idx`` int32 [in] (``i // 32``)."""
+    """GPTQ v1 tensors of codes [out, in] (0..15) and fp16 scales [out, in/G] (groups of G inputs): ``qweight``
+    int32 [in/8, out] (eight codes per word along the input, the first in the low bits), ``qzeros`` int32
+    [in/G, out/8] (zero-point 8 stored as 7, eight per word along the output), ``scales`` fp16 [in/G, out],
+    ``g_idx`` int32 [in] (``i // G``)."""
     out, width = codes.shape
-    if width % GROUP or out % 8:
-        raise ModelError(f"a {out} x {width} weight does not pack as int4 GPTQ (inputs by {GROUP}, outputs by 8)")
+    groups = scales.shape[1]
+    if width % 8 or width % groups or out % 8:
+        raise ModelError(
+            f"a {out} x {width} weight does not pack as int4 GPTQ in {groups} groups (inputs by 8, outputs by 8)"
+        )
+    group = width // groups
     shifts = np.arange(0, 32, BITS, dtype=np.uint32)[None, :, None]
     nibbles = codes.t().numpy().astype(np.uint32).reshape(width // 8, 8, out)
     qweight = np.bitwise_or.reduce(nibbles << shifts, axis=1).view(np.int32)
-    zeros = np.full((width // GROUP, out // 8), STORED_ZEROS, dtype=np.uint32).view(np.int32)
+    zeros = np.full((groups, out // 8), STORED_ZEROS, dtype=np.uint32).view(np.int32)
     return {
         "qweight": torch.from_numpy(np.ascontiguousarray(qweight)),
         "qzeros": torch.from_numpy(zeros),
         "scales": scales.t().contiguous(),
-        "g_idx": torch.arange(width, dtype=torch.int32) // GROUP,
+        "g_idx": torch.arange(width, dtype=torch.int32) // group,
     }
 
 
@@ -141,10 +151,14 @@ def write_gptq_checkpoint(
     *,
     outlier_channels: int,
     calibration_tokens: Sequence[int] | None = None,
+    group_size: int = GROUP,
+    quantization_config: dict | None = None,
 ) -> Path:
     """Write an int4 GPTQ v1 checkpoint of the float Qwen3.5 checkpoint in ``source_folder`` into ``dest_folder``
-    (created if needed) and return it: the decoder linears quantized (`quantize_rtn`, `pack_gptq`), every other
-    tensor as it is, `QUANTIZATION_CONFIG` in config.json and quantize_config.json, the source's other files
+    (created if needed) and return it: the decoder linears quantized (`quantize_rtn`, `pack_gptq`) in groups of
+    ``group_size`` inputs (`WHOLE_ROW`: whole rows), every other tensor as it is, ``quantization_config`` (None:
+    `QUANTIZATION_CONFIG`; its ``group_size`` set to ``group_size`` either way) in config.json and
+    quantize_config.json, the source's other files
     (tokenizer, generation config, a decider's readout) copied, and `OUTLIERS_FILE` (our format) with
     ``outlier_channels`` channels per norm-fed linear measured over ``calibration_tokens`` (None:
     `CALIBRATION_TOKENS` seeded random ids). The same source gives the same bytes."""
@@ -160,14 +174,17 @@ def write_gptq_checkpoint(
         weight = raw.pop(f"{name}.weight", None)
         if weight is None:
             raise ModelError(f"{source}: the checkpoint has no tensor {name}.weight")
-        packed = pack_gptq(*quantize_rtn(weight))
+        packed = pack_gptq(*quantize_rtn(weight, group_size))
         tensors |= {f"{name}.{part}": tensor for part, tensor in packed.items()}
     tensors |= {name: tensor.contiguous() for name, tensor in raw.items()}
     dest.mkdir(parents=True, exist_ok=True)
     save_file(dict(sorted(tensors.items())), str(dest / "model.safetensors"), metadata={"format": "pt"})
     # as gptqmodel saves: quantize_config.json, and the same object as config.json's quantization_config
-    (dest / "quantize_config.json").write_text(json.dumps(QUANTIZATION_CONFIG, indent=2) + "\n")
-    config = read_config(source) | {"quantization_config": QUANTIZATION_CONFIG}
+    quantization = (QUANTIZATION_CONFIG if quantization_config is None else quantization_config) | {
+        "group_size": group_size
+    }
+    (dest / "quantize_config.json").write_text(json.dumps(quantization, indent=2) + "\n")
+    config = read_config(source) | {"quantization_config": quantization}
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     table = {
         "format_version": OUTLIERS_VERSION,

@@ -57,7 +57,7 @@ def load_for_engine(
     if weight_format == INT4_FORMAT:
         from spinf.engine.qwen35 import int4
 
-        int4.read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
+        gptq = int4.read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
         if not scheme.startswith(INT4_PREFIX):
             raise ModelError(f"{folder}: an int4 GPTQ checkpoint runs in the modes i8, f16, fp8, bf16, not {scheme}")
         mode = scheme.removeprefix(INT4_PREFIX)
@@ -68,7 +68,8 @@ def load_for_engine(
                 raise missing_table_error(folder, model_id, revision)
         dtype = torch.float32 if on_cpu else torch.bfloat16
         raw = read_tensors(folder, "")
-        model = load_qwen35(folder, dtype, int4.int4_linears(raw, mode, outliers, device), readout=head, raw=raw)
+        linears = int4.int4_linears(raw, mode, outliers, device, gptq.group_size)
+        model = load_qwen35(folder, dtype, linears, readout=head, raw=raw)
     else:
         _check_float(folder, weight_format)
         if scheme not in FLOAT_SCHEMES:
@@ -99,5 +100,5 @@ def _check_float(folder: Path, weight_format: str) -> None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else weight_format
         raise ModelError(
             f"{folder}: a Qwen3.5 checkpoint quantized with {method!r} is not read by this build; it reads float "
-            "weights (safetensors) and GPTQ int4 (groups of 32)"
+            "weights (safetensors) and symmetric GPTQ int4"
         )

@@ -218,9 +218,10 @@ def config_with(folder, tmp_path, **changes):
     ("field", "value", "shown"),
     [
         ("bits", 8, "8"),
-        ("group_size", 128, "128"),
-        ("group_size", None, "128"),  # absent: transformers' default
-        ("desc_act", True, "True"),
+        ("group_size", 0, "0"),
+        ("group_size", -2, "-2"),
+        ("group_size", "128", "'128'"),
+        ("desc_act", "no", "'no'"),
         ("sym", False, "False"),
         ("checkpoint_format", "gptq_v2", "'gptq_v2'"),
         ("format", "marlin", "'marlin'"),
@@ -232,6 +233,13 @@ def test_the_config_refuses_other_gptq_variants(folders, tmp_path, field, value,
     folder = config_with(folders["int4"], tmp_path, **{field: value})
     match = rf"^{tmp_path}/config.json: quantization_config.{field} is {shown}; supported: int4 GPTQ v1, symmetric"
     with pytest.raises(ModelError, match=match):
+        read_gptq_config(folder)
+
+
+def test_act_order_configs_are_refused_saying_why(folders, tmp_path):
+    folder = config_with(folders["int4"], tmp_path, desc_act=True)
+    message = rf"^{folder}/config.json: quantization_config.desc_act is True: act-order GPTQ checkpoints \(whose g_idx"
+    with pytest.raises(ModelError, match=message + r".*; quantize with desc_act false$"):
         read_gptq_config(folder)
 
 

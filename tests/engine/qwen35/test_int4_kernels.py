@@ -22,12 +22,13 @@ from spinf.engine.qwen35.int4 import GROUP, Int4Linear, Int4Weight, _per_token, 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernels run
 
 
-def packed(out: int, width: int, seed: int) -> Int4Weight:
-    """A random packed weight on the CPU; row 1 is all zero (code 8), so its amax is the floor of 1."""
+def packed(out: int, width: int, seed: int, group: int = GROUP) -> Int4Weight:
+    """A random packed weight on the CPU in groups of ``group`` inputs (-1: whole rows); row 1 is all zero (code
+    8), so its amax is the floor of 1."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 256, (out, width // 2), generator=gen, dtype=torch.int32).to(torch.uint8)
     q[1] = 0x88
-    scales = ((torch.rand((out, width // GROUP), generator=gen) + 0.5) / 64).half()
+    scales = ((torch.rand((out, 1 if group == -1 else width // group), generator=gen) + 0.5) / 64).half()
     scales[0, 0] = -scales[0, 0]  # a negative scale: |s| is what bounds the row
     return Int4Weight(q, scales)
 
@@ -40,13 +41,18 @@ def twins(parts, channels=None) -> tuple[Int4Linear, Int4Linear]:
     return Int4Linear(parts, "i8", channels), Int4Linear(moved, "i8", channels)
 
 
-@pytest.mark.parametrize("out,width", [(48, 64), (40, 320), (7 * 8, 96)])
-def test_unpacking_gives_the_torch_paths_int8_codes_and_float_weights(out, width):
+@pytest.mark.parametrize(
+    "out,width,group",
+    [(48, 64, 32), (40, 320, 32), (7 * 8, 96, 32), (40, 384, 128), (24, 256, 64), (24, 320, -1), (16, 128, 128)],
+)
+def test_unpacking_gives_the_torch_paths_int8_codes_and_float_weights(out, width, group):
+    """At the published checkpoints' group of 32 and the others a GPTQ config may name (issue 35 item 4)."""
     parts = [
-        packed(out, width, 1),
+        packed(out, width, 1, group),
         torch.randn(8, width, generator=torch.Generator().manual_seed(2)),
-        packed(16, width, 3),
+        packed(16, width, 3, group),
     ]
+    assert parts[0].group == (width if group == -1 else group)
     cpu, kernel = twins(parts)
     assert torch.equal(kernel._gpu_weight(int8=True).cpu(), Int4Linear._int8_weight(cpu.weight())[0])
     assert torch.equal(kernel._gpu_weight(int8=False).cpu(), cpu.weight())
@@ -108,10 +114,12 @@ def activations(rows: int, width: int, seed: int) -> torch.Tensor:
     return x
 
 
+@pytest.mark.parametrize("group", [32, 128, -1])
 @pytest.mark.parametrize("split", [False, True], ids=["block-scaled", "split"])
-def test_the_kernels_i8_forward_equals_the_torch_reference_and_is_row_invariant(split):
-    width = 320  # blocks of 128, 128 and 64
-    cpu, kernel = twins([packed(40, width, 4), packed(24, width, 5)], [5, 77, 300] if split else None)
+def test_the_kernels_i8_forward_equals_the_torch_reference_and_is_row_invariant(split, group):
+    width = 384 if group == 128 else 320  # blocks of 128, 128 and 128 (or 64)
+    parts = [packed(40, width, 4, group), packed(24, width, 5, group)]
+    cpu, kernel = twins(parts, [5, 77, 300] if split else None)
     x = activations(37, width, 6)
     got = kernel._gpu_i8(x.to(DEVICE)).cpu()
     want = cpu._forward(x, cpu.weight())
@@ -206,15 +214,16 @@ def test_product_tiles_fit_a_card_with_less_shared_memory(monkeypatch):
 
 
 def test_int4_parts_fuse_into_one_packed_weight_and_float_parts_stay_apart():
-    parts = [packed(16, 64, 16), packed(8, 64, 17), torch.randn(8, 64), packed(8, 64, 18)]
+    parts = [packed(16, 64, 16), packed(8, 64, 17), torch.randn(8, 64), packed(8, 64, 18), packed(8, 64, 19, 64)]
     linear = Int4Linear(parts, "i8", None)
-    assert linear.kinds == ["int4", "float", "int4"]
-    want = torch.cat([parts[0].dequantize(), parts[1].dequantize(), parts[2], parts[3].dequantize()])
+    assert linear.kinds == ["int4", "float", "int4", "int4"]  # another group size is another packed weight
+    want = torch.cat([parts[0].dequantize(), parts[1].dequantize(), parts[2], *(p.dequantize() for p in parts[3:])])
     assert torch.equal(linear.weight(), want)
 
 
-def test_the_split_scheme_reads_the_outlier_columns_without_unpacking():
-    linear = Int4Linear([packed(40, 320, 7), torch.randn(8, 320)], "i8", [0, 1, 31, 32, 319])
+@pytest.mark.parametrize("group", [32, 64, -1])
+def test_the_split_scheme_reads_the_outlier_columns_without_unpacking(group):
+    linear = Int4Linear([packed(40, 320, 7, group), torch.randn(8, 320)], "i8", [0, 1, 31, 32, 63, 64, 319])
     assert torch.equal(linear._columns(linear.outliers), linear.weight()[:, linear.outliers])
 
 
