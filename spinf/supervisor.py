@@ -175,15 +175,26 @@ def bind_sockets(options: ServerOptions) -> Sockets:
     waiting), so that an address in use is one line before the model loads rather than a trace after it.
 
     Raises ``ConfigError`` naming the address and the reason (in use, not on this machine, a privileged port)."""
-    address = f"[{options.host}]:{options.port}" if ":" in options.host else f"{options.host}:{options.port}"
     try:
         return hypercorn_config(options).create_sockets()
     except OSError as error:  # socket.gaierror too: a host name that does not resolve
-        if error.errno in _BIND_REASONS:
-            reason = _BIND_REASONS[error.errno]
-        else:
-            reason = (error.strerror or str(error)).lower()
-        raise ConfigError(f"cannot listen on {address}: {reason}") from error
+        raise _cannot_listen(options, error) from error
+
+
+def start_listening(options: ServerOptions, sockets: Sockets) -> None:
+    """Listen on the bound ``sockets``; ``ConfigError`` as `bind_sockets` when another process listens there
+    already (two sockets that allow address reuse may both bind one port; only one may listen)."""
+    try:
+        for sock in sockets.insecure_sockets:
+            sock.listen(options.backlog)
+    except OSError as error:
+        raise _cannot_listen(options, error) from error
+
+
+def _cannot_listen(options: ServerOptions, error: OSError) -> ConfigError:
+    address = f"[{options.host}]:{options.port}" if ":" in options.host else f"{options.host}:{options.port}"
+    reason = _BIND_REASONS.get(error.errno) or (error.strerror or str(error)).lower()
+    return ConfigError(f"cannot listen on {address}: {reason}")
 
 
 _BIND_REASONS = {
@@ -338,10 +349,9 @@ async def serve(
     http11.install()
     config = hypercorn_config(options)
     sockets = sockets or bind_sockets(options)
+    start_listening(options, sockets)  # before the actors: a refusal here is one line, not an exception group
     async with running_actors(options, load, models_entry, openapi=openapi, packs=packs) as running:
         app = wrap_app(create_app(running.services), config.wsgi_max_body_size, None)
-        for sock in sockets.insecure_sockets:
-            sock.listen(config.backlog)
         await worker_serve(
             app, config, sockets=sockets, shutdown_trigger=running.shutdown.wait, task_status=task_status
         )

@@ -20,12 +20,13 @@ import spinf.logs
 import spinf.supervisor
 from spinf._version import __version__
 from spinf.cli import main
-from spinf.errors import ModelError
+from spinf.errors import ConfigError, ModelError
 from spinf.settings import SETTING, SETTINGS, load_settings
 from tests.settings_samples import SAMPLES, flag_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MANIFEST_DEFAULTS = spinf.cli._manifest_defaults
+BIND_SOCKETS = spinf.supervisor.bind_sockets  # the real one; the fixture below replaces it
 MANIFEST = {
     "served_model": "acme/served",
     "model_id": "acme/repo",
@@ -564,3 +565,20 @@ def test_packs_list_takes_serve_s_names_of_its_options(capsys):
     assert (code, err, out.splitlines()[0]) == (0, "", "sources: local:fixtures/packs")  # no official source
     help_text = run_help(capsys, "packs", "list")
     assert "--no-official, --no-official-packs" in help_text and "--refresh, --packs-refresh" in help_text
+
+
+def test_of_two_starts_bound_to_one_port_the_second_to_listen_is_refused_in_one_line():
+    """Sockets that allow address reuse may both bind a port that nobody listens on yet: the second ``listen`` is
+    the refusal, and it reads as the bind's would."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = spinf.supervisor.ServerOptions(host="127.0.0.1", port=port)
+    first, second = BIND_SOCKETS(options), BIND_SOCKETS(options)
+    try:
+        spinf.supervisor.start_listening(options, first)
+        with pytest.raises(ConfigError, match=rf"^cannot listen on 127\.0\.0\.1:{port}: address already in use "):
+            spinf.supervisor.start_listening(options, second)
+    finally:
+        for sock in (*first.insecure_sockets, *second.insecure_sockets):
+            sock.close()
