@@ -192,11 +192,6 @@ class Engine:
             )
             scales = table["scales"]
         if qwen:
-            if layers or lm_head != DEFAULT_HEAD:
-                raise ModelError(
-                    f"{self.served_name}: the layers and lm_head settings apply to the Gemma stack; the Qwen3.5 "
-                    "stack runs every layer and an fp32 head"
-                )
             self.model = load_qwen35_for_engine(
                 self.folder,
                 scheme=self.quant,
@@ -205,6 +200,8 @@ class Engine:
                 readout_expected=decider,
                 model_id=self.model_id,
                 revision=self.revision,
+                layers=layers,
+                lm_head=lm_head,
             )
         else:
             self.model = self._load_gemma(device, scales, layers, lm_head, path if scales is not None else None)

@@ -18,6 +18,7 @@ import torch
 
 from spinf.catalog.resolve import read_config
 from spinf.engine.hardware import INT4_FORMAT, INT4_PREFIX
+from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35 import readout
 from spinf.engine.qwen35.config import read_qwen35_config
@@ -40,12 +41,14 @@ def load_for_engine(
     readout_expected: bool = False,
     model_id: str = "",
     revision: str = "",
+    layers: int = 0,
+    lm_head: str = DEFAULT_HEAD,
 ) -> Qwen35Text:
     """The model of the Qwen3.5 checkpoint in ``folder`` under ``scheme`` (as `choose_quant` gives it), on
     ``device``; ``weight_format`` the checkpoint's (`spinf.catalog.resolve.detect_format` or the manifest's).
     ``readout_expected``: the manifest says the head is a readout (a checkpoint without one is refused).
     ``model_id`` and ``revision`` key the store's outlier table, looked up when the folder ships none
-    (`spinf.engine.qwen35.outliers`)."""
+    (`spinf.engine.qwen35.outliers`). ``layers`` and ``lm_head`` are the settings of those names (`load_qwen35`)."""
     folder = Path(folder)
     cfg, _ = read_qwen35_config(folder)
     on_cpu = torch.device(device).type == "cpu"
@@ -69,7 +72,7 @@ def load_for_engine(
         dtype = torch.float32 if on_cpu else torch.bfloat16
         raw = read_tensors(folder, "")
         linears = int4.int4_linears(raw, mode, outliers, device, gptq.group_size)
-        model = load_qwen35(folder, dtype, linears, readout=head, raw=raw)
+        model = load_qwen35(folder, dtype, linears, readout=head, raw=raw, layers=layers, lm_head=lm_head)
     else:
         _check_float(folder, weight_format)
         if scheme not in FLOAT_SCHEMES:
@@ -77,7 +80,7 @@ def load_for_engine(
                 f"{folder}: the {scheme} scheme is not built for the Qwen3.5 stack; a float checkpoint runs in "
                 f"{' or '.join(FLOAT_SCHEMES)} (an int4 GPTQ one in i8, f16, fp8 or bf16)"
             )
-        model = load_qwen35(folder, FLOAT_SCHEMES[scheme], readout=head)
+        model = load_qwen35(folder, FLOAT_SCHEMES[scheme], readout=head, layers=layers, lm_head=lm_head)
     model = model.to(device)
     if weight_format == INT4_FORMAT and mode == "i8" and not on_cpu:
         kept = int4.keep_unpacked(model, torch.device(device))

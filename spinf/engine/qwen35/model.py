@@ -22,11 +22,13 @@ on where its trie forks or what else shares the pass (C.1); the products run in 
 
 On a GPU the recurrence runs in the Triton kernel by segment index (`spinf.engine.kernels.gdn`, token by token in
 every segment) and the full-attention layers in the Gemma stack's tree-attention kernel. Linears are made by a
-factory (`MakeLinear`): float (`Dense`) or int4 (`spinf.engine.qwen35.int4`); the decider's readout replaces the LM
-head. A decode step (extraction, `GatedDeltaNet.decode`) replays each row's recurrence from its prefix's state (on a
-GPU in the kernel's decode step, from the state the scoring pass's kernel wrote at the prefix's end); of a prefix
-a recurrent layer captures only that state and its last ``kernel - 1`` rows (`CaptureCost`). Not yet here: a chunked
-kernel for long segments.
+factory (`MakeLinear`): float (`Dense`) or int4 (`spinf.engine.qwen35.int4`). The LM head runs in ``head_mode``
+(`spinf.engine.head`, engine spec B.7: the final norm in fp32 always, then the product's operands and logits as the
+mode rounds them); the decider's readout replaces it. ``layers`` keeps the first that many decoder layers. A decode
+step (extraction, `GatedDeltaNet.decode`) replays each row's recurrence from its prefix's state (on a GPU in the
+kernel's decode step, from the state the scoring pass's kernel wrote at the prefix's end); of a prefix a recurrent
+layer captures only that state and its last ``kernel - 1`` rows (`CaptureCost`). Not yet here: a chunked kernel for
+long segments.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
-from spinf.engine.gemm import row_stable_mm, stable_mm
-from spinf.engine.head import DEFAULT_HEAD, head_precision
+from spinf.engine.gemm import stable_mm
+from spinf.engine.head import DEFAULT_HEAD, check_mode, head_logits, head_precision, head_weight
 from spinf.engine.layout import PassLayout
 from spinf.engine.loading import read_tensors
 from spinf.engine.model import HEAD_ROWS
@@ -629,6 +631,7 @@ class Qwen35Text(nn.Module):
         )
         self.final_norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
         self.lm_head = None if head is None else nn.Parameter(head, requires_grad=False)
+        self.head_mode = DEFAULT_HEAD  # the LM head's precision (spinf.engine.head)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def plan(self, layout: PassLayout) -> Qwen35Plan:
@@ -657,28 +660,35 @@ class Qwen35Text(nn.Module):
             h = layer(h, rope, plan)
         return h
 
-    def read_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows: the LM head's, or the
-        decider's readout (−inf off its codes)."""
+    def head_weight(self) -> torch.Tensor | None:
+        """The LM head as ``head_mode``'s product reads it (None under the readout): made once per pass, since the
+        fp32 mode's copy of the 27B's head is 5 GB."""
+        return None if self.readout is not None else head_weight(self.lm_head, self.head_mode)
+
+    def read_logprobs(self, hidden_rows: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Full-vocabulary fp32 log-softmax [rows, vocab] at the given (pre-norm) hidden rows: the LM head's in
+        ``head_mode`` (``weight``: `head_weight`, made here when not given), or the decider's readout (−inf off its
+        codes). The final norm runs in fp32; f32out and bf16 read its rows in the head's dtype (bf16 on a GPU: no
+        fp32 copy of the 2.5 GB head per chunk), fp32 reads them as they are."""
         x = rms_norm(hidden_rows.float(), self.final_norm, self.cfg.rms_norm_eps)
         if self.readout is not None:
             return self.readout.logprobs(x)
-        if x.is_cuda:  # the head as loaded (bf16) with fp32 output: no fp32 copy of the 2.5 GB head per chunk
-            logits = torch.mm(x.to(self.lm_head.dtype), self.lm_head.t(), out_dtype=torch.float32)
-        else:
-            logits = row_stable_mm(x, self.lm_head.float())
-        return torch.log_softmax(logits, dim=-1)
+        weight = self.head_weight() if weight is None else weight
+        if self.head_mode != "fp32":
+            x = x.to(self.lm_head.dtype)
+        return torch.log_softmax(head_logits(x, weight, self.head_mode), dim=-1)
 
-    def full_logprobs(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+    def full_logprobs(self, hidden_rows: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """`read_logprobs` in chunks of exactly ``HEAD_ROWS`` rows (the last padded), so that on a GPU every product
         has one shape and a row's numbers never depend on the other rows."""
+        weight = self.head_weight() if weight is None else weight
         out = []
         for start in range(0, hidden_rows.shape[0], HEAD_ROWS):
             chunk = hidden_rows[start : start + HEAD_ROWS]
             size = chunk.shape[0]
             if size < HEAD_ROWS and hidden_rows.is_cuda:
                 chunk = torch.cat([chunk, chunk.new_zeros((HEAD_ROWS - size, chunk.shape[1]))])
-            out.append(self.read_logprobs(chunk)[:size])
+            out.append(self.read_logprobs(chunk, weight)[:size])
         if not out:
             return hidden_rows.new_zeros((0, self.cfg.vocab_size), dtype=torch.float32)
         return torch.cat(out)
@@ -690,18 +700,19 @@ class Qwen35Text(nn.Module):
         rows in chunks of exactly ``HEAD_ROWS`` (the last padded), the picks of chunk ``c`` being
         ``bounds[c]:bounds[c + 1]``, so that no [read rows, vocab] tensor is held beyond one chunk's."""
         out = []
+        weight = self.head_weight() if hidden_rows.shape[0] else None
         for c, start in enumerate(range(0, hidden_rows.shape[0], HEAD_ROWS)):
-            logprobs = self.full_logprobs(hidden_rows[start : start + HEAD_ROWS])
+            logprobs = self.full_logprobs(hidden_rows[start : start + HEAD_ROWS], weight)
             rows = pick_rows[bounds[c] : bounds[c + 1]] - start
             out.append(logprobs[rows, pick_cols[bounds[c] : bounds[c + 1]]])
         return torch.cat(out) if out else hidden_rows.new_zeros(0, dtype=torch.float32)
 
     def head_precision(self) -> str:
-        """The head's part of the fingerprint (api spec §11): the readout (fp32), or the LM head: fp32 on an fp32
-        model, the head as loaded with fp32 output (``f32out``) on a bf16 one."""
+        """The head's part of the fingerprint (api spec §11): the readout (fp32), or the LM head in its mode
+        (`spinf.engine.head.head_precision`: f32out on an fp32 model is fp32)."""
         if self.readout is not None:
             return "readout fp32"
-        return f"lm_head {head_precision(DEFAULT_HEAD, self.lm_head.dtype)}"  # fp32, or the bf16 head's f32out
+        return f"lm_head {head_precision(self.head_mode, self.lm_head.dtype)}"
 
     graphable = False  # no CUDA graphs on this stack yet (the scorer builds none)
 
@@ -766,12 +777,28 @@ def load_qwen35(
     linear: MakeLinear | None = None,
     readout=None,
     raw: Mapping[str, torch.Tensor] | None = None,
+    *,
+    layers: int = 0,
+    lm_head: str = DEFAULT_HEAD,
 ) -> Qwen35Text:
     """The text model of the Qwen3.5 checkpoint in ``folder``; ``linear`` makes its linears (None: float ones, in
     ``dtype``, as every other tensor is); ``readout`` the decider's head, which replaces the LM head (A.15); ``raw``
-    the checkpoint's tensors by full name when the caller has read them already (an int4 ``linear`` reads them)."""
+    the checkpoint's tensors by full name when the caller has read them already (an int4 ``linear`` reads them).
+    ``layers`` (unless 0) keeps only the first that many decoder layers (the ``layers`` setting; the others' weights
+    are never read or unpacked); ``lm_head`` is the head's precision mode (`spinf.engine.head`), which a readout
+    does not have."""
     folder = Path(folder)
     cfg, prefix = read_qwen35_config(folder)
+    if layers:
+        if layers > len(cfg.layer_types):
+            raise ModelError(
+                f"{folder}: the checkpoint has {len(cfg.layer_types)} layers, fewer than the {layers} asked"
+            )
+        cfg = attrs.evolve(cfg, layer_types=cfg.layer_types[:layers])
+    if readout is not None and check_mode(lm_head) != DEFAULT_HEAD:
+        raise ModelError(
+            f"{folder}: lm_head {lm_head} sets an LM head's precision; the decider's readout runs in fp32"
+        )
     raw = read_tensors(folder, "") if raw is None else raw
     if prefix + "embed_tokens.weight" not in raw:
         raise ModelError(f"{folder}: the checkpoint has no {prefix}embed_tokens.weight")
@@ -794,4 +821,5 @@ def load_qwen35(
         None if readout is not None else take(prefix + "embed_tokens.weight") if head is None else head.to(dtype),
         readout,
     )
+    model.head_mode = check_mode(lm_head)
     return model.requires_grad_(False).eval()
