@@ -7,7 +7,8 @@ sessions) are in `tests/docs_walk.py`. The walk runs every fenced command that c
 - from a scratch folder holding links to the checkout's top-level files and folders, so ``fixtures/...`` and
   ``benchmarks/...`` resolve as from the repository root while what the commands write (``request.json``,
   ``tiny-qwen/``) lands in the scratch folder, not in the checkout;
-- with an empty private ``HF_HOME`` (the tiny model is generated on first use, as the docs say), offline
+- with the test run's environment less its ``SPINF_*`` variables and ``TRITON_INTERPRET``, an empty private
+  ``HF_HOME`` (the tiny model is generated on first use, as the docs say), offline
   (``HF_HUB_OFFLINE=1``, the official pack source on a closed loopback port), a private drain marker and packs cache;
 - one server at a time: a ``spinf-serve serve`` command starts in the background (kept when the next serve command
   is the same), and the walk waits for ``/readyz`` 200 before going on;
@@ -155,8 +156,11 @@ class Walk:
         (shim / "curl").write_text(CURL.format(curl=shutil.which("curl")))
         (shim / "curl").chmod(0o755)
         self.port = free_port()
+        # A reader's environment: none of the test run's own settings (SPINF_*, the Triton interpreter conftest.py
+        # turns on without a GPU), so a developer's SPINF_MODEL cannot change what a command does.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") and k != "TRITON_INTERPRET"}
         self.env = {
-            **os.environ,
+            **inherited,
             "PATH": f"{shim}:{Path(sys.executable).parent}:{os.environ['PATH']}",
             "HF_HOME": str(scratch / "hf"),
             "HF_HUB_OFFLINE": "1",
