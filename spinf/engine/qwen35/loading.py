@@ -71,7 +71,7 @@ def load_for_engine(
                 raise missing_table_error(folder, model_id, revision)
         dtype = torch.float32 if on_cpu else torch.bfloat16
         raw = read_tensors(folder, "")
-        linears = int4.int4_linears(raw, mode, outliers, device, gptq.group_size)
+        linears = int4.int4_linears(raw, mode, outliers, device, None if gptq is None else gptq.group_size)
         model = load_qwen35(folder, dtype, linears, readout=head, raw=raw, layers=layers, lm_head=lm_head)
     else:
         _check_float(folder, weight_format)
