@@ -69,7 +69,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.path)}:{self.line}"
 
 
 @attrs.frozen
@@ -89,7 +89,7 @@ class Command:
 
     @property
     def where(self) -> str:
-        return f"{self.block.path.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.block.path)}:{self.line}"
 
     @property
     def marker(self) -> str | None:
@@ -105,6 +105,10 @@ class Command:
     @property
     def is_serve(self) -> bool:
         return SERVE.match(self.code[0]) is not None
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def blocks(path: Path) -> list[Block]:

@@ -133,6 +133,20 @@ def test_the_parser_reads_continuations_heredocs_and_quotes(tmp_path):
     )
 
 
+def test_a_failing_command_or_another_output_fails_the_walk(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("```bash\ntrue\nfalse\ntrue\n```\n```console\n$ echo hi\nho\n```\n")
+    shell, console = blocks(doc)
+    runner = Walk(tmp_path)
+    try:
+        with pytest.raises(AssertionError, match=r"doc.md:2, .*doc.md:3, .*doc.md:4: exit 1"):
+            runner.block(shell, slow=False)
+        with pytest.raises(AssertionError, match=r"doc.md:7: prints something else than the doc shows"):
+            runner.block(console, slow=False)
+    finally:
+        runner.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -206,9 +220,13 @@ class Walk:
         if self.server is None:
             return
         _, process, _ = self.server
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
         self.server = None
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
     def shell(self, commands_: list[Command]) -> None:
         if not commands_:
@@ -252,9 +270,14 @@ class Walk:
         self.ran += 1
 
     def close(self) -> None:
+        """Ends the interpreters and the server, killing what does not end in time (a walk that failed mid-block)."""
         for process, read, _ in self.python.values():
             process.stdin.close()
-            process.wait(timeout=60)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             os.close(read)
         self.stop_server()
 
