@@ -151,13 +151,27 @@ def test_sigterm_answers_every_admitted_call_then_exits_0(tmp_path, cache):
     threads = [threading.Thread(target=call) for _ in range(6)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    _wait_admitted(server.url, 6)  # every call reached the server: the guarantee is about admitted calls
     code = server.stop()
     for t in threads:
         t.join(60)
     assert code == 0
     assert len(statuses) == 6 and set(statuses) <= {200, 503}
     assert "stopping" in server.output()
+
+
+def _wait_admitted(url: str, calls: int, timeout_s: float = 30.0) -> None:
+    """Until ``calls`` scoring calls were admitted (in flight, or answered), read from /metrics: a fixed sleep let a
+    busy machine send SIGTERM before every client had connected, and a refused connection is no admitted call."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        in_flight = float(re.search(r"^spinf_requests_in_flight (\S+)$", text, re.M)[1])
+        answered = re.findall(r'^spinf_requests_total\{route="/v1/score",status="\d+"\} (\S+)$', text, re.M)
+        if in_flight + sum(float(n) for n in answered) >= calls:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{calls} calls were not admitted within {timeout_s} s")
 
 
 def test_openai_sdk_stream_reads_one_chunk_with_the_results(open_server):
