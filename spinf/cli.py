@@ -22,11 +22,14 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from spinf import start_signals
 from spinf._version import __version__
 from spinf.errors import SpinfError
-from spinf.settings import Settings, load_settings, log_notes
-from spinf.settings.flags import add_flags, describe, flags_from_args, to_toml
+
+if TYPE_CHECKING:
+    from spinf.settings import Settings
 
 PROG = "spinf-serve"
 
@@ -49,6 +52,8 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from spinf.settings.flags import add_flags
+
     parser = _Parser(prog=PROG, description="Scoring server for decision models.", allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -134,6 +139,8 @@ def serve_flags(argv: list[str]) -> dict[str, object]:
     """The settings flags of a ``serve`` command line (the words after ``serve``) as ``serve`` reads them, for
     ``load_settings``; the container's health probe reads the running server's port this way. Raises
     ``SystemExit`` on a command line ``serve`` would refuse."""
+    from spinf.settings.flags import flags_from_args
+
     return flags_from_args(_parser().parse_args(["serve", *argv]))
 
 
@@ -144,6 +151,9 @@ def _manifest_defaults(model: str) -> Mapping[str, object]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from spinf.settings import load_settings
+    from spinf.settings.flags import flags_from_args
+
     return load_settings(flags_from_args(args), os.environ, manifest_defaults=_manifest_defaults)
 
 
@@ -155,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.notes:
         from spinf.logs import configure
+        from spinf.settings import log_notes
 
         configure(settings.server.log_format)
         log_notes(settings)
@@ -184,6 +195,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
+    from spinf.settings import log_notes
+
     settings = _settings(args)
     log_notes(settings)  # warnings: on stderr even without a log set-up
     from spinf.bulk import main as bulk_main
@@ -192,6 +205,8 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from spinf.settings.flags import describe, to_toml
+
     settings = _settings(args)
     print(to_toml(settings) if args.toml else describe(settings), end="" if args.toml else "\n")
     for note in settings.notes:  # what `serve` would log at start
@@ -228,6 +243,8 @@ def _models(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     """The engine comes from the environment (api spec §10); the table goes to the store unless ``--out``. The
     files and folders are checked before the (slow) load."""
+    from spinf.settings import load_settings
+
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
     from spinf.engine.calibrate import calibrate, calibration_engine, check_folders, media_requests, read_corpus
@@ -254,6 +271,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _parity(args: argparse.Namespace) -> int:
     """JSON on stdout (api spec §10, engine B.15). With ``--reference``, two lines on stderr: both platforms, then
     the verdict (`spinf.engine.parity.judge`); exit 1 when it failed."""
+    from spinf.settings import load_settings
+
     flags = {"device": args.device} if args.device else {}
     settings = load_settings(flags, os.environ, manifest_defaults=_manifest_defaults)
     from spinf.engine.engine import Engine
@@ -303,7 +322,31 @@ _COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    # first, before the heavy imports: a SIGHUP or SIGTERM while `serve` starts must not end it without a word
+    # (spinf.start_signals). Only `serve`: a hang-up still ends `score` as any terminal command.
+    words = sys.argv[1:] if argv is None else argv
+    handled = words[:1] == ["serve"] and start_signals.install()
+    try:
+        return _command(_parser().parse_args(words))
+    except start_signals.StartInterrupted as stop:  # a shutdown before the server ran: a shutdown's status, 0
+        _say(f"received {stop}: stopping before the server runs")
+        return 0
+    finally:
+        if handled:
+            start_signals.restore()
+
+
+def _say(line: str) -> None:
+    """A line in the log when it is set up, else on stderr."""
+    import logging
+
+    if logging.getLogger().handlers:
+        logging.getLogger(__name__).info(line)
+    else:
+        print(f"{PROG}: {line}", file=sys.stderr)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         return _COMMANDS[args.command](args)
     except SpinfError as exc:

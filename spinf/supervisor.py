@@ -20,6 +20,7 @@ import functools
 import logging
 import math
 import os
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -30,7 +31,7 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from spinf import http11
+from spinf import http11, start_signals
 from spinf.actors.drain import DrainController
 from spinf.actors.executor import Executor
 from spinf.actors.loader import Loader
@@ -42,7 +43,7 @@ from spinf.errors import ConfigError, SpinfError
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, log_lines
 from spinf.packs.listing import read_catalog
-from spinf.serving import EngineStatus, InFlight, Lifecycle, ModelsEntry, ServedEngine
+from spinf.serving import EngineStatus, InFlight, Lifecycle, ModelsEntry, PackReload, ServedEngine
 from spinf.web import WebServices, create_app
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ async def running_actors(
         hangups = reload_send.clone() if packs.hangups else None
         syncer = PackSyncer(reload_recv, packs.reread, packs.catalog, hangups, packs.refresh)
         web_reloads = reload_send.clone()
+        early_reloads = reload_send.clone()  # the SIGHUPs of the start, replayed as one reload
     with exec_send:  # every sender holds its own clone and closes it: the executor ends when the last one has
         loader = Loader(exec_send.clone(), loaded_send, lifecycle, load)
         warmup = Warmup(exec_send.clone(), loaded_recv, warmed_send, lifecycle, options.warmup)
@@ -313,12 +315,14 @@ async def running_actors(
         with deadline:
             async with trio.open_nursery() as actors:
                 await actors.start(drain.run)
+                _stop_if_asked_while_starting(drain)  # its receiver is open: no later signal is missed
                 async with trio.open_nursery() as boot:
                     await boot.start(loader.run)
                     await boot.start(warmup.run)
                     await actors.start(packer.run)
                     async with trio.open_nursery() as syncing:
                         await syncing.start(syncer.run)
+                        syncing.start_soon(_replay_hangups, early_reloads)  # the syncer's receiver is open now
                         with packer_send, web_reloads:  # the web layer's; no handler runs once the body has ended
                             yield Running(services, drain, shutdown)
                         syncing.cancel_scope.cancel()  # no request reaches the syncer any more
@@ -328,6 +332,29 @@ async def running_actors(
             log.warning(
                 "the shutdown deadline (%g s) passed: what was still running was cancelled", options.shutdown_s
             )
+
+
+def _stop_if_asked_while_starting(drain: DrainController) -> None:
+    """A SIGTERM or SIGINT that came after the event loop started and before the drain controller listened
+    (`spinf.start_signals`) shuts down as one that comes later does."""
+    signum = start_signals.take_stop()
+    if signum is not None:
+        log.info("received %s while starting: stopping", signal.Signals(signum).name)
+        drain.stop()
+
+
+async def _replay_hangups(early_reloads: trio.MemorySendChannel[PackReload]) -> None:
+    """The SIGHUPs that came before the pack syncer listened (`spinf.start_signals`), as one reload: the start may
+    have read the config file before the edit they announce."""
+    with early_reloads:
+        count = start_signals.take_hangups()
+        if count:
+            log.info(
+                "received SIGHUP %d time%s while starting: reloading the pack sources once",
+                count,
+                "" if count == 1 else "s",
+            )
+            await early_reloads.send(PackReload("SIGHUP"))
 
 
 async def serve(
@@ -488,6 +515,7 @@ def run(settings, reload_settings: Callable[[], object] | None = None, sockets: 
         return Engine.from_settings(settings)
 
     document = openapi_document(__version__)
+    start_signals.hold_stops()  # from here a SIGTERM is the drain controller's, not an exception in the event loop
     return trio.run(
         functools.partial(
             serve,
