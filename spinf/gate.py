@@ -9,6 +9,15 @@ waited for: it is answered 503 at once, so it cannot hold the shutdown up (a hal
 connection open until the deadline). Only an admitted call goes on to the Quart app, with its body, slot and caller in
 the ASGI scope (`Admitted`); the route takes the slot from there.
 
+Before any of that, and on every route, `Sites` checks where a request comes from (docs/deployment.md "Security
+defaults"): a ``Host`` the server does not answer to (403 ``forbidden_host``; on a loopback-bound server only
+loopback names unless ``allowed_hosts`` says more, so a DNS-rebound page cannot read it; the probes are exempt, as
+health checkers send the pod's address), an ``Origin`` not in ``allowed_origins`` (403 ``forbidden_origin``: browsers
+send one on every cross-site POST; curl, spinf-client and the openai SDK send none), and a body sent with an
+``Origin`` that is not declared JSON (415 ``unsupported_content_type``: a form or ``text/plain`` POST is what a page
+can send without asking first). These refusals come before the body is read; the spec has no code for them (its
+§2.5 names 403 codes only as the hosted API's, for other causes), so they are ours.
+
 It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
 the access-log line (no content, probes only with ``log_probes``) and when a connection is closed after its answer.
 """
@@ -16,6 +25,7 @@ the access-log line (no content, probes only with ``log_probes``) and when a con
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -33,7 +43,93 @@ from spinf.serving import Lifecycle, Phase
 access_log = logging.getLogger("spinf.access")
 RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
 SCORING_ROUTES = ("/v1/score", "/v1/chat/completions", "/v1/decisions")
+PROBES = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
 ADMITTED = "spinf.admitted"  # the ASGI scope key of an admitted call
+UNROUTED = "unrouted"  # the metrics route of a request refused before routing (a path label per path is unbounded)
+
+
+@attrs.frozen
+class Sites:
+    """Which ``Host`` and ``Origin`` a request may carry. ``hosts``: the names (no port, lower case) a Host may name
+    beside the loopback ones, None for any Host; ``origins``: the origins allowed (``scheme://host[:port]``, lower
+    case), ``any_origin`` for ``*``. The default answers any Host and refuses every Origin."""
+
+    hosts: frozenset[str] | None = None
+    origins: frozenset[str] = frozenset()
+    any_origin: bool = False
+
+    @classmethod
+    def build(cls, allowed_hosts, allowed_origins, *, loopback: bool) -> Sites:
+        """The settings' lists (``*``: any); a server bound to loopback addresses only answers loopback Hosts
+        unless ``allowed_hosts`` names more, one bound elsewhere any Host unless ``allowed_hosts`` is given."""
+        hosts = {host_name(entry) for entry in allowed_hosts}
+        origins = {entry.strip().lower().rstrip("/") for entry in allowed_origins}
+        any_host = "*" in hosts or (not loopback and not hosts)
+        return cls(None if any_host else frozenset(hosts), frozenset(origins - {"*"}), "*" in origins)
+
+    def refusal(self, scope) -> ApiError | None:
+        """403 for a Host or Origin not allowed, 415 for a body with an Origin that is not JSON; None: it may pass.
+        Every Host and Origin header counts (a request may not slip one past the check in a second copy)."""
+        headers = scope["headers"]
+        if self.hosts is not None and scope["path"] not in PROBES:
+            for host in (value.decode("latin-1") for name, value in headers if name == b"host"):
+                name = host_name(host)
+                if name not in self.hosts and not is_loopback_name(name):
+                    return ApiError(
+                        403,
+                        "forbidden_host",
+                        None,
+                        f"this server does not answer to Host {host[:100]!r} (allowed_hosts)",
+                    )
+        origins = [value.decode("latin-1") for name, value in headers if name == b"origin"]
+        for origin in origins:
+            if not self.any_origin and origin.strip().lower().rstrip("/") not in self.origins:
+                return ApiError(
+                    403,
+                    "forbidden_origin",
+                    None,
+                    f"requests from Origin {origin[:100]!r} are not allowed (allowed_origins)",
+                )
+        has_body = any(
+            name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0"))
+            for name, value in headers
+        )
+        if origins and has_body and not _declares_json(headers):
+            return ApiError(
+                415,
+                "unsupported_content_type",
+                None,
+                "a request with an Origin header must send its body as JSON (Content-Type: application/json)",
+            )
+        return None
+
+
+def host_name(host: str) -> str:
+    """The name of a ``Host`` value, lower case, without its port, brackets or a final dot (``[::1]:8000`` ->
+    ``::1``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    name, colon, port = host.rpartition(":")
+    if colon and ":" not in name and (port.isdigit() or not port):
+        host = name
+    return host.rstrip(".")
+
+
+def is_loopback_name(name: str) -> bool:
+    """``localhost``, or an address of 127.0.0.0/8 or ::1."""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _declares_json(headers) -> bool:
+    content_type = next((value for name, value in headers if name == b"content-type"), b"").decode("latin-1")
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 @attrs.frozen
@@ -113,6 +209,13 @@ class Gate:
     services: Any  # spinf.web.WebServices
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and (refusal := self.services.sites.refusal(scope)) is not None:
+            headers = dict(scope["headers"])
+            has_body = b"content-length" in headers or b"transfer-encoding" in headers  # not read: close after
+            await self._refuse(
+                send, scope, refusal, new_request_id(), time.perf_counter(), trusted=False, close=has_body
+            )
+            return
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in SCORING_ROUTES:
             await self.app(scope, receive, send)
             return
@@ -184,9 +287,10 @@ class Gate:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+        route = scope["path"] if scope["path"] in SCORING_ROUTES or scope["path"] in PROBES else UNROUTED
         if self.services.metrics is not None:
-            self.services.metrics.request(scope["path"], exc.status)
-        log_access(request_id, "POST", scope["path"], exc.status, started)
+            self.services.metrics.request(route, exc.status)
+        log_access(request_id, scope["method"], route, exc.status, started)
 
 
 def _replayed(receive):

@@ -31,10 +31,12 @@ ERROR_CODES: dict[int, tuple[str, ...]] = {
         invalid_http""".split()
     ),
     401: ("invalid_token",),
+    403: ("forbidden_host", "forbidden_origin"),
     404: ("not_found", "unknown_pack", "unknown_pack_version", "model_not_served"),
     405: ("method_not_allowed",),
     408: ("body_timeout",),
     413: ("body_too_large", "request_too_large"),
+    415: ("unsupported_content_type",),
     431: ("invalid_http",),
     429: ("concurrency_limit",),
     500: ("engine_error",),
@@ -421,11 +423,14 @@ _REQUEST_ID_HEADER = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-I
 _ERROR_DESCRIPTIONS = {
     400: "an invalid request (§2.5, §4.12)",
     401: "a missing or wrong token, or a caller who is not trusted on /v0 (§2.3)",
+    403: "a Host the server does not answer to (forbidden_host) or an Origin not allowed (forbidden_origin), ours "
+    "(allowed_hosts, allowed_origins)",
     404: "an unknown path (not_found), an unknown pack id or version on /v1/packs/{id}, or a name the served model "
     "does not answer to on /v1/models/{id} (model_not_served)",
     405: "a known path called with a method it does not serve",
     408: "the body did not arrive within body_timeout_s (ours; the connection is closed)",
     413: "a body over max_body_bytes, or a call over max_processed_tokens, or out of device memory",
+    415: "a body sent with an Origin header that is not declared JSON (unsupported_content_type, ours)",
     431: "header fields over 16 KiB (invalid_http, ours; the connection is closed)",
     429: "no free request slot",
     500: "an unhandled error (engine_error)",
@@ -550,7 +555,9 @@ def openapi_document(version: str) -> dict:
         "and Error405), both in the error envelope; a trailing slash gets a 307 to the path without it. A server "
         "started without tokens is open and ignores the Authorization header. HTTP/1.1 only: a request that is "
         "not valid HTTP/1.1 gets 400, 431, 501 or 505 with code invalid_http (components Error400, Error431, "
-        "Error501, Error505) and its connection is closed, on any path."
+        "Error501, Error505) and its connection is closed, on any path. On any path too, before the body is read: a "
+        "Host the server does not answer to or an Origin not allowed is a 403 (Error403; the probes answer any "
+        "Host), and a body sent with an Origin but not as JSON a 415 (Error415)."
     )
     request_id = {"description": "scr_ and a 26-character ULID", "schema": string(pattern=REQUEST_ID)}
     return {

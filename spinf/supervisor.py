@@ -40,6 +40,7 @@ from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
 from spinf.admission import Admission
 from spinf.errors import ConfigError, SpinfError
+from spinf.gate import Sites, is_loopback_name
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, log_lines
 from spinf.packs.listing import read_catalog
@@ -66,6 +67,9 @@ class ServerOptions:
     shutdown_s: float = 30.0
     debug: bool = False
     log_probes: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    bound_to_loopback: bool = False  # every listening address is a loopback one (`serve` reads it off the sockets)
     warmup: str = "full"
     exit_on_leak: bool = True  # SPINF_EXIT_ON_LEAK (api spec §3.2): a degraded process exits with status 70
     prompt_style: str = "default"  # the served model's manifest's prompt_style (POST /v1/decisions' wording)
@@ -309,6 +313,7 @@ async def running_actors(
         packs=syncer.snapshot,
         pack_reloads=web_reloads,
         prompt_style=options.prompt_style,
+        sites=Sites.build(options.allowed_hosts, options.allowed_origins, loopback=options.bound_to_loopback),
     )
     async with trio.open_nursery() as outer:
         await outer.start(executor_class(exec_recv).run)
@@ -332,6 +337,12 @@ async def running_actors(
             log.warning(
                 "the shutdown deadline (%g s) passed: what was still running was cancelled", options.shutdown_s
             )
+
+
+def _bound_to_loopback(sockets: Sockets) -> bool:
+    """Whether every address the server listens on is a loopback one (``127.0.0.1``, ``::1``, ``localhost``)."""
+    addresses = [sock.getsockname()[0] for sock in sockets.insecure_sockets]
+    return bool(addresses) and all(is_loopback_name(address.split("%")[0]) for address in addresses)
 
 
 def _stop_if_asked_while_starting(drain: DrainController) -> None:
@@ -377,6 +388,7 @@ async def serve(
     config = hypercorn_config(options)
     sockets = sockets or bind_sockets(options)
     start_listening(options, sockets)  # before the actors: a refusal here is one line, not an exception group
+    options = attrs.evolve(options, bound_to_loopback=_bound_to_loopback(sockets))
     async with running_actors(options, load, models_entry, openapi=openapi, packs=packs) as running:
         app = wrap_app(create_app(running.services), config.wsgi_max_body_size, None)
         await worker_serve(

@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from spinf.admission import Admission, Slot
 from spinf.decisions import DEFAULT_STYLE, plan_decisions
 from spinf.errors import ApiError
-from spinf.gate import ADMITTED, Gate, caller, check_ready, log_access, must_close, shutting_down
+from spinf.gate import ADMITTED, PROBES, Gate, Sites, caller, check_ready, log_access, must_close, shutting_down
 from spinf.http11 import PROTOCOL_CODE, HTTPConnection
 from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, Refused
@@ -41,7 +41,6 @@ from spinf.serving import InFlight, Lifecycle, ModelsEntry, PackReload, ScoreWor
 log = logging.getLogger(__name__)
 
 SERVED = {"GET", "POST", "DELETE"}
-PROBES = {"/healthz", "/readyz", "/livez", "/metrics"}
 # Routes whose last part is a name that may hold a /: a trailing slash there belongs to the name, not redirected; the
 # name is looked up as sent (and refused with the route's own 404). The pack route also takes an empty name.
 _NAMED_ROUTES = ("/v1/packs/", "/v1/models/")
@@ -68,6 +67,7 @@ class WebServices:
     packs: Callable[[], Catalog | None] = lambda: None  # the pack syncer's snapshot now (None: packs off)
     pack_reloads: trio.MemorySendChannel[PackReload] | None = None  # to the pack syncer
     prompt_style: str = DEFAULT_STYLE.name  # the served model's manifest's, for /v1/decisions (docs/decisions.md)
+    sites: Sites = attrs.field(factory=Sites)  # the Host and Origin a request may carry (spinf.gate, every route)
 
 
 class SpinfApp(QuartTrio):

@@ -57,6 +57,8 @@ SAMPLES: dict[str, tuple[object, object]] = {
     "debug": (True, False),
     "log_format": ("json", "text"),
     "log_probes": (True, False),
+    "allowed_hosts": (("api.example.com",), ("*",)),
+    "allowed_origins": (("https://app.example.com",), ("*",)),
     "media": (frozenset({"image"}), frozenset({"audio", "video"})),
     "extraction": (False, True),
     "generation": (False, True),

@@ -342,7 +342,8 @@ def test_sigterm_with_a_body_still_arriving_answers_503_and_exits_at_once(tmp_pa
     server = ServerProcess(tmp_path, hf_home=cache)
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        head = b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        head = b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\n"
+        head += b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         sock.sendall(head + b'{"messages": ')  # the rest never comes; body_timeout_s is 60 s
         time.sleep(0.3)
         started = time.monotonic()

@@ -224,6 +224,15 @@ SETTINGS: tuple[Setting, ...] = (
     _row("log_format", _S, Text(choices=("text", "json")), "text", "log lines as text or JSON", "--log-format"),
     _row("log_probes", _S, Switch(), False, "access-log the health probes and /metrics", "--log-probes"),
     _row(
+        "allowed_hosts",
+        _S,
+        Words(),
+        (),
+        "Host names answered beside the loopback ones (* = any; default: loopback only on a loopback address)",
+        "--allowed-hosts",
+    ),
+    _row("allowed_origins", _S, Words(), (), "browser Origins allowed (* = any; default: none)", "--allowed-origins"),
+    _row(
         "media",
         _F,
         Media(),
@@ -307,6 +316,8 @@ class ServerSettings:
     debug: bool = _field("debug")
     log_format: str = _field("log_format")
     log_probes: bool = _field("log_probes")
+    allowed_hosts: tuple[str, ...] = _field("allowed_hosts")
+    allowed_origins: tuple[str, ...] = _field("allowed_origins")
 
 
 @attrs.frozen

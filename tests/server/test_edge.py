@@ -16,7 +16,7 @@ import trio
 from spinf.supervisor import serve
 from tests.server.fakes import FakeEngine, models_entry, options
 
-READY = b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+READY = b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
 OK_BODY = json.dumps({"messages": [{"content": "hi"}], "scoring": {"queries": []}}).encode()
 
 
@@ -79,7 +79,7 @@ def refused(raw: bytes, status: int, code: str) -> dict:
 
 
 async def healthy(port: int) -> bool:
-    raw, _ = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw, _ = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     return answers(raw)[0][0] == 200
 
 
@@ -94,33 +94,34 @@ async def test_http2_prior_knowledge_is_refused_and_the_server_lives_on(port):
 
 async def test_an_h2c_upgrade_is_served_as_http11(port):
     upgrade = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
-    raw, _ = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n", wait_s=0.5)
+    raw, _ = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + upgrade + b"\r\n", wait_s=0.5)
     [(status, _, body)] = answers(raw)
     assert status == 200 and body == {"ok": True}
-    big = b"POST /v1/score HTTP/1.1\r\nHost: x\r\n" + upgrade + b"Content-Length: 3000000\r\n\r\n" + b"x" * 3_000_000
+    head = b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\n"
+    big = head + upgrade + b"Content-Length: 3000000\r\n\r\n" + b"x" * 3_000_000
     raw, closed = await exchange(port, big)  # the request that brought Hypercorn's h2 side down
     assert refused(raw, 413, "body_too_large")["connection"] == "close" and closed
     assert await healthy(port)
 
 
 async def test_content_length_beside_chunked_is_refused_and_nothing_after_it_runs(port):
-    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     raw, closed = await exchange(
         port,
-        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
-        + smuggled,
+        b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled,
     )
     refused(raw, 400, "invalid_http")  # one answer only: the smuggled request never ran
     assert closed
 
 
 async def test_connection_close_is_honoured(port):
-    raw, closed = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw, closed = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     assert [status for status, _, _ in answers(raw)] == [200] and closed
 
 
 async def test_a_kept_alive_connection_serves_request_after_request(port):
-    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    one = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     raw, closed = await exchange(port, one + one, wait_s=0.5)
     assert [status for status, _, _ in answers(raw)] == [200, 200] and not closed
 
@@ -129,8 +130,8 @@ async def test_a_kept_alive_connection_serves_request_after_request(port):
     ("request_bytes", "status"),
     [
         (b"GARBAGE\r\n\r\n", 400),
-        (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
-        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+        (b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+        (b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
     ],
 )
 async def test_protocol_refusals_come_in_the_envelope_and_close(port, request_bytes, status):
@@ -140,18 +141,22 @@ async def test_protocol_refusals_come_in_the_envelope_and_close(port, request_by
 
 async def test_a_slow_body_gets_408_and_the_connection_closes(port):
     started = trio.current_time()
-    raw, closed = await exchange(port, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{", 5.0)
+    raw, closed = await exchange(
+        port, b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{", 5.0
+    )
     assert refused(raw, 408, "body_timeout")["connection"] == "close" and closed
     assert 0.5 <= trio.current_time() - started < 3.0
 
 
 async def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(port):
-    raw, closed = await exchange(port, b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n")
+    raw, closed = await exchange(
+        port, b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2000000\r\n\r\n"
+    )
     assert refused(raw, 413, "body_too_large")["connection"] == "close" and closed
 
 
 async def test_a_scored_call_still_works_on_the_same_server(port):
-    head = f"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Length: {len(OK_BODY)}\r\n\r\n".encode()
+    head = f"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(OK_BODY)}\r\n\r\n".encode()
     raw, _ = await exchange(port, head + OK_BODY, wait_s=1.0)
     [(status, headers, body)] = answers(raw)
     assert status == 200 and body["id"] == headers["x-request-id"]
@@ -159,7 +164,7 @@ async def test_a_scored_call_still_works_on_the_same_server(port):
 
 def with_header(size: int) -> bytes:
     """A GET /healthz whose head (request line, fields, blank line) is ``size`` bytes long."""
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: \r\n\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Big: \r\n\r\n"
     return head.replace(b"X-Big: ", b"X-Big: " + b"a" * (size - len(head)))
 
 
@@ -183,12 +188,12 @@ async def test_duplicate_authorization_headers_are_refused(port):
     for target in (b"GET /v1/models", b"POST /v1/score"):
         auth = b"Authorization: Bearer a\r\nAuthorization: Bearer b\r\n"
         body = OK_BODY if target.startswith(b"POST") else b""
-        head = target + b" HTTP/1.1\r\nHost: x\r\n" + auth + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        head = target + b" HTTP/1.1\r\nHost: localhost\r\n" + auth + f"Content-Length: {len(body)}\r\n\r\n".encode()
         raw, closed = await exchange(port, head + body)
         headers = refused(raw, 400, "invalid_http")
         assert headers["connection"] == "close" and closed
     raw, _ = await exchange(
-        port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nConnection: close\r\n\r\n"
+        port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer a\r\nConnection: close\r\n\r\n"
     )
     assert answers(raw)[0][0] == 200
 
@@ -227,7 +232,7 @@ async def test_the_keep_alive_request_limit_closes_cleanly(port, caplog):
     client's next request arrived while that answer's body was being sent (the connection was closed from the
     reading task while the answering task was still writing). Now the 1,000th answer says ``Connection: close``,
     what arrives after it is not read, the connection closes after the answer, and nothing is logged at ERROR."""
-    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    one = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     results = []
 
     async def client():
