@@ -8,8 +8,9 @@ Two layouts are served: the "unified" 12B (``gemma4_unified``) and the 31B (``ge
 ``Gemma4ForConditionalGeneration``), each with its text config nested under ``text_config`` and its text weights
 under ``model.language_model.``; the vision tower's weights beside them (``model.vision_tower.``,
 ``model.embed_vision.``) are not read. A bare text config (``gemma4_text``, ``gemma4_unified_text``) has its
-weights under ``model.``. Gemma 4 features this decoder does not implement (the small models' per-layer
-embeddings and shared KV layers, the 26B's experts, bidirectional text attention) are refused by name rather than
+weights under ``model.``. The small models (E2B/E4B) bring per-layer input embeddings (`TextConfig.per_layer_size`)
+and KV-shared layers (`LayerSpec.kv_shared`, with double-wide MLPs there when the config asks). Gemma 4 features
+this decoder does not implement (the 26B's experts, bidirectional text attention) are refused by name rather than
 silently run without.
 """
 
@@ -28,13 +29,9 @@ GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
 GEMMA4_TYPES = ("gemma4_unified", "gemma4")
 # config keys of Gemma 4 features the decoder does not run, with the value that means "off"; a key that is absent
 # takes transformers' default for the model type (gemma4_text turns per-layer embeddings on by default)
-UNSUPPORTED = {
-    "hidden_size_per_layer_input": (0, "per-layer input embeddings (the E2B/E4B models)"),
-    "num_kv_shared_layers": (0, "layers that share another layer's keys and values"),
-    "use_double_wide_mlp": (False, "double-wide MLPs in KV-shared layers"),
-    "enable_moe_block": (False, "mixture-of-experts blocks (the 26B A4B model)"),
-}
-DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256}}
+UNSUPPORTED = {"enable_moe_block": (False, "mixture-of-experts blocks (the 26B A4B model)")}
+# transformers' defaults where a key is absent (gemma4_text turns per-layer embeddings on by default)
+DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144}}
 T = TypeVar("T")
 
 
@@ -48,6 +45,10 @@ class LayerSpec:
     k_eq_v: bool  # the layer has no v projection: its (un-normed) keys serve as values
     rope_theta: float
     rope_fraction: float  # share of each head's dimensions that rotate ("proportional" rope)
+    # the layer computes no keys and values: it attends with those of the last non-shared layer of its kind (the
+    # last ``num_kv_shared_layers`` layers of the E2B/E4B models)
+    kv_shared: bool = False
+    wide_mlp: bool = False  # the MLP is twice ``intermediate_size`` wide (``use_double_wide_mlp``, shared layers)
 
 
 @attrs.frozen
@@ -64,6 +65,10 @@ class TextConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...] = ()  # the config's eos_token_id (an int or a list)
+    # per-layer input embeddings (E2B/E4B): each layer's width and the table's rows; 0: none
+    per_layer_size: int = 0
+    per_layer_vocab: int = 0
+    pad_token_id: int = 0  # the per-layer table's row for a media placeholder (transformers looks up the pad token)
 
 
 def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
@@ -86,6 +91,8 @@ def _text_config(raw: dict) -> tuple[TextConfig, str]:
     check_sizes(config[0], ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "sliding_window"))
     for layer in config[0].layers:
         check_sizes(layer, ("head_dim", "num_kv_heads"))
+    if config[0].per_layer_size:
+        check_sizes(config[0], ("per_layer_size", "per_layer_vocab"))
     return config
 
 
@@ -122,6 +129,8 @@ def parse_text_config(raw: dict) -> TextConfig:
     global_head_dim = raw.get("global_head_dim", 512)
     k_eq_v = bool(raw.get("attention_k_eq_v", False))
     global_kv = raw.get("num_global_key_value_heads") if k_eq_v else None
+    shared = kv_shared_layers(raw, layer_types)
+    wide = bool(raw.get("use_double_wide_mlp", False))
     layers = []
     for i, kind in enumerate(layer_types):
         sliding = kind == "sliding_attention"
@@ -140,8 +149,12 @@ def parse_text_config(raw: dict) -> TextConfig:
                 k_eq_v=k_eq_v and not sliding,
                 rope_theta=float(params.get("rope_theta", 10_000.0 if sliding else 1_000_000.0)),
                 rope_fraction=float(fraction),
+                kv_shared=i in shared,
+                wide_mlp=wide and i in shared,
             )
         )
+    defaults = DEFAULTS.get(raw.get("model_type", "gemma4_unified_text"), {})
+    per_layer_size = raw.get("hidden_size_per_layer_input", defaults.get("hidden_size_per_layer_input")) or 0
     return TextConfig(
         model_type=raw.get("model_type", "gemma4_unified_text"),
         vocab_size=raw["vocab_size"],
@@ -155,7 +168,25 @@ def parse_text_config(raw: dict) -> TextConfig:
         tie_word_embeddings=raw.get("tie_word_embeddings", True),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
+        per_layer_size=per_layer_size,
+        per_layer_vocab=raw.get("vocab_size_per_layer_input", defaults.get("vocab_size_per_layer_input", 0))
+        if per_layer_size
+        else 0,
+        pad_token_id=raw.get("pad_token_id") or 0,
     )
+
+
+def kv_shared_layers(raw: dict, layer_types: Sequence[str]) -> set[int]:
+    """The indices of the layers that reuse another's keys and values (transformers' ``kv_sharing_modes``): the
+    last ``num_kv_shared_layers``, each reading the last earlier non-shared layer of its kind, which must exist."""
+    count = raw.get("num_kv_shared_layers") or 0
+    first = len(layer_types) - count
+    if count < 0 or first < 1:
+        raise ModelError(f"num_kv_shared_layers = {count!r}: some layer before the shared ones must make keys")
+    missing = set(layer_types[first:]) - set(layer_types[:first])
+    if missing:
+        raise ModelError(f"num_kv_shared_layers = {count}: no earlier layer of kind {sorted(missing)[0]!r} to share")
+    return set(range(first, len(layer_types)))
 
 
 def _ids(value) -> tuple[int, ...]:

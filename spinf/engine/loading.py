@@ -4,7 +4,9 @@ The model is built on the ``meta`` device; the checkpoint's text weights are mem
 shards and assigned one decoder layer at a time, q/k/v and gate/up fused, each layer quantized as soon as it is on
 the device when the scheme asks (fp8s with a scale table, or a scheme of `spinf.engine.schemes`), so the float
 weights of the whole model never sit there at once. A pre-quantized fp8-static checkpoint's linears are taken as
-they are (`spinf.engine.fp8_static`).
+they are (`spinf.engine.fp8_static`). The small models' (E2B/E4B) per-layer input weights are read beside them
+and stay in the model dtype; their KV-shared layers have no k/v weights to read. Those models load on the CPU only
+for now: the fused GPU kernels do not run per-layer inputs or shared keys.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _layer_state(
     """Checkpoint names of layer ``i`` -> this module's names, with q/k/v and gate/up fused; without the linears'
     weights when ``linears`` is false (an fp8-static checkpoint's, which `spinf.engine.fp8_static` takes)."""
     p = f"layers.{i}."
-    qkv = ["q_proj", "k_proj"] + ([] if spec.k_eq_v else ["v_proj"])
+    qkv = ["q_proj"] if spec.kv_shared else ["q_proj", "k_proj"] + ([] if spec.k_eq_v else ["v_proj"])
     weights = {}
     if linears:
         weights = {
@@ -70,10 +72,15 @@ def _layer_state(
             "w_gate_up.weight": torch.cat([raw.pop(f"{p}mlp.{n}.weight") for n in ("gate_proj", "up_proj")]),
             "w_down.weight": raw.pop(f"{p}mlp.down_proj.weight"),
         }
+    if not spec.kv_shared:
+        weights["k_norm"] = raw.pop(f"{p}self_attn.k_norm.weight")
+    if f"{p}per_layer_input_gate.weight" in raw:  # E2B/E4B
+        weights["per_layer_gate.weight"] = raw.pop(f"{p}per_layer_input_gate.weight")
+        weights["per_layer_proj.weight"] = raw.pop(f"{p}per_layer_projection.weight")
+        weights["post_per_layer_norm"] = raw.pop(f"{p}post_per_layer_input_norm.weight")
     return {
         **weights,
         "q_norm": raw.pop(f"{p}self_attn.q_norm.weight"),
-        "k_norm": raw.pop(f"{p}self_attn.k_norm.weight"),
         "input_norm": raw.pop(f"{p}input_layernorm.weight"),
         "post_attn_norm": raw.pop(f"{p}post_attention_layernorm.weight"),
         "pre_ff_norm": raw.pop(f"{p}pre_feedforward_layernorm.weight"),
@@ -103,6 +110,11 @@ def load_gemma4_text(
         if layers > len(cfg.layers):
             raise ModelError(f"{folder}: the checkpoint has {len(cfg.layers)} layers, fewer than the {layers} asked")
         cfg = attrs.evolve(cfg, layers=cfg.layers[:layers])
+    if torch.device(device).type != "cpu" and (cfg.per_layer_size or any(spec.kv_shared for spec in cfg.layers)):
+        raise ModelError(
+            f"{folder}: per-layer input embeddings and KV-shared layers (the Gemma 4 E2B/E4B models) run on the CPU"
+            " only for now: the GPU kernels do not implement them yet (use --device cpu)"
+        )
     with torch.device("meta"):
         model = Gemma4Text(cfg)
     if scales is not None:
@@ -122,6 +134,8 @@ def load_gemma4_text(
         top = placed({"embed.weight": raw.pop("embed_tokens.weight"), "final_norm": raw.pop("norm.weight")})
         model.embed.load_state_dict({"weight": top["embed.weight"]}, assign=True)
         model.final_norm = nn.Parameter(top["final_norm"], requires_grad=False)
+        if cfg.per_layer_size:
+            _load_per_layer(model, placed(_per_layer_state(raw, len(cfg.layers) * cfg.per_layer_size)))
         for i, (layer, spec) in enumerate(zip(model.layers, cfg.layers, strict=True)):
             if prequantized:  # an fp8-static checkpoint: its fp8 linears as they are, or dequantized for the scheme
                 fp8 = fp8_static.take_layer(raw, i, spec, device)
@@ -140,6 +154,22 @@ def load_gemma4_text(
     except KeyError as exc:
         raise ModelError(f"{folder}: the checkpoint lacks the weight {exc.args[0]!r}") from exc
     return model.eval().requires_grad_(False)
+
+
+def _per_layer_state(raw: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+    """The per-layer input weights of the model (E2B/E4B), the columns of the first ``width`` // size layers only
+    (each layer's slice is independent of the others', so the ``layers`` setting cuts them exactly)."""
+    return {
+        "embed_per_layer.weight": raw.pop("embed_tokens_per_layer.weight")[:, :width],
+        "per_layer_model_proj.weight": raw.pop("per_layer_model_projection.weight")[:width],
+        "per_layer_proj_norm": raw.pop("per_layer_projection_norm.weight"),
+    }
+
+
+def _load_per_layer(model: Gemma4Text, state: dict[str, torch.Tensor]) -> None:
+    model.embed_per_layer.load_state_dict({"weight": state["embed_per_layer.weight"]}, assign=True)
+    model.per_layer_model_proj.load_state_dict({"weight": state["per_layer_model_proj.weight"]}, assign=True)
+    model.per_layer_proj_norm = nn.Parameter(state["per_layer_proj_norm"], requires_grad=False)
 
 
 def check_tower_weights(folder: Path, raw: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> None:

@@ -6,6 +6,11 @@ load so the forward stays a handful of GEMMs per layer. The forward returns hidd
 option token is read go through the final norm and the LM head (`Gemma4Text.read_logprobs` on the CPU,
 `Gemma4Text.option_logprobs` on a GPU). On a GPU with bf16 activations each layer runs `_forward_fused`, the same
 arithmetic through the Triton kernels of `spinf.engine.kernels`.
+
+The small models (E2B/E4B) add two things, on the CPU path: per-layer input embeddings (a second table looked up
+by token, mixed with a projection of the pass's input embeddings, `Gemma4Text.per_layer_inputs`, and gated into
+each layer's output, `DecoderLayer.per_layer_residual`) and KV-shared layers, which compute no keys and values
+and attend with those the last non-shared layer of their kind made for the same rows of the pass.
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def _plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` whose rows do not depend on the other rows, on either device."""
+    return gpu_mm(x, weight) if x.is_cuda else row_stable_mm(x, weight)
+
+
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
 HEAD_ROWS = 128  # the GPU head runs read rows in chunks of exactly this many (`Gemma4Text.option_logprobs`)
 
@@ -90,28 +100,55 @@ class DecoderLayer(nn.Module):
         self.bidirectional = BIDIRECTIONAL_NONE  # how an image's placeholders attend (`Gemma4Text.image_attention`)
         q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_sizes = (q_out, kv_out) if spec.k_eq_v else (q_out, kv_out, kv_out)
-        self.gate_up_sizes = (cfg.intermediate_size, cfg.intermediate_size)
+        if spec.kv_shared:  # a shared layer projects queries only
+            self.qkv_sizes = (q_out,)
+        inner = cfg.intermediate_size * (2 if spec.wide_mlp else 1)
+        self.gate_up_sizes = (inner, inner)
         self.wqkv = nn.Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=False)
         self.wo = nn.Linear(q_out, cfg.hidden_size, bias=False)
-        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        for name, dim in (("q_norm", spec.head_dim), ("k_norm", spec.head_dim)):
-            self.register_parameter(name, nn.Parameter(torch.ones(dim)))
-        for name in ("input_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm"):
+        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)
+        self.w_down = nn.Linear(inner, cfg.hidden_size, bias=False)
+        for name in ("q_norm",) if spec.kv_shared else ("q_norm", "k_norm"):
+            self.register_parameter(name, nn.Parameter(torch.ones(spec.head_dim)))
+        norms = ["input_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm"]
+        if cfg.per_layer_size:  # the gate of this layer's per-layer input and its projection back (E2B/E4B)
+            self.per_layer_gate = nn.Linear(cfg.hidden_size, cfg.per_layer_size, bias=False)
+            self.per_layer_proj = nn.Linear(cfg.per_layer_size, cfg.hidden_size, bias=False)
+            norms.append("post_per_layer_norm")
+        for name in norms:
             self.register_parameter(name, nn.Parameter(torch.ones(cfg.hidden_size)))
         self.register_buffer("layer_scalar", torch.ones(1))
         self._fused_consts: tuple[torch.Tensor, torch.Tensor] | None = None  # rope frequencies, q/k/v norm weights
 
-    def forward(self, h: torch.Tensor, rope, plan: AttentionPlan) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        rope,
+        plan: AttentionPlan,
+        per_layer: torch.Tensor | None = None,
+        shared: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """The layer on a pass's hidden states [N, hidden]. ``per_layer`` [N, per_layer_size]: this layer's
+        per-layer inputs (E2B/E4B); ``shared``: the pass's keys and values by layer kind (``is_sliding``), which
+        each non-shared layer writes and each KV-shared layer reads."""
         if self.fused(h, plan):
             return self._forward_fused(h, plan)[0]
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
         parts = self.linear("wqkv", x).split(self.qkv_sizes, dim=-1)
         q = apply_rope(rms_norm(parts[0].view(n, -1, d), self.q_norm, self.eps), *rope)
-        raw_k = parts[1].view(n, -1, d)
-        k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
-        v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
+        if self.spec.kv_shared:
+            if shared is None or self.spec.is_sliding not in shared:
+                raise ModelError(f"layer {self.prefix}: a KV-shared layer ran without the keys of an earlier layer")
+            k, v = shared[self.spec.is_sliding]
+        else:
+            raw_k = parts[1].view(n, -1, d)
+            k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
+            v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
+            if shared is not None:
+                shared[self.spec.is_sliding] = (k, v)
+        # a shared layer keeps (and in a decode step, stores) the rows it reads like any other layer, so captures
+        # and decoder buffers stay one per layer
         k, v = self._kv_source(k, v, plan)
         if plan.kernel is not None:
             a = (
@@ -127,7 +164,15 @@ class DecoderLayer(nn.Module):
         gate, up = self.linear("w_gate_up", rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
+        if per_layer is not None:
+            h = h + self.per_layer_residual(h, per_layer)
         return h * self.layer_scalar.to(h.dtype)
+
+    def per_layer_residual(self, h: torch.Tensor, per_layer: torch.Tensor) -> torch.Tensor:
+        """What this layer's per-layer input adds to ``h`` (transformers' order: gate, GELU, times the input,
+        projection back, norm), through row-stable products in the model dtype (never quantized)."""
+        gate = F.gelu(_plain_mm(h, self.per_layer_gate.weight), approximate="tanh") * per_layer
+        return rms_norm(_plain_mm(gate, self.per_layer_proj.weight), self.post_per_layer_norm, self.eps)
 
     def _kv_source(self, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values attention reads: the pass's own (kept for the decoder when the pass captures), or,
@@ -274,6 +319,11 @@ class Gemma4Text(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, spec, i) for i, spec in enumerate(cfg.layers))
         self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        if cfg.per_layer_size:  # E2B/E4B: a [vocab, layers * size] table and a projection of the input embeddings
+            width = len(cfg.layers) * cfg.per_layer_size
+            self.embed_per_layer = nn.Embedding(cfg.per_layer_vocab, width)
+            self.per_layer_model_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+            self.per_layer_proj_norm = nn.Parameter(torch.ones(cfg.per_layer_size))
         kinds = {spec.is_sliding: spec for spec in cfg.layers}
         self._rope_specs = kinds
         self.head_mode = DEFAULT_HEAD  # the LM head's precision (spinf.engine.head)
@@ -292,10 +342,24 @@ class Gemma4Text(nn.Module):
                 following = self.layers[i + 1] if i + 1 < len(self.layers) else None
                 h, x = layer._forward_fused(h, plan, x, following)
             return h
+        per_layer = self.per_layer_inputs(token_ids, h, plan) if self.cfg.per_layer_size else None
         ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
-        for layer in self.layers:
-            h = layer(h, ropes[layer.spec.is_sliding], plan)
+        shared: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, layer in enumerate(self.layers):
+            h = layer(h, ropes[layer.spec.is_sliding], plan, None if per_layer is None else per_layer[:, i], shared)
         return h
+
+    def per_layer_inputs(self, token_ids: torch.Tensor, h: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        """Every layer's per-layer inputs [N, layers, size] (E2B/E4B), as transformers computes them: the token's
+        row of the per-layer table scaled by sqrt(size) (a media placeholder looks up the pad token's row), plus
+        the input embeddings ``h`` projected, scaled by 1/sqrt(hidden) and normed per layer, times 1/sqrt(2)."""
+        cfg, n = self.cfg, token_ids.shape[0]
+        if plan.media is not None:
+            token_ids = token_ids.index_fill(0, plan.media[0], cfg.pad_token_id)
+        table = self.embed_per_layer(token_ids) * torch.tensor(cfg.per_layer_size**0.5, dtype=h.dtype)
+        projected = _plain_mm(h, self.per_layer_model_proj.weight) * cfg.hidden_size**-0.5
+        projected = rms_norm(projected.view(n, -1, cfg.per_layer_size), self.per_layer_proj_norm, cfg.rms_norm_eps)
+        return (projected + table.view(n, -1, cfg.per_layer_size)) * 2.0**-0.5
 
     def image_attention(self, mode: int) -> None:
         """How an image's placeholders attend to each other (engine spec A.14.6, `MediaConfig.bidirectional`): on every
@@ -325,6 +389,8 @@ class Gemma4Text(nn.Module):
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer
         (what `DecoderLayer.fused` asks of each layer)."""
+        if self.cfg.per_layer_size or any(spec.kv_shared for spec in self.cfg.layers):
+            return False  # the fused kernels know neither per-layer inputs nor shared keys (E2B/E4B)
         return self.embed.weight.dtype == torch.bfloat16 and all(layer.observer is None for layer in self.layers)
 
     def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):
