@@ -7,17 +7,20 @@ model's scales, and saves it with ``save_pretrained``; the tiny tokenizer goes b
 every weight; whole sequences must match transformers' forward within 1e-4, the engine's answers the
 plain-transformers oracle (tests/engine/oracle.py), its generation the extraction reference, and a question's
 numbers must not depend on what shares its pass; ``spinf-serve serve FOLDER`` must answer ``/v1/score`` with the
-engine's numbers. The GPU path refuses these checkpoints by name.
+engine's numbers. In the Hub's layout (a vision tower beside), image rows must match transformers' handling of
+their per-layer inputs. The GPU path refuses these checkpoints by name.
 """
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
 from spinf import Engine
 from spinf.engine.attention import AttentionPlan
@@ -139,6 +142,34 @@ def test_the_layers_setting_keeps_the_first_layers_per_layer_inputs(folder, mode
         h = cut.embed(ids) * torch.tensor(TEXT["hidden_size"] ** 0.5)
         assert torch.equal(cut.per_layer_inputs(ids, h, plan), ours.per_layer_inputs(ids, h, plan)[:, :6])
         assert cut(ids, plan).shape == (20, TEXT["hidden_size"])
+
+
+@pytest.fixture(scope="module")
+def with_vision(tmp_path_factory):
+    """The layout a Hub E2B/E4B checkpoint has (``Gemma4ForConditionalGeneration``, a vision tower beside the text
+    model), the tiny tokenizer's image token as its placeholder: ours and transformers' (fp64) on that folder."""
+    path = tmp_path_factory.mktemp("gemma4-small-vision")
+    vision = {k: v for k, v in gemma31b.VISION.items() if k not in ("model_type", "dtype")}
+    config = Gemma4Config(text_config=TEXT, vision_config=vision, vision_soft_tokens_per_image=280, image_token_id=8)
+    torch.manual_seed(0)
+    randomized(Gemma4ForConditionalGeneration(config)).save_pretrained(path)
+    reference = Gemma4ForConditionalGeneration.from_pretrained(path, attn_implementation="eager", dtype=torch.float64)
+    return load_gemma4_text(path), reference.eval()
+
+
+def test_image_rows_match_transformers_per_layer_inputs(with_vision):
+    """Image placeholders take the given embeddings, and their per-layer inputs look up the pad token's row (the
+    placeholder's own row would move the answer by several nats) while the projection reads the image rows."""
+    ours, reference = with_vision
+    ids = torch.randint(12, TEXT["vocab_size"], (60,), generator=torch.Generator().manual_seed(3))
+    rows = torch.arange(20, 29)
+    ids[rows] = 8
+    image = torch.randn(len(rows), TEXT["hidden_size"], generator=torch.Generator().manual_seed(4))
+    outputs = {"image": SimpleNamespace(pooler_output=[image.double()])}
+    with torch.inference_mode():
+        expected = torch.log_softmax(reference(input_ids=ids[None], mm_encoder_outputs=outputs).logits[0], dim=-1)
+        got = ours.read_logprobs(ours(ids, attrs.evolve(AttentionPlan.for_sequence(60), media=(rows, image))))
+    assert (got.double() - expected).abs().max().item() <= 1e-4
 
 
 @pytest.fixture(scope="module")
