@@ -159,7 +159,7 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
             '[server]\nhost = "h"\nprot = 9000\n',
             "server.prot ({path}:3): unknown key; did you mean server.port? "
             "[server] takes host, port, token, trusted_token, queue, max_body_bytes, keepalive_s, body_timeout_s, "
-            "backlog, reject_rate, shutdown_s, debug, log_format, log_probes",
+            "backlog, reject_rate, shutdown_s, debug, log_format, log_probes, allowed_hosts, allowed_origins",
         ),
         (
             "[limits]\nmax_option = 3\n",
