@@ -63,7 +63,7 @@ class Sites:
         """The settings' lists (``*``: any); a server bound to loopback addresses only answers loopback Hosts
         unless ``allowed_hosts`` names more, one bound elsewhere any Host unless ``allowed_hosts`` is given."""
         hosts = {host_name(entry) for entry in allowed_hosts}
-        origins = {entry.strip().lower().rstrip("/") for entry in allowed_origins}
+        origins = {origin_name(entry) for entry in allowed_origins}
         any_host = "*" in hosts or (not loopback and not hosts)
         return cls(None if any_host else frozenset(hosts), frozenset(origins - {"*"}), "*" in origins)
 
@@ -83,18 +83,14 @@ class Sites:
                     )
         origins = [value.decode("latin-1") for name, value in headers if name == b"origin"]
         for origin in origins:
-            if not self.any_origin and origin.strip().lower().rstrip("/") not in self.origins:
+            if not self.any_origin and origin_name(origin) not in self.origins:
                 return ApiError(
                     403,
                     "forbidden_origin",
                     None,
                     f"requests from Origin {origin[:100]!r} are not allowed (allowed_origins)",
                 )
-        has_body = any(
-            name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0"))
-            for name, value in headers
-        )
-        if origins and has_body and not _declares_json(headers):
+        if origins and _has_body(headers) and not _declares_json(headers):
             return ApiError(
                 415,
                 "unsupported_content_type",
@@ -102,6 +98,19 @@ class Sites:
                 "a request with an Origin header must send its body as JSON (Content-Type: application/json)",
             )
         return None
+
+
+def origin_name(origin: str) -> str:
+    """An ``Origin`` value or an ``allowed_origins`` entry as they are compared: lower case, no final slash."""
+    return origin.strip().lower().rstrip("/")
+
+
+def _has_body(headers) -> bool:
+    """Whether the request's head announces a body (chunked, or a Content-Length above 0)."""
+    return any(
+        name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0"))
+        for name, value in headers
+    )
 
 
 def host_name(host: str) -> str:
