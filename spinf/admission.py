@@ -10,13 +10,21 @@ the engine thread, and every refusal it answers is Python work the engine waits 
 slot taken is not answered at once when refusals come faster than ``rate`` per second (a short burst aside): it
 waits for its turn (a generic cell rate algorithm; a large body costs one more turn per 64 KiB, since reading and
 parsing it is the expensive part), and a client that retries at once without honouring ``Retry-After`` is slowed
-to its share of that rate. While it waits, a slot that frees is handed to the **newest** waiter (last in, first
-out), so slots refill at once under a flood and the call admitted is one that has barely waited; the others get
-their 429 in their turn. With no flood the burst is never spent and a refusal is answered at once, as the spec
-describes. Nothing here imports torch.
+to its share of that rate. With no flood the burst is never spent and a refusal is answered at once, as the spec
+describes.
+
+Slots are shared by caller (the gate names the caller: the peer's address). While calls wait, a slot that frees goes
+to the caller that holds the fewest slots at that moment (among equals, the one whose waiting call came first), and
+within a caller to its oldest waiting call: waiters are served in arrival order, and a caller that holds more than
+``capacity / callers`` slots gets none until the others have caught up, so a flood from one address is what gets
+refused while polite callers are admitted. A caller alone may hold every slot. Nothing here imports torch.
 """
 
 from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Hashable
 
 import attrs
 import trio
@@ -27,29 +35,33 @@ BURST_S = 0.1  # refusals answered at once before pacing starts: a tenth of a se
 
 @attrs.define(eq=False)
 class Slot:
-    """One admission slot; `release` is idempotent, so every path that may end a call can call it. ``handed`` is
-    set once the call went to the packer, which then owns the slot (until then its taker releases it)."""
+    """One admission slot of ``caller``; `release` is idempotent, so every path that may end a call can call it.
+    ``handed`` is set once the call went to the packer, which then owns the slot (until then its taker releases
+    it)."""
 
     admission: Admission
+    caller: Hashable = None
     released: bool = False
     handed: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.admission.hand_on()
+            self.admission.hand_on(self.caller)
 
 
 @attrs.define(eq=False)
 class _Waiter:
+    caller: Hashable
     can_admit: bool
+    arrived: int  # arrival order, across callers
     woken: trio.Event = attrs.field(factory=trio.Event)
     slot: Slot | None = None
 
 
 @attrs.define
 class Admission:
-    """``capacity`` slots, refusals paced at ``rate`` per second.
+    """``capacity`` slots shared by caller, refusals paced at ``rate`` per second.
 
     ``_due`` is when the pacer is next free; a refusal that finds it in the future waits until its own turn.
     """
@@ -57,36 +69,42 @@ class Admission:
     capacity: int
     rate: float = 200.0
     _free: int = attrs.field(init=False)
-    # waiting refusals, oldest first (a dict: insertion-ordered, and a waiter leaves it in O(1) under a flood);
-    # a freed slot goes to the newest that may be admitted, and a waiter is taken out the moment it is woken
+    _held: collections.Counter = attrs.field(factory=collections.Counter)  # caller -> slots it holds (never 0)
+    # every waiting refusal, and per caller the ones that may be admitted, oldest first (dicts: insertion-ordered,
+    # and a waiter leaves them in O(1) under a flood); a waiter is taken out the moment it is woken
     _waiters: dict[_Waiter, None] = attrs.field(factory=dict)
+    _queues: dict[Hashable, dict[_Waiter, None]] = attrs.field(factory=dict)
+    _arrivals: itertools.count = attrs.field(factory=itertools.count)
     _due: float = -float("inf")
     _released: bool = False
 
     def __attrs_post_init__(self) -> None:
         self._free = self.capacity
 
-    def try_admit(self) -> Slot | None:
-        """A slot, or None when all are taken."""
+    def try_admit(self, caller: Hashable = None) -> Slot | None:
+        """A slot for ``caller``, or None when all are taken."""
         if self._free == 0:
             return None
         self._free -= 1
-        return Slot(self)
+        return self._slot(caller)
 
-    async def admit(self, body_bytes: int = 0, *, can_admit: bool = True) -> Slot | None:
-        """A slot, free now or freed before this call's turn to be refused; None when refused. A server that is
-        not ready or is stopping passes ``can_admit=False``: nothing is admitted, refusals are paced all the same.
+    async def admit(self, body_bytes: int = 0, *, caller: Hashable = None, can_admit: bool = True) -> Slot | None:
+        """A slot for ``caller``, free now or handed to it before its turn to be refused; None when refused. A
+        server that is not ready or is stopping passes ``can_admit=False``: nothing is admitted, refusals are paced
+        all the same.
 
         **Cancellation**: a cancelled wait takes no slot (one handed to it is passed on) and keeps its booked
         turn, which only errs on the side of answering later.
         """
-        if can_admit and (slot := self.try_admit()) is not None:
+        if can_admit and (slot := self.try_admit(caller)) is not None:
             return slot
         delay = self._book(trio.current_time(), body_bytes)
         if delay <= 0 or self._released:
             return None
-        waiter = _Waiter(can_admit)
+        waiter = _Waiter(caller, can_admit, next(self._arrivals))
         self._waiters[waiter] = None
+        if can_admit:
+            self._queues.setdefault(caller, {})[waiter] = None
         try:
             with trio.move_on_after(delay):
                 await waiter.woken.wait()
@@ -95,7 +113,7 @@ class Admission:
                 waiter.slot.release()
             raise
         finally:
-            self._waiters.pop(waiter, None)
+            self._leave(waiter)
         return waiter.slot
 
     def _book(self, now: float, body_bytes: int) -> float:
@@ -105,22 +123,43 @@ class Admission:
         delay = self._due - now - BURST_S
         return delay if delay > 1e-6 else 0.0  # a microsecond is rounding, not a turn
 
-    def hand_on(self) -> None:
-        """A slot came back: it goes to the newest waiter that may be admitted, else it is free."""
-        waiter = next((waiter for waiter in reversed(self._waiters) if waiter.can_admit), None)
-        if waiter is None:
+    def hand_on(self, caller: Hashable = None) -> None:
+        """``caller`` gave a slot back: it goes to the oldest waiter of the caller holding the fewest slots (among
+        equals, the caller whose waiter came first), else it is free."""
+        self._held[caller] -= 1
+        if self._held[caller] <= 0:
+            del self._held[caller]
+        if not self._queues:
             self._free += 1
             return
-        del self._waiters[waiter]
-        waiter.slot = Slot(self)
+        fewest = min(self._queues, key=lambda c: (self._held[c], next(iter(self._queues[c])).arrived))
+        waiter = next(iter(self._queues[fewest]))
+        self._leave(waiter)
+        waiter.slot = self._slot(fewest)
         waiter.woken.set()
+
+    def _slot(self, caller: Hashable) -> Slot:
+        self._held[caller] += 1
+        return Slot(self, caller)
+
+    def _leave(self, waiter: _Waiter) -> None:
+        self._waiters.pop(waiter, None)
+        queue = self._queues.get(waiter.caller)
+        if queue is not None and waiter in queue:
+            del queue[waiter]
+            if not queue:
+                del self._queues[waiter.caller]
 
     def release_all(self) -> None:
         """End every wait now and pace no more: a stopping server answers everyone waiting, then closes."""
         self._released = True
-        waiters, self._waiters = self._waiters, {}
+        waiters, self._waiters, self._queues = self._waiters, {}, {}
         for waiter in waiters:
             waiter.woken.set()
+
+    def held(self, caller: Hashable) -> int:
+        """The slots ``caller`` holds now."""
+        return self._held[caller]
 
     @property
     def in_use(self) -> int:

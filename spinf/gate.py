@@ -2,12 +2,12 @@
 
 ``POST /v1/score``, ``POST /v1/chat/completions`` and ``POST /v1/decisions`` are where floods land, so their refusals
 must cost almost nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
-``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`), then
-checks, in the spec's order, the JSON (400 ``invalid_json``), the token (401), readiness (503) and the slot (429), and
-answers any refusal itself, without building a Quart request. A body still arriving when the shutdown begins is not
-waited for: it is answered 503 at once, so it cannot hold the shutdown up (a half-sent body would otherwise keep its
-connection open until the deadline). Only an admitted call goes on to the Quart app, with its body, slot and caller in
-the ASGI scope (`Admitted`); the route takes the slot from there.
+``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`, which
+shares the slots by the peer's address), then checks, in the spec's order, the JSON (400 ``invalid_json``), the token
+(401), readiness (503) and the slot (429), and answers any refusal itself, without building a Quart request. A body
+still arriving when the shutdown begins is not waited for: it is answered 503 at once, so it cannot hold the shutdown
+up (a half-sent body would otherwise keep its connection open until the deadline). Only an admitted call goes on to the
+Quart app, with its body, slot and caller in the ASGI scope (`Admitted`); the route takes the slot from there.
 
 Before any of that, and on every route, `Sites` checks where a request comes from (docs/deployment.md "Security
 defaults"): a ``Host`` the server does not answer to (403 ``forbidden_host``; on a loopback-bound server only
@@ -200,6 +200,14 @@ def must_close(lifecycle: Lifecycle, *, has_body: bool, body_read: bool) -> bool
     return (has_body and not body_read) or lifecycle.is_stopping
 
 
+def caller_address(scope) -> str | None:
+    """Who a call is counted against for its admission share (`spinf.admission`): the peer's address, port left
+    out. Not the bearer token: an open server ignores the header (api spec §2.3), so a flood could name a new
+    caller per request, and a closed one has at most two tokens, which would make every client one caller."""
+    client = scope.get("client")
+    return client[0] if client else None
+
+
 def log_access(request_id: str, method: str, route: str, status: int, started: float, summary: str = "") -> None:
     access_log.info(
         "%s %s %s %d %.1fms%s", request_id, method, route, status, (time.perf_counter() - started) * 1000, summary
@@ -244,7 +252,8 @@ class Gate:
             if stopping.cancelled_caught:
                 raise shutting_down()
             body_read = True
-            slot = await services.admission.admit(len(raw), can_admit=lifecycle.phase is Phase.READY)
+            ready = lifecycle.phase is Phase.READY
+            slot = await services.admission.admit(len(raw), caller=caller_address(scope), can_admit=ready)
             body = decode_json_body(raw)
             if not authorised:
                 raise ApiError(401, "invalid_token", None, "a valid bearer token is required")

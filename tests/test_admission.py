@@ -1,4 +1,5 @@
-"""Admission slots and paced refusals (spinf.admission), under the mock clock: exact turns, hand-offs, cancels."""
+"""Admission slots and paced refusals (spinf.admission), under the mock clock: exact turns, hand-offs in arrival
+order, shares by caller, cancels."""
 
 from __future__ import annotations
 
@@ -44,23 +45,87 @@ async def test_without_a_flood_a_refusal_is_answered_at_once(autojump_clock):
     assert {t for _, t, _ in record} == {0.0} and slot is not None
 
 
-async def test_a_freed_slot_goes_to_the_newest_waiter(autojump_clock):
+async def waiting_in_turn(admission: Admission, callers: list[str], record: list, nursery) -> None:
+    """Start one admit per entry of ``callers``, each once the one before is waiting; ``record`` gets (name, slot)
+    as each comes back, names numbered in arrival order (``polite1``)."""
+
+    async def wait(name, caller):
+        record.append((name, await admission.admit(caller=caller)))
+
+    for k, caller in enumerate(callers):
+        nursery.start_soon(wait, f"{caller}{k}", caller)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_freed_slot_goes_to_the_oldest_waiter(autojump_clock):
     admission = Admission(1, rate=1.0)
-    held = admission.try_admit()
-    await admission.admit()  # spends the burst: later refusals wait a second a turn
+    held = admission.try_admit("c")
+    await admission.admit(caller="c")  # spends the burst: later refusals wait a second a turn
     record = []
-
-    async def wait(name):
-        record.append((name, await admission.admit()))
-
     async with trio.open_nursery() as nursery:
-        for name in ("old", "middle", "new"):
-            nursery.start_soon(wait, name)
-            await trio.testing.wait_all_tasks_blocked()
+        await waiting_in_turn(admission, ["c", "c", "c"], record, nursery)
         held.release()
-    assert [name for name, _ in record] == ["new", "old", "middle"]
+    assert [name for name, _ in record] == ["c0", "c1", "c2"]
     assert record[0][1] is not None and record[1][1] is None and record[2][1] is None
-    assert admission.in_use == 1
+    assert admission.in_use == 1 and admission.held("c") == 1
+
+
+async def test_freed_slots_go_first_to_the_caller_holding_fewest(autojump_clock):
+    admission = Admission(4, rate=1.0)
+    flood = [admission.try_admit("flood") for _ in range(3)]
+    polite = admission.try_admit("polite")
+    await admission.admit(caller="flood")  # spends the burst
+    record = []
+    async with trio.open_nursery() as nursery:
+        # the flood's waiters came first, but it holds 3 slots to polite's 1
+        await waiting_in_turn(admission, ["flood", "flood", "polite", "polite"], record, nursery)
+        flood[0].release()  # polite (1 held) before flood (2 held): polite's oldest
+        await trio.testing.wait_all_tasks_blocked()
+        assert [name for name, _ in record] == ["polite2"]
+        flood[1].release()  # polite 2, flood 1: the flood's oldest
+        await trio.testing.wait_all_tasks_blocked()
+        assert [name for name, _ in record] == ["polite2", "flood0"]
+        polite.release()  # polite 1, flood 2: polite's next
+        await trio.testing.wait_all_tasks_blocked()
+        assert [name for name, _ in record] == ["polite2", "flood0", "polite3"]
+        assert (admission.held("polite"), admission.held("flood")) == (2, 2)
+    assert [slot is None for _, slot in record] == [False, False, False, True]  # flood1 is refused in its turn
+    assert admission.waiting == 0 and admission.in_use == 4
+
+
+async def test_among_callers_holding_as_many_the_earliest_waiter_goes_first(autojump_clock):
+    admission = Admission(2, rate=1.0)
+    a, b = admission.try_admit("a"), admission.try_admit("b")
+    await admission.admit(caller="a")  # spends the burst
+    record = []
+    async with trio.open_nursery() as nursery:
+        await waiting_in_turn(admission, ["b", "a"], record, nursery)
+        a.release()  # a 0, b 1: a's waiter, although b's came first
+        await trio.testing.wait_all_tasks_blocked()
+        b.release()  # a 1, b 0: b's
+        await trio.testing.wait_all_tasks_blocked()
+    assert [(name, slot is not None) for name, slot in record] == [("a1", True), ("b0", True)]
+
+
+async def test_a_flood_from_one_caller_leaves_a_polite_caller_its_turn(autojump_clock):
+    """Many waiters of one caller and one of another: the next freed slot goes to the other, however late."""
+    admission = Admission(2, rate=10.0)
+    held = [admission.try_admit("flood"), admission.try_admit("flood")]
+    await admission.admit(caller="flood")  # spends the burst
+    record = []
+    async with trio.open_nursery() as nursery:
+        await waiting_in_turn(admission, ["flood"] * 20 + ["polite"], record, nursery)
+        await trio.sleep(0.45)  # four flood waiters refused in their turns meanwhile (one each 0.1 s)
+        assert [(name, slot) for name, slot in record] == [(f"flood{k}", None) for k in range(4)]
+        held[0].release()
+        await trio.testing.wait_all_tasks_blocked()
+        name, slot = record[-1]
+        assert name == "polite20" and slot is not None
+        held[1].release()
+        await trio.testing.wait_all_tasks_blocked()
+        name, slot = record[-1]
+        assert name == "flood4" and slot is not None  # then the flood's oldest still waiting
+    assert len([slot for _, slot in record if slot is None]) == 21 - 2
 
 
 async def test_a_cancelled_waiter_passes_a_slot_it_was_handed_on(autojump_clock):
