@@ -211,15 +211,7 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     weights_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-    started = time.perf_counter()
-    first = next(iter(jobs.values()))[0]
-    engine_call(engine, {**first, "inputs": first["inputs"][:1]} if "inputs" in first else first)
-    for bodies in jobs.values():  # one call of each job set's first body: every kernel shape compiles here
-        engine_call(engine, bodies[0])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    warm = time.perf_counter() - started
-    hostgc.settle()  # as the server does once warm
+    warm = warm_up(engine, jobs, device)
     text = f"{setup}; weights resident {weights_gib:.2f} GiB; warm-up (one call of each job set) {warm:.1f} s"
     report.line(note_row("setup", text))
     if device.type == "cuda":
@@ -232,6 +224,21 @@ def engine_part(args: argparse.Namespace, bench: Bench) -> None:
         j2 = jobs.get("J2", [None])[0]
         for job, line in invariance_lines(engine, jobs["J1"][0], j2, args.max_alone):
             report.line(note_row(job, line))
+
+
+def warm_up(engine: Engine, jobs: dict[str, list[dict]], device: torch.device) -> float:
+    """One small call, then one call of each job set's first body (every kernel shape compiles here), then the
+    heap frozen as the server freezes it once warm; the seconds it took."""
+    started = time.perf_counter()
+    first = next(iter(jobs.values()))[0]
+    engine_call(engine, {**first, "inputs": first["inputs"][:1]} if "inputs" in first else first)
+    for bodies in jobs.values():
+        engine_call(engine, bodies[0])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    hostgc.settle()
+    return seconds
 
 
 def extra_calls(args: argparse.Namespace, engine: Engine, jobs: dict[str, list[dict]]) -> None:

@@ -39,7 +39,7 @@ def trace_call(call: Callable[[], object], path: Path, *, stack: bool) -> float:
     return seconds
 
 
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
@@ -52,7 +52,7 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def idle_lines(path: Path, *, min_gap_us: float = 20.0, top: int = 40) -> list[str]:
     """The report of the trace at ``path`` (times in ms)."""
     events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
-    gpu = _merged([(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATEGORIES])
+    gpu = merged([(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATEGORIES])
     host = [e for e in events if e.get("cat") in HOST_CATEGORIES]
     if not gpu:
         return ["no GPU activity in the trace"]
