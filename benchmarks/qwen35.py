@@ -1,16 +1,21 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
     python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24]
-        [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--results]
+        [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--group N | --groups 32,128] [--results]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
-   under ``text_config`` and a GPTQ ``quantization_config``), sharded safetensors with an index, the decoder linears
-   as GPTQ v1 int4 (random codes, fp16 group scales drawn so that each output is near unit scale, every zero-point
-   7, ``g_idx`` = ``i // 32``), the GDN's b/a rows, norms, conv, embedding and LM head in bf16, a random outlier
-   table (``spinf_outliers.json``) and the tiny tokenizer. On a GPU it is written under a Hub cache root at the
-   catalog's pinned revision and served by its catalog name, ``spinf/qwen3.8-27b-int4``, as ``spinf-serve serve``
-   would (``HF_HUB_OFFLINE``: nothing is downloaded); on the CPU (the tiny shape) it is served by its path.
+   under ``text_config`` and a GPTQ ``quantization_config``, also in ``quantize_config.json`` as gptqmodel writes
+   it), sharded safetensors with an index, the decoder linears as GPTQ v1 int4 (random codes, fp16 group scales
+   drawn so that each output is near unit scale, every zero-point 7, ``g_idx`` = ``i // G``), the GDN's b/a rows,
+   norms, conv, embedding and LM head in bf16, a random outlier table (``spinf_outliers.json``) and the tiny
+   tokenizer. G is ``--group`` (32, the published checkpoints' group, unless said; -1: one group per row, as
+   ``group_size`` -1 means): the config's ``group_size``, the scales' and zero-points' rows (in / G) and ``g_idx``
+   follow it. On a GPU it is written under a Hub cache root at the catalog's pinned revision (``--root``'s for
+   group 32, a subfolder of it for another group) and served by its catalog name, ``spinf/qwen3.8-27b-int4``, as
+   ``spinf-serve serve`` would (``HF_HUB_OFFLINE``: nothing is downloaded); on the CPU (the tiny shape) it is
+   served by its path. ``--groups 32,128``: everything below for each group in turn (one engine at a time), then
+   the groups side by side: questions/s, MFU and peak memory per job set.
 2. The int8 GEMM rate of this GPU at 16384 × 5120 × 17408 (``torch._int_mm``): the MFU denominator of int4-i8.
 3. Each job set through `Engine.score`: questions/s, tokens run, passes, peak GPU memory, MFU = tokens × 2 × linear
    parameters / time / int8 rate.
@@ -52,7 +57,7 @@ from spinf.engine.compiler import compile_request
 from spinf.engine.engine import Engine
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.chunked import CHUNKED_MIN, fixed_spans
-from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, norm_fed_names
+from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, WHOLE_ROW, norm_fed_names
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
 from spinf.engine.tiny import tokenizer_files
@@ -148,23 +153,38 @@ def other_shapes(text: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def random_tensors(text: dict, device: torch.device, seed: int):
-    """(name, tensor) on the CPU, one at a time: int4 GPTQ v1 tensors for the quantized linears, bf16 for the rest.
-    Drawn on ``device`` (a GPU draws 13 GB in seconds)."""
-    generator = torch.Generator(device=device).manual_seed(seed)
+def group_inputs(text: dict, group: int) -> dict[str, int]:
+    """The inputs per scale group of each quantized linear (``group``; `WHOLE_ROW`: its whole input width), or
+    `ValueError` where ``group`` does not divide a linear's inputs into even groups."""
     quantized = set(quantized_names(text["layer_types"], PREFIX))
+    out = {}
+    for name, (_, width) in linear_shapes(text).items():
+        if name in quantized:
+            out[name] = width if group == WHOLE_ROW else group
+            if out[name] <= 0 or width % out[name] or out[name] % 2:
+                raise ValueError(f"group size {group} does not divide {name}'s {width} inputs into even groups")
+    return out
+
+
+def random_tensors(text: dict, device: torch.device, seed: int, group: int = GROUP):
+    """(name, tensor) on the CPU, one at a time: int4 GPTQ v1 tensors for the quantized linears, in scale groups of
+    ``group`` inputs (`WHOLE_ROW`: one per output row), bf16 for the rest. Drawn on ``device`` (a GPU draws 13 GB
+    in seconds)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    groups = group_inputs(text, group)
     for name, (out, width) in linear_shapes(text).items():
-        if name not in quantized:  # the GDN's b/a rows stay float (B.14.3)
+        if name not in groups:  # the GDN's b/a rows stay float (B.14.3)
             yield name + ".weight", (torch.randn((out, width), generator=generator, device=device) / math.sqrt(width))
             continue
+        size = groups[name]
         words = torch.randint(-(2**31), 2**31 - 1, (width // 8, out), generator=generator, device=device)
         yield name + ".qweight", words.to(torch.int32)
-        yield name + ".qzeros", torch.full((width // GROUP, out // 8), STORED_ZEROS, dtype=torch.int64).to(torch.int32)
+        yield name + ".qzeros", torch.full((width // size, out // 8), STORED_ZEROS, dtype=torch.int64).to(torch.int32)
         # codes - 8 have a standard deviation of about 4.6: scales of 1 / (4.6 · sqrt(in)) keep outputs near unit scale
         scale = 1.0 / (4.6 * math.sqrt(width))
-        scales = scale * (0.5 + torch.rand((width // GROUP, out), generator=generator, device=device))
+        scales = scale * (0.5 + torch.rand((width // size, out), generator=generator, device=device))
         yield name + ".scales", scales.to(torch.float16)
-        yield name + ".g_idx", (torch.arange(width, dtype=torch.int32) // GROUP)
+        yield name + ".g_idx", (torch.arange(width, dtype=torch.int32) // size)
     for name, shape in other_shapes(text).items():
         value = torch.randn(shape, generator=generator, device=device)
         if name.endswith("A_log"):
@@ -182,25 +202,28 @@ def random_tensors(text: dict, device: torch.device, seed: int):
         yield name, value.to(torch.bfloat16)
 
 
-def write_random_int4(folder: Path, text: dict, device: torch.device, seed: int = 0) -> Path:
-    """The checkpoint of `random_tensors` in the published layout (see the module docstring); a folder with a
-    ``.complete`` file is taken as written."""
+def write_random_int4(folder: Path, text: dict, device: torch.device, seed: int = 0, group: int = GROUP) -> Path:
+    """The checkpoint of `random_tensors` in the published layout (see the module docstring), in scale groups of
+    ``group`` inputs: the config's ``quantization_config.group_size`` and a ``quantize_config.json`` say so, as
+    gptqmodel writes them. A folder with a ``.complete`` file is taken as written."""
     if (folder / ".complete").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
+    quantization = QUANTIZATION_CONFIG | {"group_size": group}
     config = {
         "model_type": "qwen3_5",
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "text_config": {**text, "dtype": "bfloat16"},
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
-        "quantization_config": dict(QUANTIZATION_CONFIG),
+        "quantization_config": quantization,
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "quantize_config.json").write_text(json.dumps(quantization, indent=2) + "\n")
     for name, data in tokenizer_files().items():
         (folder / name).write_bytes(data)
     shard, size, index, number = {}, 0, {}, 1
-    for name, tensor in random_tensors(text, device, seed):
+    for name, tensor in random_tensors(text, device, seed, group):
         shard[name] = tensor.cpu().contiguous()
         size += tensor.numel() * tensor.element_size()
         if size >= SHARD_BYTES:
@@ -353,10 +376,25 @@ def trace_lines(engine: Engine, job: str, body: dict, folder: Path) -> None:
 
 
 def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
+    """The engine on ``folder``: by its path on the CPU; on a GPU as the catalog model, from the Hub cache the
+    snapshot ``folder`` lies in (`snapshot_folder`)."""
     if args.device == "cpu":
         return Engine(str(folder), device="cpu", quant=args.quant, token_budget=token_budget)
-    cache = [str(args.root / "hub")]
+    cache = [str(folder.parents[2])]
     return Engine(MODEL, device=args.device, quant=args.quant, cache_dirs=cache, token_budget=token_budget)
+
+
+def snapshot_folder(root: Path, group: int) -> Path:
+    """The catalog model's snapshot at its pinned revision, under a Hub cache in ``root`` for the published group
+    (a folder written by an earlier run is found there) and in a subfolder of ``root`` for each other group: the
+    catalog pins one revision, so each group needs a cache of its own."""
+    if group != GROUP:
+        root = root / ("whole-row" if group == WHOLE_ROW else f"group-{group}")
+    return root / "hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots" / REVISION
+
+
+def group_name(group: int) -> str:
+    return "whole-row groups" if group == WHOLE_ROW else f"group {group}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -386,19 +424,74 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="trace each job set's first call (benchmarks/trace.py) into this folder",
     )
     parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
-    return parser.parse_args(argv)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per job set (the median is shown)")
+    groups = parser.add_mutually_exclusive_group()
+    groups.add_argument(
+        "--group", type=int, default=GROUP, help=f"GPTQ inputs per scale group ({GROUP}; -1: one per row)"
+    )
+    groups.add_argument("--groups", default=None, help="several group sizes, one after another (e.g. 32,128)")
+    args = parser.parse_args(argv)
+    try:
+        args.groups = [int(g) for g in args.groups.split(",")] if args.groups else [args.group]
+        for group in args.groups:
+            group_inputs(SHAPES[args.shape], group)
+    except ValueError as exc:
+        parser.error(f"--group/--groups: {exc}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     device = torch.device(args.device)
-    text = SHAPES[args.shape]
-    snapshot = args.root / "hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots" / REVISION
-    started = time.perf_counter()
-    folder = write_random_int4(snapshot, text, device if device.type == "cuda" else torch.device("cpu"))
-    written_s = time.perf_counter() - started
     peak = int8_peak_tops(device)
+    flops = 2 * linear_parameters(SHAPES[args.shape])
+    sections, summary = [], []
+    for group in args.groups:
+        head, lines, ours = run_group(args, group, device, peak)
+        sections.append(head + "\n\n" + "\n".join(lines))
+        summary += [(group, job, m) for job, m in ours.items()]
+        gc.collect()  # the group's engine went with run_group's frame: its memory goes before the next one's
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if len(args.groups) > 1:
+        sections.append("\n".join(group_table(summary, flops, peak)))
+        print(sections[-1])
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
+    command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
+    head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights"
+    head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
+    print(head)
+    if args.results:
+        groups = "" if args.groups == [GROUP] else f", GPTQ {', '.join(group_name(g) for g in args.groups)}"
+        append_section(f"Qwen3.8-27B int4 ({args.shape} shape{groups})", head + "\n\n" + "\n\n".join(sections))
+
+
+def group_table(summary: list[tuple[int, str, dict]], flops: float, peak: float | None) -> list[str]:
+    """The groups side by side: per job set, each group's questions/s, MFU and peak memory, and its questions/s
+    against the first group's."""
+    first = {job: m for group, job, m in summary if group == summary[0][0]}
+    lines = [
+        "| job | GPTQ groups | questions/s | MFU | peak memory | questions/s vs the first |",
+        "|---|---|---|---|---|---|",
+    ]
+    for group, job, m in sorted(summary, key=lambda item: item[1]):
+        rate = m["questions"] / m["seconds"]
+        mfu = f"{m['tokens'] * flops / m['seconds'] / (peak * 1e12):.1%}" if peak else "–"
+        memory = f"{m['peak_gib']:.1f} GiB" if m["peak_gib"] is not None else "–"
+        ratio = rate / (first[job]["questions"] / first[job]["seconds"]) if job in first else float("nan")
+        lines.append(f"| {job} | {group_name(group)} | {rate:,.0f} | {mfu} | {memory} | {ratio:.3f}× |")
+    return lines
+
+
+def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: float | None):
+    """Everything the run measures, on the checkpoint of one group size: its head line, its lines, and each job
+    set's measurement."""
+    text = SHAPES[args.shape]
+    started = time.perf_counter()
+    where = device if device.type == "cuda" else torch.device("cpu")
+    folder = write_random_int4(snapshot_folder(args.root, group), text, where, group=group)
+    written_s = time.perf_counter() - started
     started = time.perf_counter()
     engine = open_engine(args, folder)
     load_s = time.perf_counter() - started
@@ -409,11 +502,13 @@ def main(argv: list[str] | None = None) -> None:
         lines.extend(new)
         print(*new, sep="\n", flush=True)
 
-    print(f"checkpoint written in {written_s:.0f} s, engine loaded in {load_s:.0f} s ({engine.quant})", flush=True)
+    head = f"GPTQ {group_name(group)}: written in {written_s:.0f} s, the engine loaded in {load_s:.0f} s"
+    print(f"{head} ({engine.quant})", flush=True)
     emit(
         "| job | runner | questions | time | questions/s | tokens run | passes | peak memory | MFU |",
         "|---|---|---|---|---|---|---|---|---|",
     )
+    label = "" if args.groups == [GROUP] else f", GPTQ {group_name(group)}"
     jobs, ours = {}, {}
     for job in args.jobs.split(","):
         bodies, note = job_bodies(job, args.max_inputs)
@@ -423,9 +518,9 @@ def main(argv: list[str] | None = None) -> None:
         jobs[job] = bodies
         engine_call(engine, bodies[0])  # warm: Triton compiles here
         hostgc.settle()  # as the server does once warm: the collector no longer traverses the model and libraries
-        m = measure(lambda body: engine_call(engine, body), bodies, device, 3, (2.0, 120.0))
+        m = measure(lambda body: engine_call(engine, body), bodies, device, args.repeats, (2.0, 120.0))
         ours[job] = {**m, "runner": runner(engine)}
-        emit(row(job, f"ours, {runner(engine)}", m, flops, peak))
+        emit(row(job, f"ours, {runner(engine)}{label}", m, flops, peak))
         emit(note_row(job, chunked_text(engine, bodies)))
         if args.trace:
             trace_lines(engine, job, bodies[0], args.trace)
@@ -433,8 +528,8 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.invariance import invariance_lines
 
         j2 = None if args.no_j2_invariance else jobs.get("J2", [None])[0]
-        for job, text in invariance_lines(engine, jobs["J1"][0], j2, 64):
-            emit(note_row(job, text))
+        for job, found in invariance_lines(engine, jobs["J1"][0], j2, 64):
+            emit(note_row(job, found))
     if args.extraction:
         from benchmarks.extraction import cost_lines
 
@@ -456,30 +551,28 @@ def main(argv: list[str] | None = None) -> None:
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
-        engine = open_engine(args, folder, args.cap_token_budget)
-        budget = f", token budget {engine.shape.token_budget}"
-        for job in args.cap_jobs.split(","):
-            bodies = jobs.get(job) or job_bodies(job, args.max_inputs)[0]
-            if not bodies:
-                continue
-            label = f"ours, {runner(engine)}, under a {args.cap_gib:g} GiB cap{budget}"
-            try:
-                m = measure(lambda body: engine_call(engine, body), bodies, device, 1, (0.0, 120.0))
-            except (SpinfError, RuntimeError) as exc:  # out of memory: the engine's ApiError, or torch's
-                emit(note_row(job, f"{label}: failed, {type(exc).__name__}: {exc}"))
-                continue
-            emit(row(job, label, m, flops, peak))
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
-    command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
-    head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights written in {written_s:.0f} s, the "
-    head += f"engine loaded in {load_s:.0f} s"
-    head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
-    body = head + "\n\n" + "\n".join(lines)
-    print(head)
-    if args.results:
-        append_section(f"Qwen3.8-27B int4 ({args.shape} shape)", body)
+        cap_lines(args, folder, device, jobs, flops, peak, emit)
+    return head, lines, ours
+
+
+def cap_lines(args, folder: Path, device: torch.device, jobs: dict, flops: float, peak: float | None, emit) -> None:
+    """The engine again under ``--cap-gib`` (``set_per_process_memory_fraction``), on ``--cap-jobs``."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
+    engine = open_engine(args, folder, args.cap_token_budget)
+    budget = f", token budget {engine.shape.token_budget}"
+    for job in args.cap_jobs.split(","):
+        bodies = jobs.get(job) or job_bodies(job, args.max_inputs)[0]
+        if not bodies:
+            continue
+        label = f"ours, {runner(engine)}, under a {args.cap_gib:g} GiB cap{budget}"
+        try:
+            m = measure(lambda body: engine_call(engine, body), bodies, device, 1, (0.0, 120.0))
+        except (SpinfError, RuntimeError) as exc:  # out of memory: the engine's ApiError, or torch's
+            emit(note_row(job, f"{label}: failed, {type(exc).__name__}: {exc}"))
+            continue
+        emit(row(job, label, m, flops, peak))
+    torch.cuda.set_per_process_memory_fraction(1.0, device)  # the next group runs uncapped
 
 
 if __name__ == "__main__":

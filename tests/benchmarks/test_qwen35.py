@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from benchmarks import qwen35
 from spinf.engine.qwen35.int4 import read_gptq_config, read_outliers
@@ -80,3 +81,41 @@ def test_the_tiny_run_compares_with_the_baseline_on_the_same_int4_folder(tmp_pat
     out = capsys.readouterr().out
     assert "| J3 | baseline, transformers " in out and "prefix cache, batch 8 |" in out
     assert "| J3 | ours / baseline: " in out
+
+
+@pytest.mark.parametrize("group", [64, -1])
+def test_a_checkpoint_of_another_group_is_written_as_gptq_tools_write_it(tmp_path, group):
+    from safetensors import safe_open
+
+    from spinf.engine.qwen35.int4 import unpack_gptq
+
+    text = qwen35.SHAPES["tiny"]
+    folder = qwen35.write_random_int4(tmp_path / "snapshot", text, torch.device("cpu"), group=group)
+    assert read_gptq_config(folder).group_size == group
+    assert json.loads((folder / "quantize_config.json").read_text())["group_size"] == group
+    name = "model.language_model.layers.0.mlp.down_proj"  # 128 inputs, 64 outputs
+    with safe_open(str(folder / "model-00001.safetensors"), framework="pt") as f:
+        parts = {f"{name}.{p}": f.get_tensor(f"{name}.{p}") for p in ("qweight", "qzeros", "scales", "g_idx")}
+    size = 128 if group == -1 else group
+    assert parts[f"{name}.scales"].shape == (128 // size, 64) and parts[f"{name}.qzeros"].shape == (128 // size, 8)
+    assert torch.equal(parts[f"{name}.g_idx"], torch.arange(128, dtype=torch.int32) // size)
+    assert unpack_gptq(parts, name, group).group == size  # as the engine reads it, with the config's group
+
+
+def test_the_27b_shape_takes_groups_of_128_and_whole_rows_the_tiny_one_not_128():
+    text = qwen35.SHAPES["27b"]
+    assert set(qwen35.group_inputs(text, 128).values()) == {128}
+    assert set(qwen35.group_inputs(text, -1).values()) == {5120, 17_408, 6144}  # hidden, intermediate, 24 or 48 × 128
+    with pytest.raises(SystemExit):
+        qwen35.parse_args(["--shape", "tiny", "--groups", "32,128"])  # the tiny model is 64 wide
+
+
+def test_the_tiny_run_compares_groups_side_by_side(tmp_path, capsys):
+    argv = ["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"]
+    qwen35.main([*argv, "--groups", "32,64", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "| J3 | ours, int4-i8, GPTQ group 64 |" in out
+    assert re.search(r"^\| J3 \| group 32 \| [\d,]+ \| – \| – \| 1\.000× \|$", out, re.M)
+    assert re.search(r"^\| J3 \| group 64 \| [\d,]+ \| – \| – \| \d\.\d{3}× \|$", out, re.M)
+    assert read_gptq_config(qwen35.snapshot_folder(tmp_path, 64)).group_size == 64
+    assert read_gptq_config(qwen35.snapshot_folder(tmp_path, 32)).group_size == 32
