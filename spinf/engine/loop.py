@@ -4,10 +4,11 @@ The server's packer, `Engine.score`, warm-up, ``spinf-serve score``, parity and 
 and call `EngineLoop.step` until it is done. One step, in the order that keeps the device busy:
 
 1. drop the calls whose caller went away;
-2. host work while the device runs the pass launched last: parse and compile waiting calls, one input at a time,
-   until the next pass's worth of jobs waits (`Scheduler.target_tokens`) or nothing is left to compile;
+2. host work while the device runs the pass launched last: parse and compile waiting calls, one input of each in
+   turn, until the next pass's worth of jobs waits (`Scheduler.target_tokens`) or nothing is left to compile;
 3. the scheduler (pure policy) picks the next pass and the runner (`Scorer`, which decides nothing) launches it;
-4. the oldest pass is read back once another is queued behind it (or when nothing else can go), and its values
+4. the oldest pass is read back once another is queued behind it (or when nothing else can go; at once where the
+   runner does not overlap the host, as on the CPU, whose passes are done when launched), and its values
    are routed to their calls; an input whose jobs are all read gets its ``results`` entry at once, and a call whose
    last job and floors are in is answered in this step, not when the others end.
 
@@ -144,7 +145,8 @@ class EngineLoop:
             launched = False
             if self.scheduler.can_schedule(in_flight=len(self._in_flight), more_coming=bool(self._compiling)):
                 launched = self._launch(self.scheduler.schedule())
-            if len(self._in_flight) >= MAX_IN_FLIGHT or (self._in_flight and not launched):
+            overlapped = MAX_IN_FLIGHT if self.scorer.overlaps else 1
+            if len(self._in_flight) >= overlapped or (self._in_flight and not launched):
                 self._collect(self._in_flight.popleft())
             self._decode_ready()
             done, self._done = self._done, []
@@ -163,10 +165,15 @@ class EngineLoop:
     # host work: parsing and compiling
 
     def _compile_until(self, target: int) -> None:
+        """Compile one input of each waiting call in turn, so that a call of many inputs holds no other back."""
         while self._compiling and self.scheduler.waiting_tokens < target:
             call = self._compiling[0]
-            if not self._advance(call) and self._compiling and self._compiling[0] is call:
-                self._compiling.popleft()  # compiled (a call that failed or finished has left already)
+            more = self._advance(call)
+            if self._compiling and self._compiling[0] is call:  # a call that failed or finished has left already
+                if more:
+                    self._compiling.rotate(-1)
+                else:
+                    self._compiling.popleft()
 
     def _advance(self, call: Call) -> bool:
         """Compile one more input of ``call``; False once it is compiled (or failed)."""

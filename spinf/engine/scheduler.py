@@ -1,11 +1,14 @@
 """The scheduling policy of the engine loop: which waiting jobs go into the next pass (pure Python, no torch).
 
 Jobs wait in arrival order, each with its owner (a call, or the loop's own floor reads) and its size. When the loop
-asks, the waiting jobs are packed first-fit-decreasing (`spinf.engine.packing.pack`) and the fullest pass is taken;
-the rest wait for the next one, with whatever arrives meanwhile. The loop launches a pass once a pass's worth is
-waiting (two passes' worth while one is already on the device, so that the one it takes is full), or once nothing
-more is coming; it never has more than `MAX_IN_FLIGHT` passes launched and unread, since a GPU queues about one
-pass of kernels and a third launch would only block the host.
+asks and one owner waits, its jobs are packed first-fit-decreasing (`spinf.engine.packing.pack`) and the fullest pass
+is taken; the rest wait for the next one, with whatever arrives meanwhile. When several owners wait, they share the
+pass first: owner by owner, oldest first, each takes its oldest jobs up to an equal share of the token budget (its
+oldest job at least, while it fits), and only the room left is packed first-fit-decreasing from everything else. So a
+small call rides the next pass beside a call of 45,000 inputs instead of waiting for all of them. The loop launches a
+pass once a pass's worth is waiting (two passes' worth while one is already on the device, so that the one it takes is
+full), or once nothing more is coming; it never has more than `MAX_IN_FLIGHT` passes launched and unread, since a GPU
+queues about one pass of kernels and a third launch would only block the host.
 
 Owners share passes only when the engine is batch-invariant (``share_passes``): a question's numbers then do not
 depend on what else is in its pass. Otherwise, and for an owner marked ``solo`` (one whose shared pass failed, so
@@ -74,15 +77,47 @@ class Scheduler:
         return not more_coming or self.waiting_tokens >= self.target_tokens(in_flight)
 
     def schedule(self) -> list[Waiting]:
-        """Take the next pass: the fullest of the waiting jobs' packing (the earliest among equals)."""
+        """Take the next pass (module docstring): the owners' shares, then the fullest packing of the room left."""
         candidates = self._candidates()
-        passes = pack([w.num_tokens for w in candidates], self.token_budget)
-        sizes = [sum(candidates[k].num_tokens for k in members) for members in passes]
-        fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
-        chosen = self._within_capture([candidates[k] for k in passes[fullest]])
+        chosen = self._shares(candidates)
+        if chosen:
+            shared, room = {id(w) for w in chosen}, self.token_budget - sum(w.num_tokens for w in chosen)
+            rest = [w for w in candidates if id(w) not in shared and w.num_tokens <= room]
+            chosen += self._fullest(rest, room) if rest else []
+        else:
+            chosen = self._fullest(candidates, self.token_budget)
+        chosen = self._within_capture(chosen)
         taken = {id(w) for w in chosen}
         self._waiting = [w for w in self._waiting if id(w) not in taken]
         self.waiting_tokens -= sum(w.num_tokens for w in chosen)
+        return chosen
+
+    @staticmethod
+    def _fullest(candidates: list[Waiting], budget: int) -> list[Waiting]:
+        """The fullest pass of the first-fit-decreasing packing of ``candidates`` (the earliest among equals)."""
+        passes = pack([w.num_tokens for w in candidates], budget)
+        sizes = [sum(candidates[k].num_tokens for k in members) for members in passes]
+        fullest = max(range(len(passes)), key=lambda p: (sizes[p], -p))
+        return [candidates[k] for k in passes[fullest]]
+
+    def _shares(self, candidates: list[Waiting]) -> list[Waiting]:
+        """Each owner's share of the pass when several wait: owners in the order of their oldest job, each its
+        oldest jobs while they fit in ``token_budget / owners`` tokens (its oldest one while it fits in the room
+        left). None when one owner waits, or when the oldest job is over the budget: it runs alone first."""
+        by_owner: dict = {}
+        for w in candidates:
+            by_owner.setdefault(w.owner, []).append(w)
+        if len(by_owner) < 2 or candidates[0].num_tokens > self.token_budget:
+            return []
+        share, room, chosen = self.token_budget // len(by_owner), self.token_budget, []
+        for jobs in by_owner.values():
+            used = 0
+            for w in jobs:
+                if w.num_tokens > room or (used and used + w.num_tokens > share):
+                    break
+                chosen.append(w)
+                used += w.num_tokens
+                room -= w.num_tokens
         return chosen
 
     def _within_capture(self, chosen: list[Waiting]) -> list[Waiting]:

@@ -133,6 +133,11 @@ class Scorer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether a launched pass runs while the host goes on (a GPU); on the CPU `start` runs it to the end."""
+        return self.device.type == "cuda"
+
     def start(self, jobs: list[Job]) -> InFlight:
         """Lay out and launch one pass of ``jobs``; on a GPU its picks are copied to pinned host memory behind it,
         with an event to wait on, so the host goes on while the device runs."""

@@ -103,6 +103,25 @@ def test_a_small_call_leaves_before_a_big_one_added_first(small_budget):
     assert order == ["scr_1", "scr_0"] and small.unwrap()["results"] and big.unwrap()["results"]
 
 
+def test_a_small_call_rides_the_next_pass_beside_a_call_of_many_inputs(small_budget):
+    """Calls are compiled one input each in turn and share each pass (`spinf.engine.scheduler`), and on the CPU a
+    pass is read back as soon as it ran: a call added while a call of 300 inputs runs is answered by the next
+    step, and its answer is the one it gets alone."""
+    loop = fresh_loop(small_budget)
+    many = [(f"m{k}", f"Note {k}.") for k in range(300)]
+    big, small = calls([body(TARGETS[:1], many), body(TARGETS[:1], [("s", SHORT[7])])])
+    loop.add(big)
+    loop.step()
+    loop.add(small)
+    assert [w.request_id for w in loop.step()] == ["scr_1"] and loop.has_work
+    steps = 1
+    while loop.has_work:
+        loop.step()
+        steps += 1
+    assert steps > 10 and big.unwrap()["results"]  # the big call needed many more passes
+    assert numbers(small.unwrap(), "s") == numbers(answers(fresh_loop(small_budget), [small.body])[0], "s")
+
+
 def test_a_call_whose_caller_left_is_dropped_and_runs_nothing(tiny_engine):
     loop = fresh_loop(tiny_engine)
     gone, kept = calls([body(TARGETS, [("a", CONTENT)]), body(TARGETS, [("b", SHORT[2])])])
@@ -153,9 +172,11 @@ def test_an_input_refused_midway_fails_the_call(small_budget):
     assert (looped.value.code, looped.value.param) == ("content_too_long", "inputs.3")
 
 
-def test_a_floor_read_whose_other_waiter_left_still_answers_the_one_left(tiny_engine):
+def test_a_floor_read_whose_other_waiter_left_still_answers_the_one_left(tiny_engine, monkeypatch):
     """One floor read holds two keys; the call that needed both leaves while it runs, the call that needed one
-    stays: that call is answered (the read is not ended twice while it hands out its keys)."""
+    stays: that call is answered (the read is not ended twice while it hands out its keys). The runner is taken to
+    overlap the host, as on a GPU, so that the read is still in flight after the first step."""
+    monkeypatch.setattr(type(tiny_engine.scorer), "overlaps", property(lambda scorer: True))
     loop = fresh_loop(tiny_engine)
     # the read hands out its keys in the order they were claimed: the staying call's key first, then the other
     both, one = calls([body([TARGETS[2], TARGETS[1]], [("a", SHORT[3])]), body(TARGETS[2:], [("b", SHORT[4])])])

@@ -32,3 +32,51 @@ def test_no_budget_packs_as_before():
     for index in range(4):
         scheduler.add("call", index, 200, 200)
     assert len(scheduler.schedule()) == 4
+
+
+def test_a_small_call_rides_the_next_pass_beside_a_big_one_waiting_first():
+    scheduler = Scheduler(1000, share_passes=True)
+    for index in range(300):  # three passes' worth, all older than the small call's jobs
+        scheduler.add("big", index, 10)
+    scheduler.add("small", 0, 10)
+    scheduler.add("small", 1, 30)
+    first = scheduler.schedule()
+    assert {(w.owner, w.index) for w in first} >= {("small", 0), ("small", 1)}
+    assert sum(w.num_tokens for w in first) == 1000  # the room left is still filled
+    assert [w.index for w in first if w.owner == "big"] == list(range(96))  # the big call's oldest jobs
+
+
+def test_each_owner_gets_an_equal_share_of_the_pass_before_the_room_left_is_packed():
+    scheduler = Scheduler(900, share_passes=True)
+    for owner in ("a", "b", "c"):
+        for index in range(100):
+            scheduler.add(owner, index, 10)
+    first = scheduler.schedule()
+    assert [sum(w.owner == owner for w in first) for owner in "abc"] == [30, 30, 30]
+
+
+def test_a_single_owner_is_packed_fullest_first_as_before():
+    scheduler = Scheduler(1000, share_passes=True)
+    for index, tokens in enumerate([600, 300, 500, 400, 200]):
+        scheduler.add("call", index, tokens)
+    assert sorted(w.index for w in scheduler.schedule()) == [0, 3]  # first-fit-decreasing: 600 + 400
+    assert sorted(w.index for w in scheduler.schedule()) == [1, 2, 4]
+
+
+def test_an_oldest_job_over_the_budget_runs_alone_though_others_wait():
+    scheduler = Scheduler(1000, share_passes=True)
+    scheduler.add("long", 0, 1500)
+    scheduler.add("short", 0, 100)
+    assert [(w.owner, w.index) for w in scheduler.schedule()] == [("long", 0)]
+    assert [(w.owner, w.index) for w in scheduler.schedule()] == [("short", 0)]
+
+
+def test_each_owners_oldest_job_goes_over_its_share_while_it_fits_the_room_left():
+    scheduler = Scheduler(1000, share_passes=True)
+    for index in range(3):
+        scheduler.add("a", index, 200)  # a's share of 333 holds one
+    scheduler.add("b", 0, 700)  # over b's share, but it fits the 800 left
+    scheduler.add("c", 0, 100)
+    scheduler.add("c", 1, 100)  # fits c's share, not the room left
+    assert [(w.owner, w.index) for w in scheduler.schedule()] == [("a", 0), ("b", 0), ("c", 0)]
+    assert sorted((w.owner, w.index) for w in scheduler.schedule()) == [("a", 1), ("a", 2), ("c", 1)]
