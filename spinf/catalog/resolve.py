@@ -206,7 +206,8 @@ def detect_format(config: dict[str, Any]) -> str:
     """The weight format of a checkpoint outside the catalog, from its ``config.json``.
 
     A GPTQ quantization config means ``gptq-int4-g32``, compressed-tensors ``fp8-static``, float32 weights
-    ``safetensors-f32``; anything else is taken for ``safetensors-bf16``. The loader checks the details.
+    ``safetensors-f32``; anything else is taken for ``safetensors-bf16``. The loader checks the details. The int4
+    name is the manifests' (api spec §9.5) for any group size: the loader reads the group from the config.
     """
     quantization = config.get("quantization_config")
     method = quantization.get("quant_method") if isinstance(quantization, dict) else None

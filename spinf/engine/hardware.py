@@ -32,6 +32,8 @@ WEIGHTS_MARGIN = 1.1
 GPU_WORK_BYTES = 6 * GIB
 CPU_WORK_BYTES = 1 * GIB
 FP8_MIN_CAPABILITY = (8, 9)
+# The GPTQ v1 int4 format, named as api spec §9.5's manifests name it: every group size goes by this name (the
+# loader reads the real one from config.json and the start-up log says it); it is never shown as a description.
 INT4_FORMAT = "gptq-int4-g32"
 INT4_PREFIX = "int4-"  # an int4 checkpoint's scheme is its mode with this prefix (api spec §9.8)
 DEFAULT_FORMAT = "safetensors-bf16"

@@ -5,8 +5,8 @@ shards and assigned one decoder layer at a time, q/k/v and gate/up fused, each l
 the device when the scheme asks (fp8s with a scale table, or a scheme of `spinf.engine.schemes`), so the float
 weights of the whole model never sit there at once. A pre-quantized fp8-static checkpoint's linears are taken as
 they are (`spinf.engine.fp8_static`). The small models' (E2B/E4B) per-layer input weights are read beside them
-and stay in the model dtype; their KV-shared layers have no k/v weights to read. Those models load on the CPU only
-for now: the fused GPU kernels do not run per-layer inputs or shared keys.
+and stay in the model dtype; their KV-shared layers have no k/v weights to read (the Hub's files hold some all the
+same: as transformers' loader does, this one leaves them unread).
 """
 
 from __future__ import annotations
@@ -110,11 +110,6 @@ def load_gemma4_text(
         if layers > len(cfg.layers):
             raise ModelError(f"{folder}: the checkpoint has {len(cfg.layers)} layers, fewer than the {layers} asked")
         cfg = attrs.evolve(cfg, layers=cfg.layers[:layers])
-    if torch.device(device).type != "cpu" and (cfg.per_layer_size or any(spec.kv_shared for spec in cfg.layers)):
-        raise ModelError(
-            f"{folder}: per-layer input embeddings and KV-shared layers (the Gemma 4 E2B/E4B models) run on the CPU"
-            " only for now: the GPU kernels do not implement them yet (use --device cpu)"
-        )
     with torch.device("meta"):
         model = Gemma4Text(cfg)
     if scales is not None:

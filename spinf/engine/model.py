@@ -7,10 +7,12 @@ option token is read go through the final norm and the LM head (`Gemma4Text.read
 `Gemma4Text.option_logprobs` on a GPU). On a GPU with bf16 activations each layer runs `_forward_fused`, the same
 arithmetic through the Triton kernels of `spinf.engine.kernels`.
 
-The small models (E2B/E4B) add two things, on the CPU path: per-layer input embeddings (a second table looked up
+The small models (E2B/E4B) add two things, on both paths: per-layer input embeddings (a second table looked up
 by token, mixed with a projection of the pass's input embeddings, `Gemma4Text.per_layer_inputs`, and gated into
-each layer's output, `DecoderLayer.per_layer_residual`) and KV-shared layers, which compute no keys and values
-and attend with those the last non-shared layer of their kind made for the same rows of the pass.
+each layer's output, `DecoderLayer.per_layer_projection`) and KV-shared layers, which compute no keys and values
+and attend with those the last non-shared layer of their kind made for the same rows of the pass (`DecoderLayer.
+_exchange_kv`). Their small linears (the per-layer gate, projection and table projection) stay in the model dtype
+under every scheme and run as fixed-shape products (`_plain_mm`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from spinf.engine.attention import (
     tree_attention,
 )
 from spinf.engine.config import LayerSpec, TextConfig
-from spinf.engine.gemm import gpu_mm, row_stable_mm
+from spinf.engine.gemm import gpu_mm, row_stable_mm, stable_mm
 from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
@@ -77,8 +79,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` whose rows do not depend on the other rows, on either device."""
-    return gpu_mm(x, weight) if x.is_cuda else row_stable_mm(x, weight)
+    """``x @ weight.T`` whose rows do not depend on the other rows, on either device: on a GPU in blocks of one
+    fixed row count (`stable_mm`), since the row-count rule of `gpu_mm` was measured on the dense layers' shapes
+    only, not on these narrow ones."""
+    return stable_mm(x, weight)
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
@@ -132,21 +136,17 @@ class DecoderLayer(nn.Module):
         per-layer inputs (E2B/E4B); ``shared``: the pass's keys and values by layer kind (``is_sliding``), which
         each non-shared layer writes and each KV-shared layer reads."""
         if self.fused(h, plan):
-            return self._forward_fused(h, plan)[0]
+            return self._forward_fused(h, plan, per_layer=per_layer, shared=shared)[0]
         n, d = h.shape[0], self.spec.head_dim
         x = rms_norm(h, self.input_norm, self.eps)
         parts = self.linear("wqkv", x).split(self.qkv_sizes, dim=-1)
         q = apply_rope(rms_norm(parts[0].view(n, -1, d), self.q_norm, self.eps), *rope)
-        if self.spec.kv_shared:
-            if shared is None or self.spec.is_sliding not in shared:
-                raise ModelError(f"layer {self.prefix}: a KV-shared layer ran without the keys of an earlier layer")
-            k, v = shared[self.spec.is_sliding]
-        else:
+        k = v = None
+        if not self.spec.kv_shared:
             raw_k = parts[1].view(n, -1, d)
             k = apply_rope(rms_norm(raw_k, self.k_norm, self.eps), *rope)
             v = rms_norm(raw_k if self.spec.k_eq_v else parts[2].view(n, -1, d), None, self.eps)
-            if shared is not None:
-                shared[self.spec.is_sliding] = (k, v)
+        k, v = self._exchange_kv(k, v, shared)
         # a shared layer keeps (and in a decode step, stores) the rows it reads like any other layer, so captures
         # and decoder buffers stay one per layer
         k, v = self._kv_source(k, v, plan)
@@ -165,14 +165,32 @@ class DecoderLayer(nn.Module):
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         if per_layer is not None:
-            h = h + self.per_layer_residual(h, per_layer)
+            h = h + rms_norm(self.per_layer_projection(h, per_layer), self.post_per_layer_norm, self.eps)
         return h * self.layer_scalar.to(h.dtype)
 
-    def per_layer_residual(self, h: torch.Tensor, per_layer: torch.Tensor) -> torch.Tensor:
-        """What this layer's per-layer input adds to ``h`` (transformers' order: gate, GELU, times the input,
-        projection back, norm), through row-stable products in the model dtype (never quantized)."""
-        gate = F.gelu(_plain_mm(h, self.per_layer_gate.weight), approximate="tanh") * per_layer
-        return rms_norm(_plain_mm(gate, self.per_layer_proj.weight), self.post_per_layer_norm, self.eps)
+    def per_layer_projection(self, h: torch.Tensor, per_layer: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """What this layer's per-layer input adds to ``h`` before its norm (transformers' order: gate, GELU, times
+        the input, projection back; the norm and the residual add follow), through row-stable products in the
+        model dtype (never quantized); ``fused``: GELU·input through the `gelu_mul` kernel (the GPU path)."""
+        gate = _plain_mm(h, self.per_layer_gate.weight)
+        if fused:
+            gated = kernels().gelu_mul(torch.cat([gate, per_layer], dim=1))
+        else:
+            gated = F.gelu(gate, approximate="tanh") * per_layer
+        return _plain_mm(gated, self.per_layer_proj.weight)
+
+    def _exchange_kv(
+        self, k: torch.Tensor | None, v: torch.Tensor | None, shared: dict | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values this layer attends with: a KV-shared layer's are those the last non-shared layer of
+        its kind left in ``shared`` for the same rows of the pass; any other layer leaves its own there."""
+        if self.spec.kv_shared:
+            if shared is None or self.spec.is_sliding not in shared:
+                raise ModelError(f"layer {self.prefix}: a KV-shared layer ran without the keys of an earlier layer")
+            return shared[self.spec.is_sliding]
+        if shared is not None:
+            shared[self.spec.is_sliding] = (k, v)
+        return k, v
 
     def _kv_source(self, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values attention reads: the pass's own (kept for the decoder when the pass captures), or,
@@ -193,18 +211,22 @@ class DecoderLayer(nn.Module):
         plan: AttentionPlan,
         x: torch.Tensor | None = None,
         following: DecoderLayer | None = None,
+        per_layer: torch.Tensor | None = None,
+        shared: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The same layer through the Triton kernels: each norm fused with the residual update before it and the
         fp8s quantizer after it, q/k/v prepared in one kernel, tree attention in one kernel that also quantizes
         its output, GELU·up fused with the down projection's quantizer.
 
         ``x`` is this layer's normed (and quantized) input when the layer before made it; with ``following``, the
-        last kernel also makes that layer's input, returned second.
+        last kernel also makes that layer's input, returned second. ``per_layer`` and ``shared`` as in `forward`
+        (a KV-shared layer's kernel prepares its queries only).
         """
         k_ = kernels()
         spec, eps, n = self.spec, self.eps, h.shape[0]
         if self._fused_consts is None:
-            self._fused_consts = (rope_inv_freq(spec).to(h.device), k_.qkv_norm_weights(self.q_norm, self.k_norm))
+            k_norm = self.q_norm if spec.kv_shared else self.k_norm  # a shared layer's kernel reads q's weights only
+            self._fused_consts = (rope_inv_freq(spec).to(h.device), k_.qkv_norm_weights(self.q_norm, k_norm))
         inv_freq, qkv_norms = self._fused_consts
         if x is None:
             x = k_.norm_rows(h, self.input_norm, eps, self._input_scale("wqkv"))
@@ -214,12 +236,12 @@ class DecoderLayer(nn.Module):
             inv_freq,
             qkv_norms,
             heads=self.qkv_sizes[0] // spec.head_dim,
-            kv_heads=spec.num_kv_heads,
+            kv_heads=0 if spec.kv_shared else spec.num_kv_heads,
             head_dim=spec.head_dim,
             k_eq_v=spec.k_eq_v,
             eps=eps,
         )
-        k, v = self._kv_source(k, v, plan)
+        k, v = self._kv_source(*self._exchange_kv(k, v, shared), plan)
         a = k_.tree_attention_kernel(
             q, k, v, plan.kernel, self.window, out_scale=self._input_scale("wo"), bidirectional=self.bidirectional
         )
@@ -232,12 +254,16 @@ class DecoderLayer(nn.Module):
             next_scale=self._input_scale("w_gate_up"),
         )
         down = self._gemm("w_down", k_.gelu_mul(self._gemm("w_gate_up", x), self._input_scale("w_down")))
+        post = self.post_ff_norm
+        if per_layer is not None:  # the MLP's residual update, then the per-layer input's is the layer's last
+            h = k_.add_norm(h, down, post, eps)
+            down, post = self.per_layer_projection(h, per_layer, fused=True), self.post_per_layer_norm
         if following is None:
-            return k_.add_norm(h, down, self.post_ff_norm, eps, self.layer_scalar), None
+            return k_.add_norm(h, down, post, eps, self.layer_scalar), None
         return k_.add_norm(
             h,
             down,
-            self.post_ff_norm,
+            post,
             eps,
             self.layer_scalar,
             next_weight=following.input_norm,
@@ -336,30 +362,39 @@ class Gemma4Text(nn.Module):
         if plan.media is not None:  # media placeholders take their embeddings, unscaled (A.14.1)
             rows, embedded = plan.media
             h = h.index_copy(0, rows, embedded.to(h.dtype))
-        if plan.kernel is not None and self.runs_fused():  # each layer hands the next its normed input
+        fused = plan.kernel is not None and self.runs_fused()
+        per_layer = self.per_layer_inputs(token_ids, h, plan, fused) if self.cfg.per_layer_size else None
+        shared: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        if fused:  # each layer hands the next its normed input
             x = None
             for i, layer in enumerate(self.layers):
                 following = self.layers[i + 1] if i + 1 < len(self.layers) else None
-                h, x = layer._forward_fused(h, plan, x, following)
+                mine = None if per_layer is None else per_layer[:, i]
+                h, x = layer._forward_fused(h, plan, x, following, mine, shared)
             return h
-        per_layer = self.per_layer_inputs(token_ids, h, plan) if self.cfg.per_layer_size else None
         ropes = {kind: self._rope(spec, plan.positions, h.dtype) for kind, spec in self._rope_specs.items()}
-        shared: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, ropes[layer.spec.is_sliding], plan, None if per_layer is None else per_layer[:, i], shared)
         return h
 
-    def per_layer_inputs(self, token_ids: torch.Tensor, h: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    def per_layer_inputs(
+        self, token_ids: torch.Tensor, h: torch.Tensor, plan: AttentionPlan, fused: bool = False
+    ) -> torch.Tensor:
         """Every layer's per-layer inputs [N, layers, size] (E2B/E4B), as transformers computes them: the token's
         row of the per-layer table scaled by sqrt(size) (a media placeholder looks up the pad token's row), plus
-        the input embeddings ``h`` projected, scaled by 1/sqrt(hidden) and normed per layer, times 1/sqrt(2)."""
-        cfg, n = self.cfg, token_ids.shape[0]
+        the input embeddings ``h`` projected, scaled by 1/sqrt(hidden) and normed per layer, times 1/sqrt(2).
+        ``fused`` (the GPU path): the norm is the row-wise `norm_rows` kernel, whose rows never depend on the
+        others (torch's GPU reductions split a row by the number of rows)."""
+        cfg, n, size = self.cfg, token_ids.shape[0], self.cfg.per_layer_size
         if plan.media is not None:
             token_ids = token_ids.index_fill(0, plan.media[0], cfg.pad_token_id)
-        table = self.embed_per_layer(token_ids) * torch.tensor(cfg.per_layer_size**0.5, dtype=h.dtype)
+        table = self.embed_per_layer(token_ids) * torch.tensor(size**0.5, dtype=h.dtype)
         projected = _plain_mm(h, self.per_layer_model_proj.weight) * cfg.hidden_size**-0.5
-        projected = rms_norm(projected.view(n, -1, cfg.per_layer_size), self.per_layer_proj_norm, cfg.rms_norm_eps)
-        return (projected + table.view(n, -1, cfg.per_layer_size)) * 2.0**-0.5
+        if fused:
+            normed = kernels().norm_rows(projected.reshape(-1, size), self.per_layer_proj_norm, cfg.rms_norm_eps)
+        else:
+            normed = rms_norm(projected.view(n, -1, size), self.per_layer_proj_norm, cfg.rms_norm_eps)
+        return (normed.view(n, -1, size) + table.view(n, -1, size)) * 2.0**-0.5
 
     def image_attention(self, mode: int) -> None:
         """How an image's placeholders attend to each other (engine spec A.14.6, `MediaConfig.bidirectional`): on every
@@ -389,8 +424,6 @@ class Gemma4Text(nn.Module):
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer
         (what `DecoderLayer.fused` asks of each layer)."""
-        if self.cfg.per_layer_size or any(spec.kv_shared for spec in self.cfg.layers):
-            return False  # the fused kernels know neither per-layer inputs nor shared keys (E2B/E4B)
         return self.embed.weight.dtype == torch.bfloat16 and all(layer.observer is None for layer in self.layers)
 
     def _rope(self, spec: LayerSpec, positions: torch.Tensor, dtype: torch.dtype):

@@ -323,12 +323,12 @@ def prepare_qkv(
     """q [N, H, D], k and v [N, Hkv, D] from the fused projection: normed, q and k rotated (views of one buffer).
 
     ``positions`` int32 [N]; ``inv_freq`` fp32 [D/2] (zeros for pairs that do not rotate); ``weights`` from
-    `qkv_norm_weights`.
+    `qkv_norm_weights`. ``kv_heads`` 0: the projection holds queries only (a KV-shared layer), k and v are empty.
     """
     n = qkv.shape[0]
     out = torch.empty((n, heads + 2 * kv_heads, head_dim), dtype=torch.bfloat16, device=qkv.device)
     if n:
-        _qkv_kernel[(n, 3)](
+        _qkv_kernel[(n, 3 if kv_heads else 1)](
             qkv,
             positions,
             inv_freq,

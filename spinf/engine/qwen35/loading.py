@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from spinf.engine.qwen35.config import read_qwen35_config
 from spinf.engine.qwen35.model import Qwen35Text, load_qwen35
 from spinf.engine.qwen35.outliers import missing_table_error, read_outliers
 from spinf.errors import ModelError
+
+if TYPE_CHECKING:
+    from spinf.engine.qwen35.int4 import GptqConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,7 @@ def load_for_engine(
         gptq = int4.read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
         if not scheme.startswith(INT4_PREFIX):
             raise ModelError(f"{folder}: an int4 GPTQ checkpoint runs in the modes i8, f16, fp8, bf16, not {scheme}")
+        log.info("GPTQ int4 %s, run as %s", _groups_text(gptq), scheme)  # its real group, whatever the format's name
         mode = scheme.removeprefix(INT4_PREFIX)
         outliers = None
         if mode == "i8":
@@ -93,6 +98,17 @@ def load_for_engine(
     if head is not None:
         model.readout = head.to(device)
     return model
+
+
+def _groups_text(gptq: GptqConfig | None) -> str:
+    """How the log names a GPTQ checkpoint's groups (`INT4_FORMAT` is one name for every group size)."""
+    from spinf.engine.qwen35.int4 import WHOLE_ROW
+
+    if gptq is None:
+        return "with no quantization_config (groups from the scales' shape)"
+    if gptq.group_size == WHOLE_ROW:
+        return "in whole-row groups (group_size -1)"
+    return f"in groups of {gptq.group_size} inputs"
 
 
 def _check_float(folder: Path, weight_format: str) -> None:

@@ -9,6 +9,7 @@ answers as the engine in-process."""
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -186,3 +187,16 @@ def test_a_group_128_folder_served_by_path_answers_as_in_process(written, tmp_pa
         assert answer.json()["results"] == Engine(str(folder), device="cpu").score(BODY)["results"]
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("group", "said"), [(128, "in groups of 128 inputs"), (-1, "in whole-row groups (group_size -1)")]
+)
+def test_the_start_up_log_names_the_checkpoint_s_own_group(written, group, said, caplog):
+    """Every group size goes by one format name (``gptq-int4-g32``, the manifests'), shown nowhere; the log says
+    the group the checkpoint has."""
+    folder, _ = written[group]
+    with caplog.at_level(logging.INFO, logger="spinf.engine.qwen35.loading"):
+        engine = Engine(str(folder), device="cpu", quant="f16")
+    assert engine.quant == "int4-f16"
+    assert f"GPTQ int4 {said}, run as int4-f16" in caplog.messages
