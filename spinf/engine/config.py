@@ -9,9 +9,10 @@ Two layouts are served: the "unified" 12B (``gemma4_unified``) and the 31B (``ge
 under ``model.language_model.``; the vision tower's weights beside them (``model.vision_tower.``,
 ``model.embed_vision.``) are not read. A bare text config (``gemma4_text``, ``gemma4_unified_text``) has its
 weights under ``model.``. The small models (E2B/E4B) bring per-layer input embeddings (`TextConfig.per_layer_size`)
-and KV-shared layers (`LayerSpec.kv_shared`, with double-wide MLPs there when the config asks). Gemma 4 features
-this decoder does not implement (the 26B's experts, bidirectional text attention) are refused by name rather than
-silently run without.
+and KV-shared layers (`LayerSpec.kv_shared`, with double-wide MLPs there when the config asks). The 26B A4B's
+mixture-of-experts blocks (``enable_moe_block``: `TextConfig.num_experts` experts beside every layer's MLP,
+`LayerSpec.moe`) run in `spinf.engine.moe`. Bidirectional text attention, which this decoder does not implement, is
+refused by name rather than silently run without.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from spinf.errors import ModelError
 
 GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
 GEMMA4_TYPES = ("gemma4_unified", "gemma4")
-# config keys of Gemma 4 features the decoder does not run, with the value that means "off"; a key that is absent
-# takes transformers' default for the model type (gemma4_text turns per-layer embeddings on by default)
-UNSUPPORTED = {"enable_moe_block": (False, "mixture-of-experts blocks (the 26B A4B model)")}
 # transformers' defaults where a key is absent (gemma4_text turns per-layer embeddings on by default)
 DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144}}
 T = TypeVar("T")
@@ -49,6 +47,7 @@ class LayerSpec:
     # last ``num_kv_shared_layers`` layers of the E2B/E4B models)
     kv_shared: bool = False
     wide_mlp: bool = False  # the MLP is twice ``intermediate_size`` wide (``use_double_wide_mlp``, shared layers)
+    moe: bool = False  # experts beside the MLP (``enable_moe_block``, the 26B A4B: `spinf.engine.moe`)
 
 
 @attrs.frozen
@@ -69,6 +68,10 @@ class TextConfig:
     per_layer_size: int = 0
     per_layer_vocab: int = 0
     pad_token_id: int = 0  # the per-layer table's row for a media placeholder (transformers looks up the pad token)
+    # the mixture-of-experts blocks (26B A4B): experts, how many each token reaches, each expert's MLP width; 0: none
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
 
 
 def read_text_config(folder: str | Path) -> tuple[TextConfig, str]:
@@ -93,6 +96,10 @@ def _text_config(raw: dict) -> tuple[TextConfig, str]:
         check_sizes(layer, ("head_dim", "num_kv_heads"))
     if config[0].per_layer_size:
         check_sizes(config[0], ("per_layer_size", "per_layer_vocab"))
+    if any(layer.moe for layer in config[0].layers):
+        check_sizes(config[0], ("num_experts", "top_k_experts", "moe_intermediate_size"))
+        if config[0].top_k_experts > config[0].num_experts:
+            raise ModelError(f"top_k_experts = {config[0].top_k_experts} is more than num_experts")
     return config
 
 
@@ -131,6 +138,7 @@ def parse_text_config(raw: dict) -> TextConfig:
     global_kv = raw.get("num_global_key_value_heads") if k_eq_v else None
     shared = kv_shared_layers(raw, layer_types)
     wide = bool(raw.get("use_double_wide_mlp", False))
+    moe = bool(raw.get("enable_moe_block", False))
     layers = []
     for i, kind in enumerate(layer_types):
         sliding = kind == "sliding_attention"
@@ -151,6 +159,7 @@ def parse_text_config(raw: dict) -> TextConfig:
                 rope_fraction=float(fraction),
                 kv_shared=i in shared,
                 wide_mlp=wide and i in shared,
+                moe=moe,
             )
         )
     defaults = DEFAULTS.get(raw.get("model_type", "gemma4_unified_text"), {})
@@ -173,7 +182,13 @@ def parse_text_config(raw: dict) -> TextConfig:
         if per_layer_size
         else 0,
         pad_token_id=raw.get("pad_token_id") or 0,
+        **(_experts(raw) if moe else {}),
     )
+
+
+def _experts(raw: dict) -> dict[str, int]:
+    """The mixture-of-experts sizes of a config with ``enable_moe_block`` (each checked by `_text_config`)."""
+    return {name: raw.get(name) for name in ("num_experts", "top_k_experts", "moe_intermediate_size")}
 
 
 def kv_shared_layers(raw: dict, layer_types: Sequence[str]) -> set[int]:
@@ -197,12 +212,6 @@ def _ids(value) -> tuple[int, ...]:
 
 
 def check_supported(raw: dict) -> None:
-    """`ModelError` naming the first key of ``raw`` that turns on a Gemma 4 feature this decoder does not run."""
-    model_type = raw.get("model_type", "gemma4_unified_text")
-    defaults = DEFAULTS.get(model_type, {})
-    for key, (off, feature) in UNSUPPORTED.items():
-        value = raw.get(key, defaults.get(key, off))
-        if value not in (off, None):
-            raise ModelError(f"text_config.{key} = {value!r}: {feature} are not supported by this engine")
+    """`ModelError` naming the key of ``raw`` that turns on a Gemma 4 feature this decoder does not run."""
     if raw.get("use_bidirectional_attention") == "all":
         raise ModelError("text_config.use_bidirectional_attention = 'all': only causal text attention is supported")

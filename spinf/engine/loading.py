@@ -24,6 +24,7 @@ from spinf.engine import fp8_static
 from spinf.engine.config import LayerSpec, read_text_config
 from spinf.engine.head import DEFAULT_HEAD, check_mode
 from spinf.engine.model import Gemma4Text
+from spinf.engine.moe import checkpoint_state
 from spinf.engine.schemes import SCHEMES
 from spinf.errors import ModelError
 
@@ -74,6 +75,8 @@ def _layer_state(
         }
     if not spec.kv_shared:
         weights["k_norm"] = raw.pop(f"{p}self_attn.k_norm.weight")
+    if spec.moe:  # the 26B A4B's router and experts
+        weights.update(checkpoint_state(raw, p))
     if f"{p}per_layer_input_gate.weight" in raw:  # E2B/E4B
         weights["per_layer_gate.weight"] = raw.pop(f"{p}per_layer_input_gate.weight")
         weights["per_layer_proj.weight"] = raw.pop(f"{p}per_layer_projection.weight")

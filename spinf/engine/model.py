@@ -35,6 +35,8 @@ from spinf.engine.attention import (
 from spinf.engine.config import LayerSpec, TextConfig
 from spinf.engine.gemm import gpu_mm, row_stable_mm, stable_mm
 from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
+from spinf.engine.moe import MoeBlock
+from spinf.engine.norm import rms_norm
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
 from spinf.engine.schemes import SCHEMES, Scheme
@@ -46,20 +48,6 @@ def kernels():
     from spinf.engine import kernels as module
 
     return module
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Gemma 4's RMSNorm in fp32: ``x / sqrt(mean(x^2) + eps) * weight`` (the weight multiplies directly).
-
-    Written with a square root and a division, which are correctly rounded in every code path, rather than a
-    ``pow(-0.5)`` whose vectorised and scalar CPU versions can differ in the last bit (which would make a row's
-    result depend on where it sits in the tensor).
-    """
-    xf = x.float()
-    out = xf * (1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
-    if weight is not None:
-        out = out * weight.float()
-    return out.type_as(x)
 
 
 def rope_inv_freq(spec: LayerSpec) -> torch.Tensor:
@@ -112,6 +100,7 @@ class DecoderLayer(nn.Module):
         self.wo = nn.Linear(q_out, cfg.hidden_size, bias=False)
         self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * inner, bias=False)
         self.w_down = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.moe = MoeBlock(cfg) if spec.moe else None  # experts beside the MLP (the 26B A4B)
         for name in ("q_norm",) if spec.kv_shared else ("q_norm", "k_norm"):
             self.register_parameter(name, nn.Parameter(torch.ones(spec.head_dim)))
         norms = ["input_norm", "post_attn_norm", "pre_ff_norm", "post_ff_norm"]
@@ -163,6 +152,8 @@ class DecoderLayer(nn.Module):
         h = h + rms_norm(self.linear("wo", a), self.post_attn_norm, self.eps)
         gate, up = self.linear("w_gate_up", rms_norm(h, self.pre_ff_norm, self.eps)).chunk(2, dim=-1)
         mlp = self.linear("w_down", F.gelu(gate, approximate="tanh") * up)
+        if self.moe is not None:
+            mlp = self.moe(h, mlp, self.prefix, self.observer)
         h = h + rms_norm(mlp, self.post_ff_norm, self.eps)
         if per_layer is not None:
             h = h + rms_norm(self.per_layer_projection(h, per_layer), self.post_per_layer_norm, self.eps)
@@ -254,6 +245,8 @@ class DecoderLayer(nn.Module):
             next_scale=self._input_scale("w_gate_up"),
         )
         down = self._gemm("w_down", k_.gelu_mul(self._gemm("w_gate_up", x), self._input_scale("w_down")))
+        if self.moe is not None:
+            down = self.moe.fused(h, down)
         post = self.post_ff_norm
         if per_layer is not None:  # the MLP's residual update, then the per-layer input's is the layer's last
             h = k_.add_norm(h, down, post, eps)
@@ -277,6 +270,8 @@ class DecoderLayer(nn.Module):
             weight = Fp8Weight.from_float(module.weight, self.part_sizes(name))
             self.fp8[name] = (weight, float(scales[self.prefix + name]))
             module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+        if self.moe is not None:
+            self.moe.to_fp8s(scales, self.prefix)
 
     def load_fp8(
         self, state: Mapping[str, torch.Tensor], fp8: Mapping[str, tuple[Fp8Weight, float]], scheme: Scheme | None
@@ -306,7 +301,8 @@ class DecoderLayer(nn.Module):
 
     def stored_weights(self) -> list[object]:
         """The quantized weights the linears read (what a captured CUDA graph holds on to)."""
-        return [weight for weight, _ in self.fp8.values()] + list(self.quantized.values())
+        experts = self.moe.stored_weights() if self.moe is not None else []
+        return [weight for weight, _ in self.fp8.values()] + list(self.quantized.values()) + experts
 
     def part_sizes(self, name: str) -> tuple[int, ...] | None:
         """The output rows of each projection fused into linear ``name`` (q, k[, v]; gate, up), None if unfused:
