@@ -7,7 +7,8 @@ folder (`benchmarks.checkpoint`), calibrated and opened in fp8s as the server op
 call and one call of each job set (`benchmarks.gpu_fast.warm_up`). Per job set, its first body is called
 ``--repeats`` times without the profiler (the median: the call's time as served, and its MFU), then once under
 torch.profiler (CPU and CUDA activity, ``record_shapes``), with the LM head (`Gemma4Text.option_logprobs`, its
-product over the read rows, the soft-capped log-sum-exp and the picks) inside a ``record_function`` range.
+product over the read rows, the soft-capped log-sum-exp and the picks) inside a ``record_function`` range and its
+read rows counted. Each table has a time per pass beside the call's time (the call's time over its passes).
 
 `categorise` reads the Chrome trace back (pure Python, so a CPU test feeds it made-up events): each kernel, copy
 and memset is tied to the host events open when it was launched (the launch's ``correlation``, then the ``cpu_op``
@@ -223,29 +224,36 @@ def _detail(category: str, parts: Counter, launches: int, rows: int, kernels: in
     return f"{kernels} kernels" + (f": {named}" if named else "")
 
 
-def table(rows: list[Row], wall_us: float) -> list[str]:
-    """Markdown rows: category, time, share of ``wall_us``, achieved TFLOP/s (GEMMs), detail; then the totals."""
-    lines = ["| category | time (ms) | share | TFLOP/s | detail |", "|---|---|---|---|---|"]
+def table(rows: list[Row], wall_us: float, passes: int) -> list[str]:
+    """Markdown rows: category, time, time per pass, share of ``wall_us``, achieved TFLOP/s (GEMMs), detail; then
+    the totals."""
+    lines = ["| category | time (ms) | per pass (ms) | share | TFLOP/s | detail |", "|---|---|---|---|---|---|"]
+    each = max(passes, 1)
     for r in rows:
         rate = f"{r.flops / r.us / 1e6:,.0f}" if r.flops and r.us else ""
-        lines.append(f"| {r.category} | {r.us / 1e3:,.2f} | {r.us / wall_us:.1%} | {rate} | {r.detail} |")
+        lines.append(
+            f"| {r.category} | {r.us / 1e3:,.2f} | {r.us / each / 1e3:,.2f} | {r.us / wall_us:.1%} | {rate} | "
+            f"{r.detail} |"
+        )
     gemm = sum(r.us for r in rows if r.category.startswith("GEMM"))
     total = sum(r.us for r in rows)
-    lines.append(f"| all GEMMs (the LM head apart) | {gemm / 1e3:,.2f} | {gemm / wall_us:.1%} |  |  |")
-    lines.append(f"| sum of the rows (overlap counts twice) | {total / 1e3:,.2f} | {total / wall_us:.1%} |  |  |")
+    for what, us in (("all GEMMs (the LM head apart)", gemm), ("sum of the rows (overlap counts twice)", total)):
+        lines.append(f"| {what} | {us / 1e3:,.2f} | {us / each / 1e3:,.2f} | {us / wall_us:.1%} |  |  |")
     return lines
 
 
 @contextlib.contextmanager
-def head_range(model):
-    """``model.option_logprobs`` inside `HEAD_RANGE` while the block runs (an instance attribute over the method)."""
+def head_range(model, read_rows: list[int]):
+    """``model.option_logprobs`` inside `HEAD_RANGE` while the block runs (an instance attribute over the method),
+    each call's read rows (its hidden rows, before the head pads them to whole chunks) appended to ``read_rows``."""
     import torch
 
     method = model.option_logprobs
 
-    def ranged(*args, **kwargs):
+    def ranged(hidden_rows, *args, **kwargs):
+        read_rows.append(hidden_rows.shape[0])
         with torch.profiler.record_function(HEAD_RANGE):
-            return method(*args, **kwargs)
+            return method(hidden_rows, *args, **kwargs)
 
     model.option_logprobs = ranged
     try:
@@ -254,8 +262,9 @@ def head_range(model):
         del model.option_logprobs
 
 
-def profiled_call(call, model, device, trace: Path) -> float:
-    """One call under the profiler (its Chrome trace written to ``trace``); its wall time in microseconds."""
+def profiled_call(call, model, device, trace: Path) -> tuple[float, int]:
+    """One call under the profiler (its Chrome trace written to ``trace``): its wall time in microseconds and the
+    rows its LM head read (0 on the CPU, whose head is another method)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -263,14 +272,15 @@ def profiled_call(call, model, device, trace: Path) -> float:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize(device)
-    with profile(activities=activities, record_shapes=True) as prof, head_range(model):
+    read_rows: list[int] = []
+    with profile(activities=activities, record_shapes=True) as prof, head_range(model, read_rows):
         started = time.perf_counter()
         call()
         if cuda:
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - started
     prof.export_chrome_trace(str(trace))
-    return wall * 1e6
+    return wall * 1e6, sum(read_rows)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -304,20 +314,25 @@ def job_lines(args, engine, name: str, body: dict, peak: float | None, flops_per
     device = engine.device
     unprofiled = [engine_call(engine, body) for _ in range(args.repeats)]
     seconds = statistics.median(c.seconds for c in unprofiled)
-    found = {}
-    wall_us = profiled_call(lambda: found.setdefault("call", engine_call(engine, body)), engine.model, device, trace)
-    call = found["call"]
+    found = []
+
+    def run() -> None:
+        found.append(engine_call(engine, body))
+
+    wall_us, read_rows = profiled_call(run, engine.model, device, trace)
+    call = found[0]
     rows = categorise(json.loads(trace.read_text())["traceEvents"], wall_us)
 
     def mfu(s: float) -> str:
         return f"MFU {call.tokens * flops_per_token / s / (peak * 1e12):.1%}" if peak else "no MFU on the CPU"
 
+    head_rows = f"; the LM head read {read_rows:,} rows" if read_rows else ""  # the CPU's head is another method
     head = (
         f"**{name}** (its first body): {call.questions:,} questions, {call.tokens:,} tokens run in {call.passes} "
         f"passes; call {seconds * 1e3:,.1f} ms unprofiled (median of {args.repeats}, {mfu(seconds)}), "
-        f"{wall_us / 1e3:,.1f} ms under the profiler ({mfu(wall_us / 1e6)}); shares of the profiled call"
+        f"{wall_us / 1e3:,.1f} ms under the profiler ({mfu(wall_us / 1e6)}){head_rows}; shares of the profiled call"
     )
-    return ["", head, "", *table(rows, wall_us)]
+    return ["", head, "", *table(rows, wall_us, call.passes)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,18 +8,21 @@ every weight; whole sequences must match transformers' forward within 1e-4, the 
 plain-transformers oracle (tests/engine/oracle.py), its generation the extraction reference, and a question's
 numbers must not depend on what shares its pass; ``spinf-serve serve FOLDER`` must answer ``/v1/score`` with the
 engine's numbers. In the Hub's layout (a vision tower beside), image rows must match transformers' handling of
-their per-layer inputs. The GPU path refuses these checkpoints by name.
+their per-layer inputs. Files in the Hub's layout also hold keys' and values' weights for the KV-shared layers,
+which nothing reads: the loader leaves them unread. The GPU path: tests/engine/test_gpu_small_gemma.py.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import attrs
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
 from spinf import Engine
@@ -128,9 +131,22 @@ def test_a_kind_without_a_producer_is_refused():
         parse_text_config(raw)
 
 
-def test_the_gpu_path_refuses_by_name(folder):
-    with pytest.raises(ModelError, match=r"KV-shared layers \(the Gemma 4 E2B/E4B models\) run on the CPU only"):
-        load_gemma4_text(folder, device="cuda")
+def test_the_unread_weights_of_shared_layers_in_hub_files_are_left_unread(folder, models, tmp_path):
+    """The Hub's E2B/E4B files keep k/v projections and k norms in the shared layers (transformers skips them on
+    load); the same model with them added loads to the same weights."""
+    ours, _ = models
+    hub = tmp_path / "hub-layout"
+    shutil.copytree(folder, hub)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open is no dict
+    for shared, producer in {5: 2, 6: 4, 7: 2}.items():  # a layer of the same kind gives the shapes
+        for name in ("k_proj", "v_proj", "k_norm"):
+            source = tensors[f"model.layers.{producer}.self_attn.{name}.weight"]
+            tensors[f"model.layers.{shared}.self_attn.{name}.weight"] = torch.randn_like(source)
+    save_file(tensors, hub / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_gemma4_text(hub)
+    assert loaded.state_dict().keys() == ours.state_dict().keys()
+    assert all(torch.equal(t, ours.state_dict()[k]) for k, t in loaded.state_dict().items())
 
 
 def test_the_layers_setting_keeps_the_first_layers_per_layer_inputs(folder, models):
