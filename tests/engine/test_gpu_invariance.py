@@ -30,13 +30,20 @@ def cuda_engine(scheme: str, tiny_cache) -> Engine:
 
     engine = Engine("tiny", device="cuda", cache_dir=tiny_cache)
     engine.model.to(torch.bfloat16)  # the fused path runs bf16 activations
-    if scheme == "fp8s":
-        if torch.cuda.get_device_capability() < (8, 9):
-            pytest.skip("fp8 needs compute capability 8.9")
-        recorder = AmaxRecorder()
-        with engine.model.observing(recorder.observe):
-            engine.score(body(other_questions(30) + TARGETS, [("a", CONTENT), ("b", OTHER)]))
-        engine.model.to_fp8s(recorder.scales())
+    return to_fp8s(engine) if scheme == "fp8s" else engine
+
+
+def to_fp8s(engine: Engine) -> Engine:
+    """``engine``'s linears in fp8s, with scales calibrated on a few questions (skipped below compute capability
+    8.9); the engine."""
+    import torch
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9")
+    recorder = AmaxRecorder()
+    with engine.model.observing(recorder.observe):
+        engine.score(body(other_questions(30) + TARGETS, [("a", CONTENT), ("b", OTHER)]))
+    engine.model.to_fp8s(recorder.scales())
     return engine
 
 

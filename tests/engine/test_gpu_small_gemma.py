@@ -28,14 +28,12 @@ from spinf import Engine
 from spinf.engine.attention import AttentionPlan
 from spinf.engine.layout import build_pass
 from spinf.engine.loading import load_gemma4_text
-from spinf.engine.quant import AmaxRecorder
 from spinf.engine.scorer import attention_plan
 from spinf.engine.trie import Job
 from tests.engine import test_gpu_extraction as gpu_extraction
 from tests.engine import test_gpu_graphs as gpu_graphs
 from tests.engine import test_gpu_invariance as gpu_invariance
 from tests.engine.test_gemma4_small import TEXT, WINDOW, folder  # noqa: F401 - the checkpoint folder fixture
-from tests.engine.test_independence import CONTENT, TARGETS, body, other_questions
 from tests.engine.test_schemes import errors, logprobs
 
 triton = pytest.importorskip("triton")
@@ -121,14 +119,7 @@ def gpu_engine(request, folder):  # noqa: F811
     """The engine on the folder on CUDA in bf16, or in fp8s with linears calibrated on a few questions (as
     test_gpu_invariance.py's ``cuda_engine``); the names the shared GPU tests below ask for."""
     engine = Engine(str(folder), device="cuda", quant="bf16")
-    if request.param == "fp8s":
-        if torch.cuda.get_device_capability() < (8, 9):
-            pytest.skip("fp8 needs compute capability 8.9")
-        recorder = AmaxRecorder()
-        with engine.model.observing(recorder.observe):
-            engine.score(body(other_questions(30) + TARGETS, [("a", CONTENT), ("b", gpu_invariance.OTHER)]))
-        engine.model.to_fp8s(recorder.scales())
-    return engine
+    return gpu_invariance.to_fp8s(engine) if request.param == "fp8s" else engine
 
 
 @pytest.mark.gpu
