@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import platform
 import statistics
@@ -298,7 +299,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     p.add_argument("--max-inputs", type=int, default=None, help="keep only the first N inputs of each body")
     p.add_argument("--repeats", type=int, default=3, help="unprofiled calls per job set (their median is shown)")
-    p.add_argument("--trace-dir", type=Path, default=None, help="keep each job set's Chrome trace here")
+    p.add_argument("--trace-dir", type=Path, default=None, help="keep each job set's Chrome trace here, gzipped")
     p.add_argument(
         "--results", type=Path, nargs="?", const=RESULTS, default=None, help="append the tables (to RESULTS.md)"
     )
@@ -348,15 +349,18 @@ def main(argv: list[str] | None = None) -> None:
     peak = fp8_peak_tflops(device)
     lines: list[str] = []
     with work_dir(args.work) as root, tempfile.TemporaryDirectory(prefix="spinf-breakdown-") as temporary:
-        traces = args.trace_dir or Path(temporary)
-        traces.mkdir(parents=True, exist_ok=True)
+        if args.trace_dir is not None:
+            args.trace_dir.mkdir(parents=True, exist_ok=True)
         jobs = read_jobs(args)
         bench = Bench(args, jobs, device, model_config(args), root, Report(None), peak, vision=model_vision(args))
         engine, setup = load_engine(args, bench)
         warm = warm_up(engine, jobs, device)
         print(f"{setup}; warm-up {warm:.1f} s", flush=True)
         for name, bodies in jobs.items():
-            new = job_lines(args, engine, name, bodies[0], peak, bench.flops_per_token, traces / f"{name}.json")
+            trace = Path(temporary) / f"{name}.json"
+            new = job_lines(args, engine, name, bodies[0], peak, bench.flops_per_token, trace)
+            if args.trace_dir is not None:  # for chrome://tracing or Perfetto, which read it gzipped
+                (args.trace_dir / f"{name}.json.gz").write_bytes(gzip.compress(trace.read_bytes()))
             print(*new, sep="\n", flush=True)
             lines += new
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")

@@ -3,6 +3,8 @@ CPU smoke run end to end."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import subprocess
 import sys
@@ -167,4 +169,5 @@ def test_the_cpu_smoke_run_appends_its_tables(tmp_path):
     assert re.search(
         r"^\| host gaps \(GPU idle\) \| [\d.,]+ \| [\d.,]+ \| 100\.0% \|  \| no GPU activity \|$", text, re.M
     )
-    assert (tmp_path / "traces" / "J1.json").stat().st_size > 0
+    trace = json.loads(gzip.decompress((tmp_path / "traces" / "J1.json.gz").read_bytes()))
+    assert any(e.get("name") == "aten::embedding" for e in trace["traceEvents"])
