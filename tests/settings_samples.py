@@ -20,6 +20,7 @@ SAMPLES: dict[str, tuple[object, object]] = {
     "token_budget": (8192, 4096),
     "max_tokens": (32768, 16384),
     "floor_cache": (1000, 0),
+    "max_pass_s": (2.0, 0.0),
     "lm_head": ("fp32", "bf16"),
     "compile": (False, True),
     "warmup": ("short", "none"),

@@ -198,10 +198,10 @@ def test_a_value_a_higher_layer_overrides_is_still_checked():
         (
             "[engine.extra]\nx = 1\n",
             "engine.extra ({path}:1): unknown key; did you mean features.extraction? [engine] takes model, device, "
-            "quant, model_dir, token_budget, max_tokens, floor_cache, lm_head, compile, warmup, served_model, "
-            "model_id, revision, cache_dirs, layers, decode_budget_gib, decoder_budget_gib, x_cuda_graphs, "
-            "stack_options, capture_budget_gib, x_batched, prefetch, lm_rows, align_jobs, lm_fixed_rows, "
-            "min_stream, fp8s_monitor_every, deterministic_compile, x_beam",
+            "quant, model_dir, token_budget, max_tokens, floor_cache, max_pass_s, lm_head, compile, warmup, "
+            "served_model, model_id, revision, cache_dirs, layers, decode_budget_gib, decoder_budget_gib, "
+            "x_cuda_graphs, stack_options, capture_budget_gib, x_batched, prefetch, lm_rows, align_jobs, "
+            "lm_fixed_rows, min_stream, fp8s_monitor_every, deterministic_compile, x_beam",
         ),
         (
             "port = 9000\n[server]\nport = 9001\n",

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 DEFAULT_FLOOR_CACHE = 65_536
+DEFAULT_MAX_PASS_S = 0.5  # the settings table's default, for in-process callers
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
@@ -126,6 +127,7 @@ class Engine:
         decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
         decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
         decode_graphs: bool = True,
+        max_pass_s: float = DEFAULT_MAX_PASS_S,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -276,6 +278,7 @@ class Engine:
             self.shape = attrs.evolve(
                 self.shape, capture_tokens=self.extractor.capture_tokens(), capture_cost=self.extractor.cost
             )
+        self.max_pass_s = max_pass_s  # the time bound of a call's pass (spinf.engine.scheduler)
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
 
@@ -315,6 +318,7 @@ class Engine:
             share_passes=share_passes,
             floor_cache=floor_cache,
             extractor=self.extractor,
+            max_pass_s=self.max_pass_s,
         )
 
     @classmethod
@@ -341,6 +345,7 @@ class Engine:
             decode_budget_gib=engine.decode_budget_gib,
             decoder_budget_gib=engine.decoder_budget_gib,
             decode_graphs=engine.x_cuda_graphs,
+            max_pass_s=engine.max_pass_s,
         )
 
     @property

@@ -7,6 +7,8 @@ and call `EngineLoop.step` until it is done. One step, in the order that keeps t
 2. host work while the device runs the pass launched last: parse and compile waiting calls, one input of each in
    turn, until the next pass's worth of jobs waits (`Scheduler.target_tokens`) or nothing is left to compile;
 3. the scheduler (pure policy) picks the next pass and the runner (`Scorer`, which decides nothing) launches it;
+   while calls are in the loop a pass keeps to ``max_pass_s`` (`Scheduler.pass_budget`), so none waits long behind
+   another's;
 4. the oldest pass is read back once another is queued behind it (or when nothing else can go; at once where the
    runner does not overlap the host, as on the CPU, whose passes are done when launched), and its values
    are routed to their calls; an input whose jobs are all read gets its ``results`` entry at once, and a call whose
@@ -79,13 +81,17 @@ class EngineLoop:
         share_passes: bool,
         floor_cache: int = 0,
         extractor: Extractor | None = None,
+        max_pass_s: float = 0.0,
     ):
         self.scorer, self.tokenizer, self.shape = scorer, tokenizer, shape
         self.extractor = extractor  # decodes extraction slots (`spinf.engine.extractor`); None: none come
         self._parse, self._respond, self._on_failure = parse, respond, on_failure
         self.share_passes = share_passes
         self.scheduler = Scheduler(
-            shape.token_budget, share_passes=share_passes, capture_budget=shape.capture_tokens if extractor else 0
+            shape.token_budget,
+            share_passes=share_passes,
+            capture_budget=shape.capture_tokens if extractor else 0,
+            max_pass_s=max_pass_s,
         )
         self.floor_cache = FloorCache(floor_cache if share_passes else 0)
         self.compile_cache = CompileCache()  # content-free, so shared by every call whatever the scheme
@@ -141,10 +147,12 @@ class EngineLoop:
         """One step (module docstring); the works finished in it, failed and dropped ones included."""
         with hostgc.paused():
             self._drop_abandoned()
-            self._compile_until(self.scheduler.target_tokens(len(self._in_flight)))
+            bounded = any(isinstance(work, Call) for work in self._works)  # calls' passes keep to max_pass_s
+            self._compile_until(self.scheduler.target_tokens(len(self._in_flight), bounded=bounded))
             launched = False
-            if self.scheduler.can_schedule(in_flight=len(self._in_flight), more_coming=bool(self._compiling)):
-                launched = self._launch(self.scheduler.schedule())
+            more_coming = bool(self._compiling)
+            if self.scheduler.can_schedule(in_flight=len(self._in_flight), more_coming=more_coming, bounded=bounded):
+                launched = self._launch(self.scheduler.schedule(bounded=bounded))
             overlapped = MAX_IN_FLIGHT if self.scorer.overlaps else 1
             if len(self._in_flight) >= overlapped or (self._in_flight and not launched):
                 self._collect(self._in_flight.popleft())
@@ -270,6 +278,7 @@ class EngineLoop:
         self._tokens += done.pending.num_tokens
         self._busy_s += busy
         self.pass_log.append((done.pending.num_tokens, busy))
+        self.scheduler.ran(done.pending.num_tokens, busy)
         members = done.members
         for (k, node, token), value in values.items():
             w = members[k]

@@ -181,6 +181,14 @@ SETTINGS: tuple[Setting, ...] = (
     _row("token_budget", _E, Integer(1, multiple=128), 16_384, "most tokens in one pass", "--token-budget"),
     _row("max_tokens", _E, Integer(1, multiple=128), 65_536, "the engine's largest input", "--max-tokens"),
     _row("floor_cache", _E, Integer(0), 65_536, "floor reads kept across requests (0 = none)", "--floor-cache"),
+    _row(
+        "max_pass_s",
+        _E,
+        Number(0.0),
+        0.5,
+        "seconds one pass of calls may take, at the last pass's pace (0 = the token budget only)",
+        "--max-pass-s",
+    ),
     _row("lm_head", _E, Text(choices=("bf16", "f32out", "fp32")), "f32out", "LM-head precision", "--lm-head"),
     _row("compile", _E, Switch(), True, "CUDA graphs for small passes (GPU only)", "--no-compile"),
     _row("warmup", _E, Text(choices=("full", "short", "none")), "full", "warm-up before ready", "--warmup"),
@@ -276,6 +284,7 @@ class EngineSettings:
     token_budget: int = _field("token_budget")
     max_tokens: int = _field("max_tokens")
     floor_cache: int = _field("floor_cache")
+    max_pass_s: float = _field("max_pass_s")
     lm_head: str = _field("lm_head")
     compile: bool = _field("compile")
     warmup: str = _field("warmup")

@@ -80,3 +80,27 @@ def test_each_owners_oldest_job_goes_over_its_share_while_it_fits_the_room_left(
     scheduler.add("c", 1, 100)  # fits c's share, not the room left
     assert [(w.owner, w.index) for w in scheduler.schedule()] == [("a", 0), ("b", 0), ("c", 0)]
     assert sorted((w.owner, w.index) for w in scheduler.schedule()) == [("a", 1), ("a", 2), ("c", 1)]
+
+
+def test_a_bounded_pass_holds_what_the_last_pass_ran_in_max_pass_s():
+    scheduler = Scheduler(1000, share_passes=True, max_pass_s=0.5)
+    for index in range(200):
+        scheduler.add("call", index, 10)
+    assert scheduler.pass_budget() == 1000  # no pace yet: the token budget
+    scheduler.ran(1000, 2.0)  # 2 ms a token: half a second is 250 tokens
+    assert scheduler.pass_budget() == 250 and scheduler.target_tokens(0) == 250
+    assert sum(w.num_tokens for w in scheduler.schedule()) == 250
+    assert sum(w.num_tokens for w in scheduler.schedule(bounded=False)) == 1000  # warm-up: the full budget
+    scheduler.ran(250, 0.05)  # faster than the bound: never past the token budget
+    assert scheduler.pass_budget() == 1000
+
+
+def test_a_job_over_the_time_bound_runs_alone_and_no_bound_means_the_token_budget():
+    scheduler = Scheduler(1000, share_passes=True, max_pass_s=0.1)
+    scheduler.ran(100, 1.0)  # 10 ms a token: 10 tokens in a tenth of a second
+    scheduler.add("call", 0, 400)
+    scheduler.add("call", 1, 5)
+    assert [w.index for w in scheduler.schedule()] == [0]  # over the bound, alone
+    unbounded = Scheduler(1000, share_passes=True)
+    unbounded.ran(100, 1.0)
+    assert unbounded.pass_budget() == 1000
