@@ -17,6 +17,7 @@ from spinf.decisions import MAX_CHOICES, MAX_LEVELS, MAX_QUESTIONS
 from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VALUES, MIN_CHOICES, MIN_LEVELS
 from spinf.protocol.schema import DETAILS, MODES
 from spinf.protocol.schema import components as request_components
+from spinf.settings import Limits
 
 # §2.5: every code, by status. The 404 pack codes belong to GET /v1/packs/{id} and the 404 model_not_served to
 # GET /v1/models/{id}; in a score body they are 400s.
@@ -51,6 +52,7 @@ LIMIT_KEYS = """max_content_tokens max_query_tokens max_prompts_per_input max_pr
 MEDIA = ("image", "audio", "video")
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_ID = r"^scr_[0-9A-HJKMNP-TV-Z]{26}$"
+_DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 RETRY_AFTER = {429: "2", 503: "10 (warming_up, or shutting down) or 60 (model_unavailable)"}
 
 # Small schema builders.
@@ -127,6 +129,44 @@ def described(schema: dict, text: str) -> dict:
 
 STR, BOOL, NULL, ANY = {"type": "string"}, {"type": "boolean"}, {"type": "null"}, {}
 INT, NUM, P = integer(), number(), number(0, 1)
+
+# §4: the request body, as `spinf.protocol.schema` declares it, with what the table cannot hold: the bounds that are
+# settings, and in each object's description the rules a schema cannot state (they read another field, the template,
+# the pack or the model), each with the code it is refused with in parentheses.
+RULES_IN_WORDS = {
+    "ScoreRequest": "Rules across fields: input ids are unique, and so are the shared query ids (duplicate_id); "
+    "an input's query_ids name shared queries (unknown_query_id), and the queries an input gets have distinct ids "
+    "(duplicate_id), at least one (empty_queries); model names the served model (model_not_served); a trusted "
+    "caller's limits lower the bounds below for its call; media parts need a model that reads them and a server "
+    "that allows them (media_not_supported, media_disabled); pack references are checked against the pack "
+    "catalog (unknown_pack, pack_conflict, invalid_field ...).",
+    "Query": "Rules across fields (§4.5-§4.8): the template's slot decides the other fields. A {?} query needs "
+    "options (missing_value), unique after trimming and casefolding unless scoring.case_insensitive is false "
+    "(duplicate_option), and takes no max_tokens, top_k, calibration or generate (invalid_field); an extraction "
+    "slot takes no options, generate only on {*}, top_k and calibration not with generate, max_tokens above 64 "
+    "only with generate (invalid_field). The template has at most 5 distinct placeholders (invalid_template); "
+    'its placeholders and the keys of combinations (or of values, with "all") are the same (missing_value, '
+    'unknown_placeholder); "all" gives at most 1,000 combinations (too_many_combinations) of values of at '
+    "most 256 characters (invalid_field).",
+    "VideoPart": "Rules across fields: the frames' t do not decrease (invalid_field).",
+}
+
+
+def _request_schemas(limits: Limits) -> dict:
+    """The request's components, with the server's limits where a schema bound is a setting (a trusted call may
+    lower them, ScoreRequest's description says) and each object's rules in words."""
+    schemas = request_components()
+    options = schemas["Query"]["properties"]["options"]
+    options["maxItems"] = limits.max_options  # too_many_options (§4.8)
+    options["description"] += f"; at most max_options ({limits.max_options:,} here)"
+    frames = schemas["VideoPart"]["properties"]["video"]["properties"]["frames"]
+    frames |= {"maxItems": limits.max_frames, "description": f"1 to max_frames ({limits.max_frames:,} here)"}
+    for name, rules in RULES_IN_WORDS.items():
+        schemas[name]["description"] = " ".join(filter(None, (schemas[name].get("description"), rules)))
+    stream = described(ANY, "true: the answer as server-sent events; any other value, or none: JSON")
+    schemas["ChatRequest"] |= {"properties": {"stream": stream}}
+    return schemas
+
 
 # §5: the response body.
 
@@ -234,18 +274,30 @@ def _score_response(*, chat: bool) -> dict:
 # D11: POST /v1/decisions, the openai SDK's DecisionCreateParams and Decision (docs/decisions.md).
 
 
+# A character that `str.strip` keeps (Python's whitespace, written out so ECMA-262 reads the class the same way).
+NOT_BLANK = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+DECISION_RULES = (
+    "Rules across fields: a function_call_output's (custom_tool_call_output's) call_id is the call_id of an "
+    "earlier function_call (custom_tool_call) item (invalid_field); the choices' values, and the levels' labels, "
+    'of a question are unique, typed: the string "true" and true differ (duplicate_option). The body is then '
+    "scored as a /v1/score body (docs/decisions.md), whose refusals come back on this body's params: model names "
+    "the served model (model_not_served), an input_image is a valid image (invalid_media, image_too_large), the "
+    "input and each question within the token limits (content_too_long, template_too_long, option_too_long)."
+)
+
+
 def _decision_schemas() -> dict:
     text = loose({"type": {"const": "input_text"}, "text": STR})
-    image = loose({"type": {"const": "input_image"}, "image_url": STR, "detail?": enum("low", "auto", "high")},
-                  description="a data URL, read as a score body's image_url part where it stands; refused in a "
-                  "question's instructions (400 media_not_supported), and by file_id")  # fmt: skip
+    image = loose({"type": {"const": "input_image"}, "image_url": STR, "detail?": nullable(enum(*DETAILS))},
+                  description="a data URL, read as a score body's image_url part where it stands; not a file_id "
+                  "(400 media_not_supported)")  # fmt: skip
     data = {"anyOf": [{"type": "object"}, array({"type": "object"})]}
     json_part = loose({"type": {"const": "input_json"}, "data": data}, description=(
         f"rendered as compact JSON; at most {JSON_MAX_DEPTH} container levels, {JSON_MAX_VALUES:,} values and "
         f"{JSON_MAX_BYTES // 1024} KiB"))  # fmt: skip
     parts = {"user": [text, image, json_part], "developer": [text], "system": [text]}
-    output_text = loose({"type": enum("output_text", "refusal"), "text?": STR, "refusal?": STR})
-    parts["assistant"] = [output_text]
+    parts["assistant"] = [loose({"type": {"const": "output_text"}, "text": STR}),
+                          loose({"type": {"const": "refusal"}, "refusal": STR})]  # fmt: skip
     messages = [
         loose(
             {"type?": {"const": "message"}, "role": {"const": role}, "content": {"anyOf": [STR, array({"oneOf": p})]}}
@@ -262,11 +314,12 @@ def _decision_schemas() -> dict:
         loose({"type": {"const": "custom_tool_call"}, **same(STR, "call_id name input"), **namespace}),
         loose({"type": {"const": "custom_tool_call_output"}, "call_id": STR, "output": tool_output}),
     ]
-    instructions = {"anyOf": [string(1), array({"oneOf": [text, image, json_part]}, 1)]}
+    # text only: the instructions become a prompt template (an input_image there is 400 media_not_supported)
+    instructions = {"anyOf": [string(pattern=NOT_BLANK), array({"oneOf": [text, json_part]}, 1)]}
     value = {"anyOf": [STR, BOOL]}
-    choice = loose({"value": value, "description?": STR})
-    level = loose({"label": STR, "description?": STR})
-    head = {"instructions": instructions, "name?": STR}
+    choice = loose({"value": value, "description?": nullable(STR)})
+    level = loose({"label": STR, "description?": nullable(STR)})
+    head = {"instructions": instructions, "name?": nullable(STR)}
     question = {"oneOf": [
         loose({"type": {"const": "predicate"}, **head}),
         loose({"type": {"const": "choice"}, **head, "choices": array(choice, MIN_CHOICES, MAX_CHOICES)}),
@@ -279,7 +332,8 @@ def _decision_schemas() -> dict:
             "questions": array(question, 1, MAX_QUESTIONS),
             **same(nullable(STR), "prompt_cache_key? safety_identifier?"),
             "prompt_cache_options?": described(nullable({"type": "object"}), "accepted and ignored"),
-        }
+        },
+        description=DECISION_RULES,
     )
     named = {"name": nullable(STR)}
     answer = {"oneOf": [
@@ -547,8 +601,9 @@ def _paths() -> dict:
     return paths
 
 
-def openapi_document(version: str) -> dict:
-    """The OpenAPI 3.1 document of the server whose version is ``version``."""
+def openapi_document(version: str, limits: Limits = _DEFAULT_LIMITS) -> dict:
+    """The OpenAPI 3.1 document of the server whose version is ``version`` and whose request ``limits`` are these
+    (the defaults when not given)."""
     description = (
         "Scoring server for decision models. Every response carries X-Request-Id. An unknown path is a 404 not_found "
         "and a known path with another method a 405 method_not_allowed with an Allow header (components Error404 "
@@ -557,7 +612,10 @@ def openapi_document(version: str) -> dict:
         "not valid HTTP/1.1 gets 400, 431, 501 or 505 with code invalid_http (components Error400, Error431, "
         "Error501, Error505) and its connection is closed, on any path. On any path too, before the body is read: a "
         "Host the server does not answer to or an Origin not allowed is a 403 (Error403; the probes answer any "
-        "Host), and a body sent with an Origin but not as JSON a 415 (Error415)."
+        "Host), and a body sent with an Origin but not as JSON a 415 (Error415). Request bodies: an integer "
+        "field takes no fraction, not even 16.0 (JSON Schema cannot tell it from 16; invalid_field), a number "
+        "of more than 4,300 digits is not read (invalid_json), and an object's rules across fields are in its "
+        "description."
     )
     request_id = {"description": "scr_ and a 26-character ULID", "schema": string(pattern=REQUEST_ID)}
     return {
@@ -565,7 +623,7 @@ def openapi_document(version: str) -> dict:
         "info": {"title": "spinf-serve", "version": version, "description": description},
         "paths": _paths(),
         "components": {
-            "schemas": {**request_components(), **_response_schemas(), **_decision_schemas(), **_other_schemas()},
+            "schemas": {**_request_schemas(limits), **_response_schemas(), **_decision_schemas(), **_other_schemas()},
             "responses": {f"Error{status}": error(status) for status in _ERROR_DESCRIPTIONS},
             "headers": {"X-Request-Id": request_id},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "the access token"}},

@@ -526,7 +526,7 @@ def run(settings, reload_settings: Callable[[], object] | None = None, sockets: 
 
         return Engine.from_settings(settings)
 
-    document = openapi_document(__version__)
+    document = openapi_document(__version__, settings.limits)
     start_signals.hold_stops()  # from here a SIGTERM is the drain controller's, not an exception in the event loop
     return trio.run(
         functools.partial(

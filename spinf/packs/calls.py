@@ -13,7 +13,6 @@ Every refusal is a 400 `ApiError` with the code and param path of §4.10.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -24,6 +23,7 @@ from spinf.packs.contexts import ParameterError, context_texts, wrap_messages
 from spinf.packs.packfile import PackFile
 from spinf.packs.repository import LoadedPack
 from spinf.protocol.request import MEDIA_KINDS  # any other part type, and string content, counts as text (§4.10)
+from spinf.protocol.shapes import is_number
 
 REFERENCE_KEYS = ("id", "version", "context", "decision", "include_queries")
 DECISION_KEYS = ("mode", "threshold", "thresholds", "critical")
@@ -166,14 +166,10 @@ def _decision(given: dict | None, pack: PackFile, d: str) -> dict:
     }
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _threshold(value: object, mode: str, param: str) -> float | None:
     if value is None:
         return None
-    if not _is_number(value):
+    if not is_number(value):
         raise _invalid(param, "the threshold must be a finite number")
     if mode == "per_category":
         raise _invalid(param, "per_category decides by the category thresholds; it takes no threshold")
@@ -192,7 +188,7 @@ def _thresholds(value: object, pack: PackFile, param: str) -> dict[str, float | 
     for name, t in value.items():
         if name not in categories:
             raise bad_request("unknown_category", f"{param}.{name}", f"{pack.id} has no category {name!r}")
-        if t is not None and not (_is_number(t) and 0 <= t <= 1):
+        if t is not None and not (is_number(t) and 0 <= t <= 1):
             raise _invalid(f"{param}.{name}", f"the threshold of {name!r} must be a number in [0, 1] or null")
         out[name] = None if t is None else float(t)
     return out

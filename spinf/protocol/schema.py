@@ -32,6 +32,7 @@ from spinf.protocol.shapes import (
     Union,
     named_shapes,
 )
+from spinf.protocol.templates import TEMPLATE_PATTERN
 from spinf.settings import Limits
 
 MAX_ID_CHARS = 128
@@ -124,7 +125,12 @@ QUERY = Named(
         (
             Field("id", String(max_chars=MAX_ID_CHARS), True),
             Field(
-                "template", String(doc=_about("§4.6: literal text, up to 5 {name} placeholders and one slot")), True
+                "template",
+                String(
+                    elsewhere={"pattern": TEMPLATE_PATTERN},  # invalid_template, step 13
+                    doc=_about("§4.6: literal text, up to 5 distinct {name} placeholders and one slot"),
+                ),
+                True,
             ),
             Field(
                 "options",
@@ -217,11 +223,20 @@ INPUT = Named(
 MODEL = String(min_chars=1, doc=_about("a name of the served model, matched case-insensitively"))
 ENDPOINT = String(min_chars=1, max_chars=MAX_ID_CHARS)
 # §4.11: each an integer > 0, except max_extractions_per_input >= 0 (the settings' own rules, spinf.settings), or
-# the same number as a string of ASCII digits, as the reference coerces it. The parser checks these itself.
-_DIGITS = {0: "^[0-9]+$", 1: "^0*[1-9][0-9]*$"}
+# the same number as a string of ASCII digits, as the reference coerces it (at most the 4,300 digits Python reads).
+# The parser checks these itself.
+# `$(?!\n)`: Python's `$` also matches before a final newline, which the parser does not take.
+_DIGITS = {0: r"^[0-9]+$(?!\n)", 1: r"^0*[1-9][0-9]*$(?!\n)"}
+_MAX_DIGITS = 4300
 _LIMITS = Object(
     tuple(
-        Field(key, Union((Integer(lo), String(elsewhere={"pattern": _DIGITS[lo]})), expected="an integer"))
+        Field(
+            key,
+            Union(
+                (Integer(lo), String(elsewhere={"pattern": _DIGITS[lo], "maxLength": _MAX_DIGITS})),
+                expected="an integer",
+            ),
+        )
         for key, lo in ((key, 0 if key == "max_extractions_per_input" else 1) for key in Limits.keys())
     ),
     doc=_about(TRUSTED + "; another key is ignored with an ignored_field warning (§5.6)"),

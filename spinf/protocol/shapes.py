@@ -4,8 +4,8 @@ A shape is the schema of a JSON value, declared once and read twice. `Shape.chec
 ``invalid_field`` at the first problem, with the dotted location of that problem as param (an object's fields in
 declaration order, list items by index). `Shape.json_schema` writes the same constraints as JSON Schema 2020-12
 for the OpenAPI document. The types are strict JSON: a bool is not a number, an integer takes no float, numbers are
-finite. JSON Schema cannot tell ``16.0`` from ``16``: that the check refuses the float is the one thing the
-document cannot say.
+finite and within the float range (the document's bounds of every number). JSON Schema cannot tell ``16.0`` from
+``16``: that the check refuses the float is the one thing the document cannot say.
 
 Two keyword maps go into the document unchecked: ``doc`` only annotates (description, default), and ``elsewhere``
 states a constraint that another step enforces with its own code or in its own order (an empty option list is
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator, Mapping
 
 import attrs
@@ -24,6 +25,7 @@ import attrs
 from spinf.errors import ApiError, bad_request
 
 SCHEMAS = "#/components/schemas/"
+FLOAT_MAX = sys.float_info.max
 
 
 def invalid_field(param: str, message: str) -> ApiError:
@@ -35,8 +37,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def is_number(value: object) -> bool:
+    """A JSON number the server computes with: a finite float, or an integer within the float range (a larger one
+    has no float, so `math.isfinite` and `float` raise on it)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= FLOAT_MAX
 
 
 def _bounds(schema: dict, **keywords: object) -> dict:
@@ -129,7 +135,7 @@ class Number(Shape):
     above_lo: bool = False
 
     def check(self, value: object, path: str) -> None:
-        if not _is_number(value) or not self._within(value):
+        if not is_number(value) or not self._within(value):
             bounds = [] if self.lo is None else [f"above {self.lo}" if self.above_lo else f"at least {self.lo}"]
             bounds += [] if self.hi is None else [f"at most {self.hi}"]
             raise invalid_field(path, f"{path} must be a number" + (f", {' and '.join(bounds)}" if bounds else ""))
@@ -139,11 +145,11 @@ class Number(Shape):
         return low and (self.hi is None or value <= self.hi)
 
     def admits(self, value: object) -> bool:
-        return _is_number(value)
+        return is_number(value)
 
     def keywords(self) -> dict:
-        lo = {"exclusiveMinimum" if self.above_lo else "minimum": self.lo}
-        return _bounds({"type": "number"}, **lo, maximum=self.hi)
+        lo = {"exclusiveMinimum" if self.above_lo else "minimum": -FLOAT_MAX if self.lo is None else self.lo}
+        return _bounds({"type": "number"}, **lo, maximum=FLOAT_MAX if self.hi is None else self.hi)
 
 
 @attrs.frozen

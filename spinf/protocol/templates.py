@@ -21,6 +21,13 @@ MAX_PLACEHOLDERS = 5
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 _MARKERS = {"*": Slot.TEXT, "?": Slot.SCORE, "$": Slot.CURRENCY}
+# The grammar above as one JSON Schema pattern (ECMA-262 and Python alike), for the OpenAPI document: a {*} template
+# (any placeholder before it, {n} included; after it literal text without a newline), or {n}, {$} or {?} last with
+# no {n} before it. It cannot count distinct names, so the limit of 5 stays in words. `$(?!\n)` ends the string in
+# both dialects: Python's `$` also matches before a final newline.
+_LITERAL, _STOP = r"[^{}]|\{\{|\}\}", r"[^{}\n]|\{\{|\}\}"
+_NAMED, _NOT_N = r"\{[A-Za-z0-9_]+\}", r"\{(?!n\})[A-Za-z0-9_]+\}"
+TEMPLATE_PATTERN = rf"^(?:(?:{_LITERAL}|{_NAMED})*\{{\*\}}(?:{_STOP})*|(?:{_LITERAL}|{_NOT_N})*\{{[n$?]\}})$(?!\n)"
 
 
 def parse_template(text: str, path: str) -> Template:

@@ -1,14 +1,24 @@
-"""The schemathesis check of api spec §2.5, loaded into ``schemathesis run`` through ``SCHEMATHESIS_HOOKS``.
+"""The schemathesis checks of api spec §2.5 and D7, loaded into ``schemathesis run`` through ``SCHEMATHESIS_HOOKS``.
 
 `error_envelope` is written from the spec's table, not from the OpenAPI document, so a document that drifted from
-the spec together with the server would still fail it. `tests/server/test_schemathesis.py` runs it.
+the spec together with the server would still fail it. `bodies_as_documented` holds the three scoring routes to
+their request schemas in both directions (issue 33 item 9): it validates the body as sent against the document the
+server serves, whatever mode schemathesis generated it in. A body the schema accepts is never refused for its shape
+(a code of `SHAPE_CODES`) unless for a rule the document states in words (`IN_WORDS`); a body it refuses gets a 4xx.
+`tests/server/test_schemathesis.py` runs them.
 """
 
 from __future__ import annotations
 
+import json
+import re
+
 import schemathesis
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from spinf.openapi import ERROR_CODES
+from tests.protocol.document import Strict
 
 TRUSTED = "Bearer boss"  # the trusted token test_schemathesis starts the server with
 # §2.5: the error type of each status; any other 5xx is api_error, any other status invalid_request.
@@ -38,3 +48,76 @@ def error_envelope(ctx, response, case) -> None:
     assert body["request_id"] == response.headers["x-request-id"][0], body
     if rejected:
         assert body["rejected"] == {key: error[key] for key in ("code", "message", "param")}, body
+
+
+SCORING = ("/v1/score", "/v1/chat/completions", "/v1/decisions")
+SERVED = "tiny"  # the served model's alias (test_schemathesis serves spinf/tiny-gemma4)
+# The codes of what a schema states: api spec §4.12 steps 1-3 and 11, the template grammar (a pattern), and the
+# decisions body's shape.
+SHAPE_CODES = ("invalid_json", "invalid_field", "unsupported_content", "scoring_required", "invalid_template")
+# The shape refusals of rules that the document states in words (an object's description), as (param, message).
+_Q = r"(?:inputs\.\d+\.)?(?:scoring\.)?queries\.\d+"
+IN_WORDS = tuple(
+    (re.compile(param), re.compile(message))
+    for param, message in (
+        (_Q + r"\.template", r"the template has \d+ distinct placeholders; at most \d+"),  # Query
+        (_Q, r".* apply only to extraction slots, not to a \{\?\} query"),
+        (_Q + r"\.options", r"an extraction slot takes no options.*"),
+        (_Q + r"\.generate", r"generate applies only to \{\*\} slots"),
+        (_Q, r"top_k and calibration apply to searched slots.*"),
+        (_Q, r"max_tokens above \d+ needs generate"),
+        (_Q + r"\.combinations\.\d+\..*", r"the value of .* characters; at most \d+"),
+        (r".*\.video\.frames\.\d+\.t", r"frame times must not decrease.*"),  # VideoPart
+        (r"input\.\d+\.call_id", r"no earlier \w+ item has call_id .*"),  # DecisionRequest
+        (r".*\.data", r"data (is nested deeper|holds more|is over) .*"),  # input_json's description
+    )
+)
+_VALIDATORS: dict[tuple[int, str], Strict] = {}
+
+
+def _body_validator(case) -> Strict:
+    """The validator of the operation's JSON body schema, in the document the server serves, with integers read
+    as the parser reads them (16.0 is not one: the one thing a schema cannot say, `tests.protocol.document`)."""
+    document = case.operation.schema.raw_schema
+    key = (id(document), case.operation.path)
+    if key not in _VALIDATORS:
+        registry = Registry().with_resource("urn:served", DRAFT202012.create_resource(document))
+        at = case.operation.path.replace("~", "~0").replace("/", "~1")
+        pointer = f"urn:served#/paths/{at}/post/requestBody/content/application~1json/schema"
+        _VALIDATORS[key] = Strict({"$ref": pointer}, registry=registry)
+    return _VALIDATORS[key]
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs) -> None:
+    """On the scoring routes, a name the server serves for a model that is a non-empty string, so that a body the
+    schema accepts reaches the checks after step 4 (the document names the model in words)."""
+    if case.operation.path in SCORING and isinstance(case.body, dict) and case.body.get("model"):
+        if isinstance(case.body["model"], str):
+            case.body["model"] = SERVED
+
+
+@schemathesis.check
+def bodies_as_documented(ctx, response, case) -> None:
+    """A scoring body the document accepts is not refused for its shape, but for a rule it states in words; a body
+    it refuses is refused with a 4xx."""
+    request = response.request
+    if case.operation.path not in SCORING or "json" not in request.headers.get("Content-Type", ""):
+        return
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        return  # not JSON: the 400 invalid_json of §2.1, which error_envelope checks
+    valid = _body_validator(case).is_valid(body)
+    status = response.status_code
+    if not valid:
+        assert 400 <= status < 500, f"a body the document refuses was answered {status}"
+        return
+    if status != 400:
+        return
+    error = response.json()["error"]
+    if error["code"] not in SHAPE_CODES:
+        return
+    param, message = error["param"] or "", error["message"]
+    stated = any(p.fullmatch(param) and m.fullmatch(message) for p, m in IN_WORDS)
+    assert stated, f"a body the document accepts was refused: {error['code']} at {param!r}: {message}"

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 from referencing import Registry
@@ -17,11 +19,16 @@ from referencing.jsonschema import DRAFT202012
 
 import spinf
 from spinf.catalog import resolve_model
-from spinf.openapi import ERROR_CODES, openapi_document
+from spinf.decisions import plan_decisions
+from spinf.errors import ApiError
+from spinf.openapi import DECISION_RULES, ERROR_CODES, RULES_IN_WORDS, openapi_document
+from spinf.protocol.request import parse_score_request
+from spinf.protocol.templates import parse_template
 from spinf.serving import Lifecycle
 from spinf.settings import Limits
 from spinf.supervisor import models_entry_for, running_actors, serve
 from spinf.web import SERVED, WebServices, create_app
+from tests.protocol.bodies import FIXED
 from tests.server.fakes import options
 
 DOC = openapi_document(spinf.__version__)
@@ -313,3 +320,106 @@ async def test_a_failed_load_answers_as_documented(tmp_path, monkeypatch):
             validator.validate(await answer.get_json())
             assert all(h in answer.headers for h, spec in response["headers"].items() if spec.get("required"))
         running.drain.stop()
+
+
+# Issue 33 item 9: the request schemas state what the parsers enforce.
+
+
+def test_the_document_states_the_servers_limits_where_a_bound_is_a_setting():
+    def bounds(doc: dict) -> tuple[int, int]:
+        schemas = doc["components"]["schemas"]
+        frames = schemas["VideoPart"]["properties"]["video"]["properties"]["frames"]
+        return schemas["Query"]["properties"]["options"]["maxItems"], frames["maxItems"]
+
+    assert bounds(DOC) == (Limits().max_options, Limits().max_frames) == (1000, 1024)
+    assert bounds(openapi_document(spinf.__version__, Limits(max_options=7, max_frames=3))) == (7, 3)
+
+
+def test_every_rule_stated_in_words_is_in_its_objects_description():
+    schemas = DOC["components"]["schemas"]
+    for name, rules in RULES_IN_WORDS.items():
+        assert schemas[name]["description"].endswith(rules), name
+    assert schemas["DecisionRequest"]["description"] == DECISION_RULES
+
+
+TEMPLATE = Draft202012Validator(
+    {"$ref": DOC_URI + "#/components/schemas/Query/properties/template"}, registry=REGISTRY
+)
+
+
+def parses(template: str) -> bool:
+    try:
+        parse_template(template, "q")
+    except ApiError as e:
+        return "distinct placeholders" in e.message  # the one rule of the grammar stated in words
+    return True
+
+
+@FIXED
+@given(st.text(st.sampled_from(list("{}?*$n\nab_ ")), max_size=16))
+def test_the_template_pattern_takes_what_the_template_parser_takes(text):
+    assert TEMPLATE.is_valid(text) == parses(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a{?}", "{{x}} {n}", "{a}{b}{n} {$}", "Says {*}. ", "{n} is {*}", "", "a{?}\n", "{?} b", "{?}{n}", "{*}\n", "{}"],
+)
+def test_the_template_pattern_on_cases(text):
+    assert TEMPLATE.is_valid(text) == parses(text)
+
+
+DECISION = Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/DecisionRequest"}, registry=REGISTRY)
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+
+
+def question(**fields) -> dict:
+    return {
+        "model": "tiny",
+        "input": "Refund me.",
+        "questions": [{"type": "predicate", "instructions": "Upset?"} | fields],
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        question(instructions=" \u3000\n"),  # blank: refused although not empty
+        question(instructions=[IMAGE]),  # an image in the instructions
+        question(name=None),
+        question(type="choice", choices=[{"value": "a", "description": None}, {"value": True}]),
+        question(type="score", levels=[{"label": "low"}, {"label": "high", "description": None}]),
+        {**question(), "input": [{"role": "user", "content": [{**IMAGE, "detail": None}]}]},
+        {**question(), "input": [{"role": "assistant", "content": [{"type": "output_text"}]}]},
+        {**question(), "input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]},
+        {**question(), "input": [{"role": "assistant", "content": [{"type": "refusal", "text": "no"}]}]},
+    ],
+)
+def test_the_decisions_schema_takes_what_its_parser_takes(body):
+    try:
+        plan_decisions(body)
+    except ApiError:
+        accepted = False
+    else:
+        accepted = True
+    assert DECISION.is_valid(body) == accepted
+
+
+@pytest.mark.parametrize("where", ["calibration", "generate"])
+def test_a_number_beyond_the_float_range_is_refused_as_the_document_says(where):
+    """Regression: an integer of 400 digits where a number goes was a 500 (``math.isfinite`` overflowed)."""
+    huge = 10**400
+    query = {"id": "q", "template": "Who? {*}", "max_tokens": 4}
+    query |= (
+        {"calibration": {"a": huge}} if where == "calibration" else {"generate": {"temperature": 0, "top_p": huge}}
+    )
+    body = {"messages": [{"content": "x"}], "scoring": {"queries": [query]}}
+    assert not Draft202012Validator(
+        {"$ref": DOC_URI + "#/components/schemas/ScoreRequest"}, registry=REGISTRY
+    ).is_valid(body)
+    with pytest.raises(ApiError) as refused:
+        parse_score_request(body)
+    assert (refused.value.code, refused.value.param) == (
+        "invalid_field",
+        f"scoring.queries.0.{where}.{'a' if where == 'calibration' else 'top_p'}",
+    )
