@@ -7,13 +7,17 @@
 it as it is. A ``gemma4_text`` config (the 31B's, `benchmarks.gemma31b`) is written as a ``gemma4`` checkpoint
 instead, as transformers' ``Gemma4ForConditionalGeneration`` saves one: the text config nested and, given a
 ``vision_config``, the vision tower's random weights under ``model.vision_tower.*`` and ``model.embed_vision.*``,
-which our engine does not read (the reference engine loads unified checkpoints only). The folder's name is its
+which our engine does not read (the reference engine loads unified checkpoints only); the E4B's
+(`benchmarks.gemma_e4b`) too, with its per-layer input weights (``embed_tokens_per_layer``,
+``per_layer_model_projection``, ``per_layer_projection_norm``, and each layer's ``per_layer_input_gate``,
+``per_layer_projection`` and ``post_per_layer_input_norm``) where transformers saves them. The folder's name is its
 revision, a hash of what was written, so a second call in the same run finds the folder done and writes nothing; a
 folder is complete once its ``.complete`` file exists.
 
 The benchmarks serve it the way the server serves a catalog model: `write_manifest` writes a manifest for
-`MODEL_ID` (``bench/gemma31b-random`` for a ``gemma4`` folder: `Folder.model_id`; a catalog model, so its fp8s
-passes are shared across calls and its floors cached, as for the models we ship) into a folder that
+`MODEL_ID` (``bench/gemma31b-random`` for a ``gemma4`` folder, ``bench/gemma-e4b-random`` for the E4B's:
+`Folder.model_id`; a catalog model, so its fp8s passes are shared across calls and its floors cached, as for the
+models we ship) into a folder that
 ``SPINF_MANIFEST_DIRS`` names. On the CPU, where the engine runs catalog models only on a GPU, the folder is opened
 by its path instead (`open_engine`). fp8s needs a scale table: `calibrate_folder` makes one with
 `spinf.engine.calibrate` (what ``spinf-serve calibrate`` runs) on the checkpoint in float precision and ships it in
@@ -55,6 +59,7 @@ SERVED = {
     "gemma4_unified_text": (MODEL_ID, "12B-shaped random checkpoint (benchmarks)"),
     "gemma4_unified_media": ("bench/gemma12b-media-random", "12B-shaped random checkpoint with media embedders"),
     "gemma4_text": ("bench/gemma31b-random", "31B-shaped random checkpoint (benchmarks)"),
+    "gemma4_text_per_layer": ("bench/gemma-e4b-random", "E4B-shaped random checkpoint (benchmarks)"),
 }
 FOLDER_FORMAT = "benchmarks.checkpoint 1"  # part of the revision: bump when the files written change
 PREFIX = "model.language_model."
@@ -220,8 +225,17 @@ def write_checkpoint(
         _write(folder, config, text_config, dtype, media=media, **draw)
         write_s = time.perf_counter() - started
     num_bytes = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    model_id = SERVED["gemma4_unified_media" if media else text_config["model_type"]][0]
-    return Folder(folder, revision, num_bytes, write_s, on_gpu, model_id, media)
+    return Folder(folder, revision, num_bytes, write_s, on_gpu, SERVED[served_key(text_config, media)][0], media)
+
+
+def served_key(text_config: dict[str, Any], media: bool = False) -> str:
+    """Which of `SERVED` a folder is: the text model's type, or the 12B with media, or a ``gemma4_text`` model with
+    per-layer inputs (the E4B, `benchmarks.gemma_e4b`)."""
+    if media:
+        return "gemma4_unified_media"
+    if text_config.get("hidden_size_per_layer_input"):
+        return "gemma4_text_per_layer"
+    return text_config["model_type"]
 
 
 def check_room(root: Path, text_config: dict, dtype: torch.dtype, vision_config: dict | None = None) -> None:

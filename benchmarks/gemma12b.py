@@ -56,13 +56,16 @@ _NORM_STD = 0.1  # Gemma 4 norms multiply by the weight itself, so the weights s
 
 
 def decoder_linear_params(config: dict[str, Any] | TextConfig) -> int:
-    """Weights of the decoder's linear layers (q, k, v, o, gate, up, down); embeddings and norms not counted."""
+    """Weights of the decoder's linear layers (q, k, v, o, gate, up, down; a KV-shared layer's q and o only, and
+    the per-layer inputs' projections of the E2B/E4B); embeddings and norms not counted."""
     cfg = config if isinstance(config, TextConfig) else parse_text_config(config)
-    hidden, inner = cfg.hidden_size, cfg.intermediate_size
-    total = 0
+    hidden = cfg.hidden_size
+    total = 3 * len(cfg.layers) * cfg.per_layer_size * hidden  # the table's projection, each gate and projection
     for spec in cfg.layers:
         q_out, kv_out = cfg.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        total += hidden * (q_out + kv_out * (1 if spec.k_eq_v else 2)) + q_out * hidden + 3 * hidden * inner
+        kv = 0 if spec.kv_shared else kv_out * (1 if spec.k_eq_v else 2)
+        inner = cfg.intermediate_size * (2 if spec.wide_mlp else 1)
+        total += hidden * (q_out + kv) + q_out * hidden + 3 * hidden * inner
     return total
 
 
@@ -137,6 +140,8 @@ def random_tensors(
         t = torch.randn(shape, generator=generator, device=device, dtype=dtype)
         if key == "model.embed_tokens.weight":
             t.mul_(1 / math.sqrt(hidden))
+        elif key == "model.embed_tokens_per_layer.weight":  # unit scale once multiplied by sqrt(its width)
+            t.mul_(1 / math.sqrt(config["hidden_size_per_layer_input"]))
         elif key.endswith("norm.weight"):
             t.mul_(_NORM_STD).add_(1.0)
         else:  # a linear layer: (out_features, in_features)

@@ -46,6 +46,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     truncated,
 )
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b  # noqa: E402
+from benchmarks.gemma_e4b import GEMMA_E4B_TEXT_CONFIG, scaled_e4b, truncated_e4b  # noqa: E402
 from benchmarks.results import RESULTS, revision  # noqa: E402
 from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
@@ -231,9 +232,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", default="J1,J2,J3,J4", help="comma-separated job sets (default: J1,J2,J3,J4)")
     p.add_argument("--baseline", action="store_true", help="also time the transformers baseline")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--shape", choices=SHAPES, default="12b", help="the 12B (default) or the 31B (with its tower)")
+    p.add_argument("--shape", choices=SHAPES, default="12b", help=SHAPE_HELP)
     p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model of the same architecture")
-    p.add_argument("--layers", type=int, default=None, help="the 12B width with only this many layers")
+    p.add_argument("--layers", type=int, default=None, help="the shape's width with only this many layers")
     p.add_argument(
         "--work", type=Path, default=None, help="where the checkpoint folder goes (default: a temporary one)"
     )
@@ -253,12 +254,18 @@ def small(body: dict) -> dict:
     return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
 
 
-SHAPES = ("12b", "31b")  # ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower)
+# ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower), benchmarks.gemma_e4b
+SHAPES = ("12b", "31b", "e4b")
+SHAPE_HELP = "the 12B (default), the 31B (with its tower) or the E4B (per-layer inputs, KV-shared layers)"
 
 
 def model_config(args: argparse.Namespace) -> dict:
     """The text config a run measures: the ``--shape`` (12B unless said), ``--scaled`` down, or ``--layers`` deep at
     full width."""
+    if getattr(args, "shape", "12b") == "e4b":
+        if args.scaled:
+            return scaled_e4b()
+        return truncated_e4b(args.layers) if args.layers else GEMMA_E4B_TEXT_CONFIG
     if getattr(args, "shape", "12b") == "31b":
         full = GEMMA_31B_TEXT_CONFIG
         if args.scaled:
@@ -278,7 +285,7 @@ def model_vision(args: argparse.Namespace) -> dict | None:
 
 
 def model_title(args: argparse.Namespace) -> str:
-    size = "31B" if getattr(args, "shape", "12b") == "31b" else "12B"
+    size = getattr(args, "shape", "12b").upper()
     if args.scaled:
         return f"the scaled-down {size}-shaped random model"
     whole = f"the {size}-shaped random model"

@@ -156,39 +156,60 @@ TINY_REVISION = _revision(_json_bytes(SNAPSHOT_CONFIG), _tokenizer_bytes())
 def tiny_weight_shapes(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, tuple[int, ...]]:
     """The state-dict keys and shapes of ``Gemma4UnifiedForCausalLM`` for ``config``, written out by hand.
 
-    Covers what ``TINY_CONFIG`` uses: tied embeddings (no ``lm_head.weight``), no kv sharing between layers,
-    and ``attention_k_eq_v`` (full-attention layers reuse the keys as values, so they have no ``v_proj``).
+    Covers what ``TINY_CONFIG`` uses: tied embeddings (no ``lm_head.weight``), and ``attention_k_eq_v``
+    (full-attention layers reuse the keys as values, so they have no ``v_proj``); and the small models' (E2B/E4B):
+    per-layer input embeddings (``hidden_size_per_layer_input``), KV-shared layers (the last
+    ``num_kv_shared_layers``: no k/v projections or k norm, as transformers saves them) and ``use_double_wide_mlp``.
     """
     hidden = config["hidden_size"]
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config["vocab_size"], hidden),
         "model.norm.weight": (hidden,),
     }
+    per_layer = config.get("hidden_size_per_layer_input") or 0
+    if per_layer:
+        width = config["num_hidden_layers"] * per_layer
+        shapes["model.embed_tokens_per_layer.weight"] = (config["vocab_size_per_layer_input"], width)
+        shapes["model.per_layer_model_projection.weight"] = (width, hidden)
+        shapes["model.per_layer_projection_norm.weight"] = (per_layer,)
+    first_shared = len(config["layer_types"]) - (config.get("num_kv_shared_layers") or 0)
     for index, layer_type in enumerate(config["layer_types"]):
-        shapes.update(_layer_shapes(config, f"model.layers.{index}.", layer_type == "full_attention"))
+        full, shared = layer_type == "full_attention", index >= first_shared
+        shapes.update(_layer_shapes(config, f"model.layers.{index}.", full, shared))
     return shapes
 
 
-def _layer_shapes(config: Mapping[str, Any], prefix: str, full_attention: bool) -> dict[str, tuple[int, ...]]:
+def _layer_shapes(
+    config: Mapping[str, Any], prefix: str, full_attention: bool, kv_shared: bool = False
+) -> dict[str, tuple[int, ...]]:
     hidden, inner = config["hidden_size"], config["intermediate_size"]
+    if kv_shared and config.get("use_double_wide_mlp"):
+        inner *= 2
+    k_eq_v = full_attention and config["attention_k_eq_v"]
     head_dim = config["global_head_dim"] if full_attention else config["head_dim"]
-    kv_heads = config["num_global_key_value_heads"] if full_attention else config["num_key_value_heads"]
+    kv_heads = config["num_global_key_value_heads"] if k_eq_v else config["num_key_value_heads"]
     q_width, kv_width = config["num_attention_heads"] * head_dim, kv_heads * head_dim
     shapes: dict[str, tuple[int, ...]] = {
         "layer_scalar": (1,),
         "self_attn.q_proj.weight": (q_width, hidden),
         "self_attn.q_norm.weight": (head_dim,),
-        "self_attn.k_norm.weight": (head_dim,),
-        "self_attn.k_proj.weight": (kv_width, hidden),
         "self_attn.o_proj.weight": (hidden, q_width),
         "mlp.gate_proj.weight": (inner, hidden),
         "mlp.up_proj.weight": (inner, hidden),
         "mlp.down_proj.weight": (hidden, inner),
     }
-    if not (full_attention and config["attention_k_eq_v"]):
-        shapes["self_attn.v_proj.weight"] = (kv_width, hidden)
+    if not kv_shared:
+        shapes["self_attn.k_norm.weight"] = (head_dim,)
+        shapes["self_attn.k_proj.weight"] = (kv_width, hidden)
+        if not k_eq_v:
+            shapes["self_attn.v_proj.weight"] = (kv_width, hidden)
     for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
         shapes[f"{norm}_layernorm.weight"] = (hidden,)
+    per_layer = config.get("hidden_size_per_layer_input") or 0
+    if per_layer:
+        shapes["per_layer_input_gate.weight"] = (per_layer, hidden)
+        shapes["per_layer_projection.weight"] = (hidden, per_layer)
+        shapes["post_per_layer_input_norm.weight"] = (hidden,)
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
