@@ -1,7 +1,8 @@
 """Issue 17's measurement: Qwen3.8-27B int4 on one GPU, with random int4 weights in the real shapes.
 
     python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24]
-        [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--group N | --groups 32,128] [--results]
+        [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--group N | --groups 32,128]
+        [--repeats 3] [--results [FILE]]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
@@ -51,7 +52,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.gpu_jobsets import engine_call, job_bodies, measure, note_row, parse_body, row
-from benchmarks.results import append_section, cpu_machine
+from benchmarks.results import RESULTS, append_section, cpu_machine
 from spinf.engine import hostgc
 from spinf.engine.compiler import compile_request
 from spinf.engine.engine import Engine
@@ -423,7 +424,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="trace each job set's first call (benchmarks/trace.py) into this folder",
     )
-    parser.add_argument("--results", action="store_true", help="append the figures to benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--results", type=Path, nargs="?", const=RESULTS, default=None, help="append the figures (to RESULTS.md)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per job set (the median is shown)")
     groups = parser.add_mutually_exclusive_group()
     groups.add_argument(
@@ -462,9 +465,10 @@ def main(argv: list[str] | None = None) -> None:
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights"
     head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
     print(head)
-    if args.results:
+    if args.results is not None:
         groups = "" if args.groups == [GROUP] else f", GPTQ {', '.join(group_name(g) for g in args.groups)}"
-        append_section(f"Qwen3.8-27B int4 ({args.shape} shape{groups})", head + "\n\n" + "\n\n".join(sections))
+        title = f"Qwen3.8-27B int4 ({args.shape} shape{groups})"
+        append_section(title, head + "\n\n" + "\n\n".join(sections), args.results)
 
 
 def group_table(summary: list[tuple[int, str, dict]], flops: float, peak: float | None) -> list[str]:

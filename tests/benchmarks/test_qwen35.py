@@ -112,8 +112,9 @@ def test_the_27b_shape_takes_groups_of_128_and_whole_rows_the_tiny_one_not_128()
 
 def test_the_tiny_run_compares_groups_side_by_side(tmp_path, capsys):
     argv = ["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"]
-    qwen35.main([*argv, "--groups", "32,64", "--repeats", "1"])
+    qwen35.main([*argv, "--groups", "32,64", "--repeats", "1", "--results", str(tmp_path / "RESULTS.md")])
     out = capsys.readouterr().out
+    assert "## Qwen3.8-27B int4 (tiny shape, GPTQ group 32, group 64) — " in (tmp_path / "RESULTS.md").read_text()
     assert "| J3 | ours, int4-i8, GPTQ group 64 |" in out
     assert re.search(r"^\| J3 \| group 32 \| [\d,]+ \| – \| – \| 1\.000× \|$", out, re.M)
     assert re.search(r"^\| J3 \| group 64 \| [\d,]+ \| – \| – \| \d\.\d{3}× \|$", out, re.M)
