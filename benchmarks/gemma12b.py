@@ -66,6 +66,8 @@ def decoder_linear_params(config: dict[str, Any] | TextConfig) -> int:
         kv = 0 if spec.kv_shared else kv_out * (1 if spec.k_eq_v else 2)
         inner = cfg.intermediate_size * (2 if spec.wide_mlp else 1)
         total += hidden * (q_out + kv) + q_out * hidden + 3 * hidden * inner
+    if cfg.num_experts:  # the router and the experts one token reaches: what a token multiplies
+        total += len(cfg.layers) * hidden * (cfg.num_experts + 3 * cfg.top_k_experts * cfg.moe_intermediate_size)
     return total
 
 
@@ -142,10 +144,10 @@ def random_tensors(
             t.mul_(1 / math.sqrt(hidden))
         elif key == "model.embed_tokens_per_layer.weight":  # unit scale once multiplied by sqrt(its width)
             t.mul_(1 / math.sqrt(config["hidden_size_per_layer_input"]))
-        elif key.endswith("norm.weight"):
+        elif key.endswith("norm.weight") or len(shape) == 1:  # norms, and the router's scales (26B A4B)
             t.mul_(_NORM_STD).add_(1.0)
-        else:  # a linear layer: (out_features, in_features)
-            t.mul_(1 / math.sqrt(shape[1]))
+        else:  # a linear layer: ([experts,] out_features, in_features)
+            t.mul_(1 / math.sqrt(shape[-1]))
         yield key, t
 
 

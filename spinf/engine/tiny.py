@@ -210,7 +210,25 @@ def _layer_shapes(
         shapes["per_layer_input_gate.weight"] = (per_layer, hidden)
         shapes["per_layer_projection.weight"] = (hidden, per_layer)
         shapes["post_per_layer_input_norm.weight"] = (hidden,)
+    if config.get("enable_moe_block"):
+        shapes.update(_expert_shapes(config))
     return {prefix + name: shape for name, shape in shapes.items()}
+
+
+def _expert_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A layer's mixture-of-experts weights (``enable_moe_block``, the 26B A4B), as transformers names them: the
+    router, every expert's gate and up stacked ([experts, 2 × width, hidden]) and down, and the block's three norms."""
+    hidden, experts, width = config["hidden_size"], config["num_experts"], config["moe_intermediate_size"]
+    return {
+        "router.proj.weight": (experts, hidden),
+        "router.scale": (hidden,),
+        "router.per_expert_scale": (experts,),
+        "experts.gate_up_proj": (experts, 2 * width, hidden),
+        "experts.down_proj": (experts, hidden, width),
+        "pre_feedforward_layernorm_2.weight": (hidden,),
+        "post_feedforward_layernorm_1.weight": (hidden,),
+        "post_feedforward_layernorm_2.weight": (hidden,),
+    }
 
 
 def media_weight_shapes(
