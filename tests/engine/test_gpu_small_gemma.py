@@ -139,8 +139,8 @@ def test_the_gpu_engine_matches_the_cpu_fp32_engine(folder):  # noqa: F811
 @pytest.mark.parametrize("length", [WINDOW + 1, 3 * WINDOW + 5])
 def test_whole_sequences_on_the_gpu_match_transformers(folder, length):  # noqa: F811
     """Our fused bf16 forward against transformers' fp64 one: within a few times what the CPU's plain bf16 forward
-    of the same sequence is off by (through the interpreter the fused path is off by 1.3 times that on average, with
-    shared layers that read their kind's first layer by 8 times)."""
+    of the same sequence is off by (through the interpreter the fused path is off by 1.3 to 1.5 times that on
+    average and 1.75 times at worst; with shared layers that read their kind's first layer, 8 and 6 times)."""
     from transformers import Gemma4ForCausalLM
 
     reference = Gemma4ForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float64).eval()
@@ -153,7 +153,7 @@ def test_whole_sequences_on_the_gpu_match_transformers(folder, length):  # noqa:
         got = gpu.full_logprobs(fused_pass(gpu, layout, torch.device("cuda"))).cpu().double()
         plain = cpu.read_logprobs(cpu(ids, AttentionPlan.for_sequence(length))).double()
     ours, floor = (got - expected).abs(), (plain - expected).abs()
-    assert ours.mean() <= 2 * floor.mean() and ours.max() <= 3 * floor.max(), (ours.mean(), floor.mean())
+    assert ours.mean() <= 2.5 * floor.mean() and ours.max() <= 4 * floor.max(), (ours.mean(), floor.mean())
 
 
 # test_gpu_invariance.py's five compositions, test_gpu_extraction.py's six, test_gpu_graphs.py's replay, on this model
