@@ -20,6 +20,9 @@ can send without asking first). These refusals come before the body is read; the
 
 It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
 the access-log line (no content, probes only with ``log_probes``) and when a connection is closed after its answer.
+An admitted call whose client goes away before its answer begins (quart-trio cancels its route, and the packer drops
+its call) gets an access-log line too, with status 499 as nginx logs it, and counts in
+``spinf_requests_abandoned_total``; nothing is sent.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
 SCORING_ROUTES = ("/v1/score", "/v1/chat/completions", "/v1/decisions")
 PROBES = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
 ADMITTED = "spinf.admitted"  # the ASGI scope key of an admitted call
+CLIENT_GONE = 499  # the access log's status of a call whose client went away before its answer (nginx's)
 UNROUTED = "unrouted"  # the metrics route of a request refused before routing (a path label per path is unbounded)
 
 
@@ -267,11 +271,16 @@ class Gate:
             await self._refuse(send, scope, exc, request_id, started, trusted=trusted, close=close)
             return
         scope = {**scope, ADMITTED: Admitted(request_id, started, body, trusted, slot)}
+        exchange = _Exchange(receive, send)
         try:
-            await self.app(scope, _replayed(receive), send)
+            await self.app(scope, exchange.receive, exchange.send)
         finally:
             if not slot.handed:  # the call never reached the packer (its client left before the route ran)
                 slot.release()
+        if exchange.abandoned:  # quart-trio cancelled the route: its call is dropped (spinf.serving.ScoreWork)
+            if self.services.metrics is not None:
+                self.services.metrics.abandoned(scope["path"])
+            log_access(request_id, scope["method"], scope["path"], CLIENT_GONE, started)
 
     async def _read_body(self, receive, headers: dict) -> bytes:
         limit, timeout_s = self.services.max_body_bytes, self.services.body_timeout_s
@@ -311,15 +320,29 @@ class Gate:
         log_access(request_id, scope["method"], route, exc.status, started)
 
 
-def _replayed(receive):
-    """The ASGI ``receive`` of an admitted call: its body was read here, so the app sees it already complete."""
-    delivered = False
+@attrs.define
+class _Exchange:
+    """An admitted call's ASGI ``receive`` and ``send`` as the app sees them: the body, read by the gate, replayed
+    whole; and whether the client went away before its answer began (``abandoned``)."""
 
-    async def replay():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
+    _receive: Any
+    _send: Any
+    _delivered: bool = False
+    _gone: bool = False
+    _answered: bool = False
+
+    async def receive(self) -> dict:
+        if not self._delivered:
+            self._delivered = True
             return {"type": "http.request", "body": b"", "more_body": False}
-        return await receive()
+        message = await self._receive()
+        self._gone = self._gone or message["type"] == "http.disconnect"
+        return message
 
-    return replay
+    async def send(self, message: dict) -> None:
+        self._answered = self._answered or message["type"] == "http.response.start"
+        await self._send(message)
+
+    @property
+    def abandoned(self) -> bool:
+        return self._gone and not self._answered

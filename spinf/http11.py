@@ -81,7 +81,23 @@ class Http11Protocol(H11Protocol):
             # (a request sent on the strength of the answer's head) made it close the socket from the reading task
             # while the answering task was still writing the body: BusyResourceError, logged as an ERROR.
             return
+        if isinstance(event, RawData) and not event.data and self.is_answering:
+            # the client closed while its request is answered: handed to h11, the end of input waits (PAUSED) until
+            # the answer is sent, so the app never heard of it and the call ran on. The reader's Closed comes next
+            # and tells the app (http.disconnect), which cancels the call, as nginx does (its 499)
+            return
         await super().handle(event)
+
+    @property
+    def is_answering(self) -> bool:
+        """A request was read whole and its answer is not finished."""
+        return self.stream is not None and self.connection.their_state is h11.DONE
+
+    @property
+    def expects_request(self) -> bool:
+        """No request came on this connection yet, or part of the next one has arrived: closing it now could lose
+        a request its client has sent (`spinf.edge`)."""
+        return self.keep_alive_requests == 0 or bool(self.connection.trailing_data[0])
 
     async def stream_send(self, event) -> None:
         if isinstance(event, Response) and event.status_code >= 200:

@@ -22,6 +22,10 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
+        # ours, beyond §3.5: admitted calls cancelled because their client went away (access-logged as 499)
+        self.abandoned_calls = Counter(
+            "spinf_requests_abandoned", "Admitted calls whose client left before the answer", ["route"], registry=r
+        )
         self.queue_depth = Gauge("spinf_queue_depth", "Admitted requests waiting for the GPU", registry=r)
         self.in_flight = Gauge("spinf_requests_in_flight", "Admitted requests, waiting or being scored", registry=r)
         self.processed = Counter("spinf_processed_tokens", "Sum of usage.processed_tokens", registry=r)
@@ -54,6 +58,9 @@ class Metrics:
 
     def request(self, route: str, status: int) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
+
+    def abandoned(self, route: str) -> None:
+        self.abandoned_calls.labels(route=route).inc()
 
     def usage(self, usage: dict) -> None:
         self.processed.inc(usage.get("processed_tokens", 0))

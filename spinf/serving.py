@@ -63,8 +63,10 @@ class ExecJob:
 class ScoreWork:
     """One admitted scoring call on its way through the packer; ``abandoned`` is set when its caller went away.
 
-    The packer owns it, and its ``slot``, once received: `finish` answers it and frees the slot, `drop` frees the
-    slot of a call nobody waits for any more.
+    The packer owns it, and its ``slot``, once received (`take`): `finish` answers it and frees the slot, `drop`
+    frees the slot of a call nobody waits for any more. A caller that goes away (`abandon`) frees the slot at once
+    when the packer has taken the call: the packer's inbox holds only calls not yet taken, so it still never holds
+    more calls than there are slots; a call still in the inbox frees its slot when the packer takes it.
     """
 
     body: object
@@ -76,6 +78,21 @@ class ScoreWork:
     slot: Slot
     admitted_at: float = 0.0
     abandoned: bool = False
+    taken: bool = False
+
+    def take(self) -> bool:
+        """The packer takes the call from its inbox: False (its slot freed) when its caller went away already."""
+        self.taken = True
+        if self.abandoned:
+            self.slot.release()
+        return not self.abandoned
+
+    def abandon(self) -> None:
+        """The caller went away: the packer drops the call before its next step; its slot is free now if the
+        packer has taken it (else when it does)."""
+        self.abandoned = True
+        if self.taken:
+            self.slot.release()
 
     def finish(self, result: outcome.Outcome) -> None:
         try:

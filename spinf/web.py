@@ -357,7 +357,7 @@ async def _hand_to_packer(
             slot.handed = True
             result = await reply_recv.receive()
     except BaseException:
-        work.abandoned = True
+        work.abandon()  # the client went away (or the shutdown's deadline cut the call)
         raise
     return result.unwrap()
 

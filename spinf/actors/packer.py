@@ -140,8 +140,7 @@ class Packer:
         """A call without media goes straight into the loop, taken from the inbox with no task switch between (under
         a flood of refused connections, every hop through the scheduler waits behind all of them); a call with media
         goes to a worker thread to be parsed and decoded first (`Engine.prepare`)."""
-        if work.abandoned:
-            work.drop()
+        if not work.take():
             return
         call = self._call(engine.loop, work)
         if body_has_media(work.body):

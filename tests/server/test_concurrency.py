@@ -7,6 +7,8 @@ so every ordering below is exact.
 from __future__ import annotations
 
 import functools
+import json
+import re
 
 import pytest
 import trio
@@ -164,19 +166,53 @@ async def test_callers_that_leave_keep_their_slots_until_the_packer_drops_their_
         running.drain.stop()
 
 
-async def test_a_call_whose_caller_left_mid_run_is_not_answered_and_frees_its_slot(autojump_clock, drain_file):
+async def test_a_call_whose_caller_left_mid_run_frees_its_slot_at_once(autojump_clock, drain_file):
     engine = FakeEngine()
-    async with start(options(queue=1), engine) as running:
+    async with start(options(queue=0), engine) as running:  # one slot
         client = create_app(running.services).test_client()
         await trio.sleep(10)
         async with trio.open_nursery() as leaving:
             leaving.start_soon(functools.partial(client.post, "/v1/score", json=body("gone")))
             await trio.sleep(0.5)  # inside its step (a step takes one second)
             leaving.cancel_scope.cancel()
-        assert running.services.admission.in_use == 1  # the packer holds the call until its step ends
-        await trio.sleep(1)
-        assert running.services.admission.in_use == 0
+        assert running.services.admission.in_use == 0  # the packer took the call: its slot is free at once
+        answer = await client.post("/v1/score", json=body("next"))  # the one slot: admitted, not 429
+        # after the step under way (it finishes, and drops the call that was left), then its own
+        assert answer.status_code == 200 and trio.current_time() == 12.0
         running.drain.stop()
+
+
+async def call_and_leave(app, payload: bytes, after: float) -> list[dict]:
+    """A scoring call whose client goes away ``after`` seconds after sending it; what the app sent back to it."""
+    scope = app.test_client().request("/v1/score", method="POST", headers={"Content-Type": "application/json"}).scope
+    arriving, sent = [{"type": "http.request", "body": payload, "more_body": False}], []
+
+    async def receive():
+        if arriving:
+            return arriving.pop()
+        await trio.sleep(after)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+async def test_a_caller_that_leaves_mid_call_is_access_logged_499_and_counted(autojump_clock, drain_file, caplog):
+    caplog.set_level("INFO", logger="spinf.access")
+    async with start(options(), FakeEngine()) as running:
+        app = create_app(running.services)
+        await trio.sleep(10)
+        sent = await call_and_leave(app, json.dumps(body("gone")).encode(), after=0.5)  # inside its step
+        lines = [record.getMessage() for record in caplog.records if record.name == "spinf.access"]
+        metrics = await (await app.test_client().get("/metrics")).get_data(as_text=True)
+        running.drain.stop()
+    assert sent == []  # nothing was sent to a client that had gone
+    assert len(lines) == 1 and re.fullmatch(r"^scr_\w+ POST /v1/score 499 [\d.]+ms$", lines[0]), lines
+    assert 'spinf_requests_abandoned_total{route="/v1/score"} 1.0' in metrics.splitlines()
+    assert 'spinf_requests_total{route="/v1/score",status="200"}' not in metrics
 
 
 async def test_a_degraded_engine_serves_on_then_the_process_exits_70(autojump_clock, drain_file):
