@@ -59,6 +59,7 @@ SERVED = {
     "gemma4_unified_text": (MODEL_ID, "12B-shaped random checkpoint (benchmarks)"),
     "gemma4_unified_media": ("bench/gemma12b-media-random", "12B-shaped random checkpoint with media embedders"),
     "gemma4_text": ("bench/gemma31b-random", "31B-shaped random checkpoint (benchmarks)"),
+    "gemma4_text_moe": ("bench/gemma26b-a4b-random", "26B A4B-shaped random checkpoint (benchmarks)"),
     "gemma4_text_per_layer": ("bench/gemma-e4b-random", "E4B-shaped random checkpoint (benchmarks)"),
 }
 FOLDER_FORMAT = "benchmarks.checkpoint 1"  # part of the revision: bump when the files written change
@@ -235,6 +236,8 @@ def served_key(text_config: dict[str, Any], media: bool = False) -> str:
         return "gemma4_unified_media"
     if text_config.get("hidden_size_per_layer_input"):
         return "gemma4_text_per_layer"
+    if text_config.get("enable_moe_block"):  # the 26B A4B's (`benchmarks.gemma26b`)
+        return "gemma4_text_moe"
     return text_config["model_type"]
 
 

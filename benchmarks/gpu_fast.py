@@ -45,6 +45,7 @@ from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.checkpoint import calibrate_folder, free_memory, open_engine, work_dir  # noqa: E402
 from benchmarks.gpu_jobsets import (  # noqa: E402
     RESULTS,
+    SHAPE_HELP,
     SHAPES,
     Bench,
     Report,
@@ -147,9 +148,9 @@ def parse_args(argv):
     p.add_argument("--max-alone", type=int, default=None, help="cap the 'alone' calls of the invariance check")
     p.add_argument("--scheme", choices=("fp8s", "bf16"), default="fp8s")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--shape", choices=SHAPES, default="12b", help="the 12B (default) or the 31B (with its tower)")
+    p.add_argument("--shape", choices=SHAPES, default="12b", help=SHAPE_HELP)
     p.add_argument("--scaled", action="store_true", help="a 2-layer, 64-wide model (smoke test)")
-    p.add_argument("--layers", type=int, default=None, help="the 12B width with only this many layers")
+    p.add_argument("--layers", type=int, default=None, help="the shape's width with only this many layers")
     p.add_argument("--work", type=Path, default=None, help="where the checkpoint folder goes (default: temporary)")
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     p.add_argument("--repeats", type=int, default=3)

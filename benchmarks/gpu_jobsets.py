@@ -45,6 +45,7 @@ from benchmarks.gemma12b import (  # noqa: E402
     scaled,
     truncated,
 )
+from benchmarks.gemma26b import GEMMA_26B_A4B_TEXT_CONFIG, scaled_26b  # noqa: E402
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b  # noqa: E402
 from benchmarks.gemma_e4b import GEMMA_E4B_TEXT_CONFIG, scaled_e4b, truncated_e4b  # noqa: E402
 from benchmarks.results import RESULTS, revision  # noqa: E402
@@ -254,14 +255,19 @@ def small(body: dict) -> dict:
     return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
 
 
-# ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower), benchmarks.gemma_e4b
-SHAPES = ("12b", "31b", "e4b")
-SHAPE_HELP = "the 12B (default), the 31B (with its tower) or the E4B (per-layer inputs, KV-shared layers)"
+# ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower), benchmarks.gemma_e4b,
+# benchmarks.gemma26b
+SHAPES = ("12b", "31b", "e4b", "26b-a4b")
+SHAPE_HELP = "the 12B (default), the 31B (with its tower), the E4B (per-layer inputs, KV-shared layers) or the 26B A4B"
 
 
 def model_config(args: argparse.Namespace) -> dict:
     """The text config a run measures: the ``--shape`` (12B unless said), ``--scaled`` down, or ``--layers`` deep at
     full width."""
+    if getattr(args, "shape", "12b") == "26b-a4b":  # benchmarks.gemma26b: the 26B A4B's experts
+        if args.scaled:
+            return scaled_26b()
+        return truncated(GEMMA_26B_A4B_TEXT_CONFIG, args.layers) if args.layers else GEMMA_26B_A4B_TEXT_CONFIG
     if getattr(args, "shape", "12b") == "e4b":
         if args.scaled:
             return scaled_e4b()

@@ -9,6 +9,8 @@ from transformers import AutoConfig, Gemma4ForConditionalGeneration
 from benchmarks.checkpoint import PREFIX, weight_shapes, write_checkpoint
 from benchmarks.gemma12b import build_random_engine_model, decoder_linear_params
 from benchmarks.gemma26b import GEMMA_26B_A4B_TEXT_CONFIG, expert_params, scaled_26b
+from benchmarks.gpu_fast import parse_args
+from benchmarks.gpu_jobsets import model_config, model_title
 from spinf.engine.loading import load_gemma4_text
 
 
@@ -25,9 +27,17 @@ def test_the_real_26b_a4b_shapes_are_transformers_own():
     assert round((everything + embedding) / 1e9, 1) == 25.2 and round((active + embedding) / 1e9, 1) == 3.8
 
 
+def test_gpu_fast_measures_the_shape():
+    args = parse_args(["--shape", "26b-a4b", "--device", "cpu"])
+    assert model_config(args) == GEMMA_26B_A4B_TEXT_CONFIG and model_title(args) == "the 26B-A4B-shaped random model"
+    assert model_config(parse_args(["--shape", "26b-a4b", "--scaled"])) == scaled_26b()
+    assert model_config(parse_args(["--shape", "26b-a4b", "--layers", "2"]))["num_hidden_layers"] == 2
+
+
 def test_the_scaled_folder_is_read_alike_by_transformers_and_our_loader(tmp_path):
     text = scaled_26b()
     folder = write_checkpoint(tmp_path, text, device=torch.device("cpu"), shard_bytes=2**20)
+    assert folder.model_id == "bench/gemma26b-a4b-random"
     model, info = Gemma4ForConditionalGeneration.from_pretrained(folder.path, output_loading_info=True)
     assert model.config.text_config.enable_moe_block and model.config.text_config.num_experts == 16
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
