@@ -106,3 +106,27 @@ def test_under_fp8s_each_expert_quantizes_by_its_own_scale():
                 want = fp8_matmul(quantize(x[rows], inputs[e]), per_expert[e], inputs[e], out_dtype=torch.float32)
                 relative = ((got[rows, rank] - want).norm() / want.norm()).item()
                 assert relative < (1e-2 if DTYPE == torch.bfloat16 else 1e-6), (rank, e, relative)
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="tests/engine/test_gpu_moe.py checks the bf16 block on a GPU")
+def test_the_fused_block_is_the_plain_block(monkeypatch):
+    """`MoeBlock.fused` (row kernels, the grouped launches, no host sync) against the block's plain forward. Through
+    the interpreter the row kernels' bf16 outputs are widened to fp32, so the products run in fp32 (the interpreter
+    multiplies bf16 wrongly); what differs is then their bf16 rounding alone."""
+    from spinf import engine
+    from spinf.engine.config import parse_text_config
+    from spinf.engine.moe import MoeBlock
+    from tests.engine.test_gemma4_moe import TEXT
+
+    for name in ("norm_rows", "gelu_mul"):
+        kernel = getattr(engine.kernels, name)
+        monkeypatch.setattr(engine.kernels, name, lambda *a, kernel=kernel, **k: kernel(*a, **k).float())
+    moe = MoeBlock(parse_text_config({**TEXT, "model_type": "gemma4_text"}))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for param in moe.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5 + (param.dim() == 1))
+    h, dense = draw(100, TEXT["hidden_size"], seed=12), draw(100, TEXT["hidden_size"], seed=13)
+    with torch.inference_mode():
+        fused, plain = moe.fused(h, dense), moe(h, dense)
+    assert (((fused - plain).norm(dim=1) / plain.norm(dim=1)).max().item()) < 1e-2  # bf16's 2^-8, a few times
