@@ -15,9 +15,11 @@ describes.
 
 Slots are shared by caller (the gate names the caller: the peer's address). While calls wait, a slot that frees goes
 to the caller that holds the fewest slots at that moment (among equals, the one whose waiting call came first), and
-within a caller to its oldest waiting call: waiters are served in arrival order, and a caller that holds more than
-``capacity / callers`` slots gets none until the others have caught up, so a flood from one address is what gets
-refused while polite callers are admitted. A caller alone may hold every slot. Nothing here imports torch.
+within a caller to its oldest waiting call: waiters are served in arrival order, and a caller that holds as many as
+``capacity / callers`` slots gets none until the others have caught up. A caller under that share that finds every
+slot taken is not refused at once even without a flood: it waits for the next freed slot up to `PATIENCE_S`, the
+``Retry-After`` its 429 would give. So a flood from one address is what gets refused while polite callers are
+admitted, and a caller alone may hold every slot. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import trio
 
 COST_BYTES = 65_536  # a refused body costs one more turn per this many bytes
 BURST_S = 0.1  # refusals answered at once before pacing starts: a tenth of a second's worth
+PATIENCE_S = 2.0  # how long a caller under its share waits for a slot: the Retry-After of its 429 (spinf.gate)
 
 
 @attrs.define(eq=False)
@@ -90,6 +93,7 @@ class Admission:
 
     async def admit(self, body_bytes: int = 0, *, caller: Hashable = None, can_admit: bool = True) -> Slot | None:
         """A slot for ``caller``, free now or handed to it before its turn to be refused; None when refused. A
+        caller under its share (`_under_share`) waits at least `PATIENCE_S` for a slot before its refusal. A
         server that is not ready or is stopping passes ``can_admit=False``: nothing is admitted, refusals are paced
         all the same.
 
@@ -99,6 +103,8 @@ class Admission:
         if can_admit and (slot := self.try_admit(caller)) is not None:
             return slot
         delay = self._book(trio.current_time(), body_bytes)
+        if can_admit and self._under_share(caller):
+            delay = max(delay, PATIENCE_S)
         if delay <= 0 or self._released:
             return None
         waiter = _Waiter(caller, can_admit, next(self._arrivals))
@@ -122,6 +128,12 @@ class Admission:
         self._due = max(self._due, now) + cost
         delay = self._due - now - BURST_S
         return delay if delay > 1e-6 else 0.0  # a microsecond is rounding, not a turn
+
+    def _under_share(self, caller: Hashable) -> bool:
+        """Whether ``caller`` holds fewer than ``capacity / callers`` slots, counting the callers that hold or
+        wait for one, and itself."""
+        callers = len(self._held.keys() | self._queues.keys() | {caller})
+        return self._held[caller] * callers < self.capacity
 
     def hand_on(self, caller: Hashable = None) -> None:
         """``caller`` gave a slot back: it goes to the oldest waiter of the caller holding the fewest slots (among

@@ -179,3 +179,25 @@ async def test_a_server_that_cannot_admit_paces_its_refusals_and_hands_no_slot(a
             nursery.start_soon(closed)
     assert [(round(t, 6), slot) for t, slot in record] == [(0.0, None), (0.1, None), (0.2, None)]
     assert admission.in_use == 0
+
+
+async def test_a_caller_under_its_share_waits_for_a_slot_where_others_are_refused_at_once(autojump_clock):
+    admission = Admission(2, rate=200.0)  # no flood: refusals are not paced
+    held = [admission.try_admit("flood"), admission.try_admit("flood")]
+    assert await admission.admit(caller="flood") is None and trio.current_time() == 0.0  # at its share: at once
+    record = []
+
+    async def polite(name):
+        record.append((name, await admission.admit(caller="polite"), trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(polite, "first")
+        await trio.sleep(0.5)
+        held[0].release()  # to the waiting polite call, not to a free slot the flood would take
+        await trio.testing.wait_all_tasks_blocked()
+        assert admission.try_admit("flood") is None
+        nursery.start_soon(polite, "second")  # polite holds 1 of its 1: at its share, refused at once
+    assert [(name, slot is not None, t) for name, slot, t in record] == [("first", True, 0.5), ("second", False, 0.5)]
+    lone = Admission(1, rate=200.0)
+    lone.try_admit("a")
+    assert await lone.admit(caller="b") is None and trio.current_time() == 0.5 + 2.0  # no slot freed: PATIENCE_S

@@ -11,9 +11,9 @@ once nothing more is coming; it never has more than `MAX_IN_FLIGHT` passes launc
 about one pass of kernels and a third launch would only block the host.
 
 A pass also has a time bound (``max_pass_s``, for calls: warm-up and benchmarks run the full budget): its tokens are
-cut to what the last pass ran in that many seconds, at the last pass's seconds per token. A small call then waits for
-the pass under way and its own (on a GPU, one more: a pass is read back once the next is queued), however many tokens
-the calls around it bring.
+cut to what the last passes ran in that many seconds, at the slowest of their paces (seconds per token). A small call
+then waits for the pass under way and its own (on a GPU, one more: a pass is read back once the next is queued),
+however many tokens the calls around it bring.
 
 Owners share passes only when the engine is batch-invariant (``share_passes``): a question's numbers then do not
 depend on what else is in its pass. Otherwise, and for an owner marked ``solo`` (one whose shared pass failed, so
@@ -22,6 +22,7 @@ that one call's failure never fails another), a pass holds the jobs of one owner
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Hashable
 
 import attrs
@@ -29,6 +30,7 @@ import attrs
 from spinf.engine.packing import pack
 
 MAX_IN_FLIGHT = 2
+PACES = 8  # a bounded pass is cut at the slowest pace of this many last passes
 
 
 @attrs.frozen
@@ -50,7 +52,7 @@ class Scheduler:
         seconds a bounded pass should take (0: no bound but the tokens)."""
         self.token_budget = token_budget
         self.max_pass_s = max_pass_s
-        self._seconds_per_token = 0.0  # the last pass's pace; 0 before the first
+        self._paces: collections.deque[float] = collections.deque(maxlen=PACES)  # seconds per token, last passes
         self.capture_budget = capture_budget
         self.share_passes = share_passes
         self._waiting: list[Waiting] = []
@@ -76,16 +78,18 @@ class Scheduler:
         self._solo.discard(owner)
 
     def ran(self, num_tokens: int, busy_s: float) -> None:
-        """A pass of ``num_tokens`` tokens took ``busy_s`` seconds: the pace the next bounded pass is cut to."""
+        """A pass of ``num_tokens`` tokens took ``busy_s`` seconds (the pace bounded passes are cut to)."""
         if num_tokens and busy_s > 0:
-            self._seconds_per_token = busy_s / num_tokens
+            self._paces.append(busy_s / num_tokens)
 
     def pass_budget(self, *, bounded: bool = True) -> int:
-        """The tokens the next pass may hold: the token budget, cut to ``max_pass_s`` at the last pass's pace
-        when ``bounded`` (at least one token: a job over it runs alone, as one over the token budget does)."""
-        if not (bounded and self.max_pass_s and self._seconds_per_token):
+        """The tokens the next pass may hold: the token budget, cut to ``max_pass_s`` at the slowest pace of the
+        last `PACES` passes when ``bounded`` (at least one token: a job over it runs alone, as one over the token
+        budget does). The slowest, since a token of a short job costs more than one of a long job: a pass of one
+        small call's jobs must not set the pace of the next pass of one-word inputs."""
+        if not (bounded and self.max_pass_s and self._paces):
             return self.token_budget
-        return max(1, min(self.token_budget, int(self.max_pass_s / self._seconds_per_token)))
+        return max(1, min(self.token_budget, int(self.max_pass_s / max(self._paces))))
 
     def target_tokens(self, in_flight: int, *, bounded: bool = True) -> int:
         """How many tokens should wait before a launch: a pass's worth, two while one is on the device."""

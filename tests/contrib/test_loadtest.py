@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from contrib.loadtest import overload, soak
+from contrib.loadtest import fairness, overload, soak
 from spinf.settings import SETTING
 
 if shutil.which("wrk") is None:
@@ -64,3 +64,30 @@ def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
 def test_two_thousand_connections_get_only_spec_answers_and_leave_nothing_behind(tmp_path):
     figures = soak.measure(tmp_path, connections=2000, seconds=15)
     assert soak.problems(figures) == [], soak.report(figures)
+
+
+@pytest.mark.slow
+def test_polite_callers_keep_their_share_beside_a_flood_and_a_small_call_its_turn_beside_a_huge_one(tmp_path):
+    """Issue 33 item 2's targets in one run of `contrib/loadtest/fairness.py`: 5 polite clients (each from its own
+    loopback address, honouring ``Retry-After``) beside 500 connections from one address that retry at once keep at
+    least half their rate alone; everyone's 200s per second are at least 0.8 of it; small calls beside a call of
+    45,000 one-word inputs answer within 2 s each. The issue measured 0.1-0.2 polite answers a second against 49-50
+    alone, a total of 0.63-0.76, and more than 90 s.
+
+    Refusals are CPU the engine's thread waits behind, so, as in the overload test above, a miss is measured again
+    on a fresh server whose ``reject_rate`` is 4 refusals per polite answer alone (deployment.md's advice for a
+    slower machine), up to two more times: on 2 cores shared with the load generator and other work, one run's
+    figures move by a tenth or more."""
+    reports = []
+    reject_rate = None
+    for attempt in range(3):
+        figures = fairness.measure(tmp_path / f"attempt-{attempt}", seconds=15, reject_rate=reject_rate)
+        print(fairness.report(figures))
+        reports.append(fairness.report(figures))
+        missed = fairness.problems(figures)
+        assert not [line for line in missed if "ratio" not in line and "took" not in line], "\n\n".join(reports)
+        if not missed:
+            return
+        rate = REFUSALS_PER_POLITE_ANSWER * figures["alone"]["goodput"]
+        reject_rate = min(SETTING["reject_rate"].default, rate)
+    pytest.fail("a target was missed in all three attempts:\n" + "\n\n".join(reports))
