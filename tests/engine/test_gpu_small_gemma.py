@@ -11,7 +11,8 @@ wrongly (numpy has no bf16), so on the CPU the tree-attention kernel runs on fp3
 
 On the GPU (marked ``gpu``): the engine on the folder through the fused path and CUDA graphs, against the CPU's
 fp32 engine within the bf16 bounds below times test_gpu_schemes.py's margin; whole sequences against transformers'
-fp64 forward, within a few times the CPU's bf16 error on the same sequence; and, in bf16 and in fp8s (linears
+fp64 forward, within a few times the CPU's bf16 error on the same sequence, and so are image rows; and, in bf16 and
+in fp8s (linears
 calibrated on the engine), test_gpu_invariance.py's five compositions, test_gpu_extraction.py's six and
 test_gpu_graphs.py's replay against the eager pass, bit for bit. The E4B-shaped run of the same checks is
 ``python benchmarks/gpu_fast.py --shape e4b --jobs J1,J2,J3 --invariance`` (benchmarks/RESULTS.md).
@@ -19,8 +20,11 @@ test_gpu_graphs.py's replay against the eager pass, bit for bit. The E4B-shaped 
 
 from __future__ import annotations
 
+import copy
 import random
+from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
@@ -33,7 +37,7 @@ from spinf.engine.trie import Job
 from tests.engine import test_gpu_extraction as gpu_extraction
 from tests.engine import test_gpu_graphs as gpu_graphs
 from tests.engine import test_gpu_invariance as gpu_invariance
-from tests.engine.test_gemma4_small import TEXT, WINDOW, folder  # noqa: F401 - the checkpoint folder fixture
+from tests.engine.test_gemma4_small import TEXT, WINDOW, folder, with_vision  # noqa: F401 - the folder fixtures
 from tests.engine.test_schemes import errors, logprobs
 
 triton = pytest.importorskip("triton")
@@ -154,6 +158,31 @@ def test_whole_sequences_on_the_gpu_match_transformers(folder, length):  # noqa:
         plain = cpu.read_logprobs(cpu(ids, AttentionPlan.for_sequence(length))).double()
     ours, floor = (got - expected).abs(), (plain - expected).abs()
     assert ours.mean() <= 2.5 * floor.mean() and ours.max() <= 4 * floor.max(), (ours.mean(), floor.mean())
+
+
+@pytest.mark.gpu
+def test_image_rows_on_the_gpu_match_transformers(with_vision):  # noqa: F811
+    """test_gemma4_small.py's image rows (given embeddings at the placeholders, whose per-layer inputs read the pad
+    token's row) through the fused path, against transformers' fp64 forward, bounded as the sequences above."""
+    ours, reference = with_vision
+    ids = torch.randint(12, TEXT["vocab_size"], (60,), generator=torch.Generator().manual_seed(3))
+    rows = torch.arange(20, 29)
+    ids[rows] = 8
+    image = torch.randn(len(rows), TEXT["hidden_size"], generator=torch.Generator().manual_seed(4))
+    outputs = {"image": SimpleNamespace(pooler_output=[image.double()])}
+    cpu = ours.to(BF16)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    plan = kernels.kernel_plan(build_pass([Job(prefix=tuple(ids.tolist()))]), torch.device("cuda"), gpu.tile_rows())
+    empty = torch.zeros((0, 1), dtype=torch.long, device="cuda")
+    media = (rows.cuda(), image.to(BF16).cuda())
+    attention = AttentionPlan(plan.positions, (), empty[:, 0], empty, empty.bool(), kernel=plan, media=media)
+    with torch.inference_mode():
+        expected = torch.log_softmax(reference(input_ids=ids[None], mm_encoder_outputs=outputs).logits[0], dim=-1)
+        got = gpu.full_logprobs(gpu(ids.cuda(), attention)).cpu().double()
+        plain_plan = attrs.evolve(AttentionPlan.for_sequence(60), media=(rows, image.to(BF16)))
+        plain = cpu.read_logprobs(cpu(ids, plain_plan)).double()
+    ours_error, floor = (got - expected).abs(), (plain - expected).abs()
+    assert ours_error.mean() <= 2.5 * floor.mean() and ours_error.max() <= 4 * floor.max(), ours_error.mean()
 
 
 # test_gpu_invariance.py's five compositions, test_gpu_extraction.py's six, test_gpu_graphs.py's replay, on this model
