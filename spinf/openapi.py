@@ -138,7 +138,8 @@ RULES_IN_WORDS = {
     "an input's query_ids name shared queries (unknown_query_id), and the queries an input gets have distinct ids "
     "(duplicate_id), at least one (empty_queries); model names the served model (model_not_served); a trusted "
     "caller's limits lower the bounds below for its call; media parts need a model that reads them and a server "
-    "that allows them (media_not_supported, media_disabled); pack references are checked against the pack "
+    "that allows them (media_not_supported, media_disabled), and data that decodes within the limits "
+    "(invalid_media, image_too_large, audio_too_long); pack references are checked against the pack "
     "catalog (unknown_pack, pack_conflict, invalid_field ...).",
     "Query": "Rules across fields (§4.5-§4.8): the template's slot decides the other fields. A {?} query needs "
     "options (missing_value), unique after trimming and casefolding unless scoring.case_insensitive is false "

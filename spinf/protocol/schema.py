@@ -48,17 +48,20 @@ def _about(text: str, **more: object) -> dict:
 
 
 # §4.3: content. Only a text part's payload is checked here; media payloads are the media decoder's.
+_DATA_URL = String(elsewhere={"pattern": r"^data:image/(png|jpeg|jpg|webp|gif);base64,"})
 IMAGE_URL = Named(
     "ImageUrl",
     Object(
         (
-            Field("url", String(elsewhere={"pattern": r"^data:image/(png|jpeg|jpg|webp|gif);base64,"}), True),
+            Field("url", _DATA_URL, True),
             Field("detail", Enum(DETAILS, doc={"default": "auto"})),
         )
     ),
 )
+# A frame's own detail is ignored, as the spec says (the video's applies), so its image_url takes any.
+_FRAME_IMAGE = Object((Field("url", _DATA_URL, True),), doc=_about("detail: ignored"))
 _FRAME = Object(
-    (Field("t", Number(0, doc=_about("seconds, not decreasing")), True), Field("image_url", IMAGE_URL, True))
+    (Field("t", Number(0, doc=_about("seconds, not decreasing")), True), Field("image_url", _FRAME_IMAGE, True))
 )
 CONTENT_PART = Named(
     "ContentPart",
