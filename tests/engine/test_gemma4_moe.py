@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
+from spinf.engine import fp8_static
 from spinf.engine.attention import AttentionPlan
 from spinf.engine.config import read_text_config
 from spinf.engine.loading import load_gemma4_text
@@ -97,6 +98,13 @@ def test_a_config_without_sensible_expert_sizes_is_refused(tmp_path, change, mes
     (tmp_path / "config.json").write_text(json.dumps({**TEXT, "model_type": "gemma4_text", **change}))
     with pytest.raises(ModelError, match=message):
         read_text_config(tmp_path)
+
+
+def test_a_pre_quantized_moe_checkpoint_is_refused(folder, monkeypatch):
+    """Its experts' fp8 layout is not one the loader knows: refused by name rather than read as float."""
+    monkeypatch.setattr(fp8_static, "is_fp8_static", lambda folder: True)
+    with pytest.raises(ModelError, match=r"pre-quantized MoE checkpoint \(the 26B A4B\) is not read: use a bf16 one$"):
+        load_gemma4_text(folder)
 
 
 def test_the_loader_reads_every_text_weight(folder, models):
