@@ -115,7 +115,7 @@ class MoeBlock(nn.Module):
 
     def fused(self, h: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         """`forward` on a GPU in bf16, without a host sync (so a CUDA graph captures it): the norms through the
-        row kernels, each projection of every expert in one grouped launch."""
+        row kernels, each projection of every expert in one grouped launch, the rank-ordered sum in one kernel."""
         from spinf.engine import kernels
         from spinf.engine.kernels import experts as grouped
 
@@ -124,7 +124,7 @@ class MoeBlock(nn.Module):
         x = kernels.norm_rows(h, self.pre_norm, self.eps)
         gate_up = grouped.grouped_mm(x, self._stacked("gate_up"), plan, gather=True)
         out = grouped.grouped_mm(kernels.gelu_mul(gate_up), self._stacked("down"), plan)
-        return self.join(dense, self.mix(out[plan.slot_of], weights), self._norm_rows)
+        return self.join(dense, grouped.combine(out, plan, weights), self._norm_rows)
 
     def route(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's ``top_k`` experts ([N, k], best first) and their fp32 weights, from the residual normed

@@ -13,7 +13,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from spinf.engine.kernels import experts as grouped  # noqa: E402
-from spinf.engine.moe import ExpertsFp8  # noqa: E402
+from spinf.engine.moe import ExpertsFp8, MoeBlock  # noqa: E402
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -115,7 +115,6 @@ def test_the_fused_block_is_the_plain_block(monkeypatch):
     multiplies bf16 wrongly); what differs is then their bf16 rounding alone."""
     from spinf import engine
     from spinf.engine.config import parse_text_config
-    from spinf.engine.moe import MoeBlock
     from tests.engine.test_gemma4_moe import TEXT
 
     for name in ("norm_rows", "gelu_mul"):
@@ -130,3 +129,14 @@ def test_the_fused_block_is_the_plain_block(monkeypatch):
     with torch.inference_mode():
         fused, plain = moe.fused(h, dense), moe(h, dense)
     assert (((fused - plain).norm(dim=1) / plain.norm(dim=1)).max().item()) < 1e-2  # bf16's 2^-8, a few times
+
+
+# the interpreter's casts to bf16 do not round to nearest: bf16 is checked compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE.type == "cuda" else [torch.float32])
+def test_the_combined_rows_are_the_blocks_mix_bit_for_bit(dtype):
+    chosen = routing(150, seed=14)
+    plan = grouped.expert_plan(chosen.to(DEVICE), EXPERTS)
+    out = draw(300, OUTPUTS, seed=15).to(dtype).to(DEVICE)
+    weights = torch.rand(150, TOP_K, generator=torch.Generator().manual_seed(16)).to(DEVICE)
+    got = grouped.combine(out, plan, weights)
+    assert got.dtype == dtype and torch.equal(got, MoeBlock.mix(out[plan.slot_of], weights))

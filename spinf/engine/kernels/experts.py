@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 TILE_ROWS, TILE_COLS, TILE_INPUTS = 64, 128, 64  # slots × output columns per program, inputs per step (fixed)
+_COMBINE_COLUMNS = 1024  # columns per program of `combine` (fixed)
 
 
 @attrs.frozen
@@ -51,7 +52,7 @@ def expert_plan(chosen: torch.Tensor, experts: int) -> ExpertPlan:
     zero = torch.zeros(1, dtype=torch.int32, device=device)
     offsets = torch.cat([zero, counts.cumsum(0, dtype=torch.int32)])
     slot_of = (offsets[chosen] + before.gather(1, chosen)).long()
-    rows = torch.arange(n, dtype=torch.int32, device=device).repeat_interleave(k)
+    rows = torch.arange(n, dtype=torch.int32, device=device)[:, None].expand(n, k).reshape(-1)  # no host sync
     slot_rows = torch.empty(n * k, dtype=torch.int32, device=device).scatter_(0, slot_of.reshape(-1), rows)
     tiles = torch.cat([zero, torch.div(counts + TILE_ROWS - 1, TILE_ROWS, rounding_mode="floor").cumsum(0)])
     return ExpertPlan(slot_rows, slot_of, offsets, tiles.to(torch.int32), triton.cdiv(n * k, TILE_ROWS) + experts)
@@ -117,3 +118,29 @@ def grouped_mm(x: torch.Tensor, weight, plan: ExpertPlan, *, gather: bool = Fals
             BM=TILE_ROWS, BN=TILE_COLS, BK=TILE_INPUTS, num_warps=4, num_stages=3,
         )  # fmt: skip
     return out
+
+
+@triton.jit
+def _combine_kernel(y_ptr, slots_ptr, w_ptr, out_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in tl.static_range(K):  # rank after rank: the order never depends on the experts
+        slot = tl.load(slots_ptr + row * K + k)
+        y = tl.load(y_ptr + slot * n + cols, mask=mask, other=0.0).to(tl.float32)
+        total += (y * tl.load(w_ptr + row * K + k)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine(out: torch.Tensor, plan: ExpertPlan, weights: torch.Tensor) -> torch.Tensor:
+    """Each row's expert outputs (``out`` [N·k, hidden] in slot order) times its fp32 ``weights`` [N, k], summed in
+    rank order: `spinf.engine.moe.MoeBlock.mix`'s arithmetic bit for bit (each term rounded to the model dtype, the
+    sum in fp32), in one pass over the outputs instead of a gathered copy and k passes."""
+    n, k = plan.slot_of.shape
+    mixed = torch.empty((n, out.shape[1]), dtype=out.dtype, device=out.device)
+    if n:
+        grid = (n, triton.cdiv(out.shape[1], _COMBINE_COLUMNS))
+        width = out.shape[1]
+        _combine_kernel[grid](out, plan.slot_of, weights.contiguous(), mixed, width, K=k, BLOCK=_COMBINE_COLUMNS)
+    return mixed
