@@ -124,6 +124,8 @@ def load_gemma4_text(
         raise ModelError(f"{folder}: an fp8-static checkpoint brings its own input scales; a scale table is not used")
     if prequantized and any(spec.moe for spec in cfg.layers):  # its experts' fp8 layout is not one we know
         raise ModelError(f"{folder}: a pre-quantized MoE checkpoint (the 26B A4B) is not read: use a bf16 one")
+    if prequantized and (cfg.per_layer_size or any(spec.kv_shared for spec in cfg.layers)):  # untried layouts
+        raise ModelError(f"{folder}: a pre-quantized E2B/E4B checkpoint is not read: use a bf16 one")
     raw = read_tensors(folder, prefix)
     raw.pop("lm_head.weight", None)  # tied to the embedding in every Gemma 4 checkpoint we serve
 

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
 from spinf import Engine
+from spinf.engine import fp8_static
 from spinf.engine.attention import AttentionPlan
 from spinf.engine.config import parse_text_config, read_text_config
 from spinf.engine.loading import load_gemma4_text
@@ -147,6 +148,13 @@ def test_the_unread_weights_of_shared_layers_in_hub_files_are_left_unread(folder
     loaded = load_gemma4_text(hub)
     assert loaded.state_dict().keys() == ours.state_dict().keys()
     assert all(torch.equal(t, ours.state_dict()[k]) for k, t in loaded.state_dict().items())
+
+
+def test_a_pre_quantized_checkpoint_is_refused(folder, monkeypatch):
+    """Its shared layers' and per-layer inputs' fp8 layout is untried: refused by name rather than misread."""
+    monkeypatch.setattr(fp8_static, "is_fp8_static", lambda folder: True)
+    with pytest.raises(ModelError, match=r"a pre-quantized E2B/E4B checkpoint is not read: use a bf16 one$"):
+        load_gemma4_text(folder)
 
 
 def test_the_layers_setting_keeps_the_first_layers_per_layer_inputs(folder, models):
