@@ -18,8 +18,10 @@ to the caller that holds the fewest slots at that moment (among equals, the one 
 within a caller to its oldest waiting call: waiters are served in arrival order, and a caller that holds as many as
 ``capacity / callers`` slots gets none until the others have caught up. A caller under that share that finds every
 slot taken is not refused at once even without a flood: it waits for the next freed slot up to `PATIENCE_S`, the
-``Retry-After`` its 429 would give. So a flood from one address is what gets refused while polite callers are
-admitted, and a caller alone may hold every slot. Nothing here imports torch.
+``Retry-After`` its 429 would give. And a slot that a caller under its share gives back is kept from callers over
+theirs for `GRACE_S`, as its caller's next call is on its way: otherwise a flood's waiters would take it first. So
+a flood from one address is what gets refused while polite callers are admitted, and a caller alone may hold every
+slot. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import trio
 COST_BYTES = 65_536  # a refused body costs one more turn per this many bytes
 BURST_S = 0.1  # refusals answered at once before pacing starts: a tenth of a second's worth
 PATIENCE_S = 2.0  # how long a caller under its share waits for a slot: the Retry-After of its 429 (spinf.gate)
+GRACE_S = 0.5  # how long a slot freed by a caller under its share is kept from callers over theirs
+_NOBODY = object()  # no caller waits (None is a caller: a peer without an address)
 
 
 @attrs.define(eq=False)
@@ -78,6 +82,8 @@ class Admission:
     _waiters: dict[_Waiter, None] = attrs.field(factory=dict)
     _queues: dict[Hashable, dict[_Waiter, None]] = attrs.field(factory=dict)
     _arrivals: itertools.count = attrs.field(factory=itertools.count)
+    # slots kept from callers over their share: (when the keeping ends, the caller that gave it back), oldest first
+    _kept: collections.deque[tuple[float, Hashable]] = attrs.field(factory=collections.deque)
     _due: float = -float("inf")
     _released: bool = False
 
@@ -85,10 +91,14 @@ class Admission:
         self._free = self.capacity
 
     def try_admit(self, caller: Hashable = None) -> Slot | None:
-        """A slot for ``caller``, or None when all are taken."""
-        if self._free == 0:
+        """A slot for ``caller``: a free one, or a kept one for a caller under its share; None when all are taken."""
+        self._expire()
+        if self._free:
+            self._free -= 1
+        elif self._kept and self._under_share(caller):
+            self._kept.popleft()
+        else:
             return None
-        self._free -= 1
         return self._slot(caller)
 
     async def admit(self, body_bytes: int = 0, *, caller: Hashable = None, can_admit: bool = True) -> Slot | None:
@@ -129,26 +139,42 @@ class Admission:
         delay = self._due - now - BURST_S
         return delay if delay > 1e-6 else 0.0  # a microsecond is rounding, not a turn
 
-    def _under_share(self, caller: Hashable) -> bool:
-        """Whether ``caller`` holds fewer than ``capacity / callers`` slots, counting the callers that hold or
-        wait for one, and itself."""
-        callers = len(self._held.keys() | self._queues.keys() | {caller})
-        return self._held[caller] * callers < self.capacity
+    def _under_share(self, caller: Hashable, *also: Hashable) -> bool:
+        """Whether ``caller`` holds fewer than ``capacity / callers`` slots, counting the callers that hold, wait
+        for or gave back a kept slot, itself and ``also``."""
+        callers = self._held.keys() | self._queues.keys() | {giver for _, giver in self._kept} | {caller, *also}
+        return self._held[caller] * len(callers) < self.capacity
 
     def hand_on(self, caller: Hashable = None) -> None:
-        """``caller`` gave a slot back: it goes to the oldest waiter of the caller holding the fewest slots (among
-        equals, the caller whose waiter came first), else it is free."""
+        """``caller`` gave a slot back (`_place`; kept when ``caller`` is under its share after it)."""
         self._held[caller] -= 1
         if self._held[caller] <= 0:
             del self._held[caller]
-        if not self._queues:
+        self._place(caller, keep=self._under_share(caller))
+
+    def _place(self, giver: Hashable, *, keep: bool) -> None:
+        """A slot ``giver`` gave back: to the oldest waiter of the caller holding the fewest slots (among equals,
+        the caller whose waiter came first); but when ``keep`` and that caller is over its share (counting
+        ``giver``), or nobody waits, it is kept for `GRACE_S` from callers over their share (the giver's next
+        call comes back at once), else it is free."""
+        fewest = min(self._queues, key=lambda c: (self._held[c], next(iter(self._queues[c])).arrived), default=_NOBODY)
+        if fewest is not _NOBODY and not (keep and not self._under_share(fewest, giver)):
+            waiter = next(iter(self._queues[fewest]))
+            self._leave(waiter)
+            waiter.slot = self._slot(fewest)
+            waiter.woken.set()
+        elif keep:
+            self._kept.append((trio.current_time() + GRACE_S, giver))
+        else:
             self._free += 1
-            return
-        fewest = min(self._queues, key=lambda c: (self._held[c], next(iter(self._queues[c])).arrived))
-        waiter = next(iter(self._queues[fewest]))
-        self._leave(waiter)
-        waiter.slot = self._slot(fewest)
-        waiter.woken.set()
+
+    def _expire(self) -> None:
+        """Kept slots whose time is up are placed as any other (checked as calls arrive, which under a flood is
+        often)."""
+        now = trio.current_time()
+        while self._kept and self._kept[0][0] <= now:
+            _, giver = self._kept.popleft()
+            self._place(giver, keep=False)
 
     def _slot(self, caller: Hashable) -> Slot:
         self._held[caller] += 1
@@ -175,7 +201,7 @@ class Admission:
 
     @property
     def in_use(self) -> int:
-        return self.capacity - self._free
+        return self.capacity - self._free - len(self._kept)
 
     @property
     def waiting(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from spinf.admission import COST_BYTES, Admission
+from spinf.admission import COST_BYTES, GRACE_S, Admission
 
 
 async def refuse_all(admission: Admission, count: int, body_bytes: int = 0) -> list[tuple[int, float, object]]:
@@ -142,9 +142,9 @@ async def test_a_cancelled_waiter_passes_a_slot_it_was_handed_on(autojump_clock)
             await admission.admit()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(patient)
+        nursery.start_soon(cancelled)  # the oldest waiter: the freed slot goes to it first
         await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(cancelled)  # the newest waiter: the freed slot goes to it first
+        nursery.start_soon(patient)
         await trio.testing.wait_all_tasks_blocked()
         doomed.cancel()
         held.release()  # no checkpoint between: the slot is handed to a waiter whose wait was cancelled
@@ -201,3 +201,27 @@ async def test_a_caller_under_its_share_waits_for_a_slot_where_others_are_refuse
     lone = Admission(1, rate=200.0)
     lone.try_admit("a")
     assert await lone.admit(caller="b") is None and trio.current_time() == 0.5 + 2.0  # no slot freed: PATIENCE_S
+
+
+async def test_a_slot_given_back_under_its_share_is_kept_from_a_caller_over_its_share_for_a_while(autojump_clock):
+    admission = Admission(3, rate=1.0)
+    assert admission.try_admit("flood") and admission.try_admit("flood")
+    polite = admission.try_admit("polite")
+    await admission.admit(caller="flood")  # spends the burst
+    record, started = [], trio.current_time()
+    async with trio.open_nursery() as nursery:
+        await waiting_in_turn(admission, ["flood"], record, nursery)  # 2 of 3 slots: over its share of 1.5
+        polite.release()  # kept for polite's next call, not handed to the flood's waiter
+        await trio.testing.wait_all_tasks_blocked()
+        assert record == [] and admission.in_use == 2 and admission.try_admit("flood") is None
+        polite = admission.try_admit("polite")
+        assert polite is not None and admission.in_use == 3
+        polite.release()
+        await trio.sleep(GRACE_S / 2)
+        assert record == [] and admission.try_admit("flood") is None  # still kept
+        await trio.sleep(GRACE_S / 2)
+        assert admission.try_admit("flood") is None  # the kept slot's time is up: to the flood's waiter
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(name, slot is not None) for name, slot in record] == [("flood0", True)]
+        assert trio.current_time() == started + GRACE_S
+    assert admission.held("flood") == 3 and admission.held("polite") == 0
