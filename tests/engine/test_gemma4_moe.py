@@ -31,6 +31,7 @@ from spinf.errors import ModelError
 from tests.engine import test_gemma4_31b as gemma31b
 from tests.engine import test_gemma4_small as small
 from tests.engine import test_independence as independence
+from tests.engine.extraction import test_decode_exact as decode_exact
 from tests.engine.test_gemma4_31b import randomized
 
 S, F = "sliding_attention", "full_attention"
@@ -210,6 +211,13 @@ alone = independence.alone
 test_each_question_alone_equals_all_together = independence.test_each_question_alone_equals_all_together
 test_with_300_other_questions = independence.test_with_300_other_questions
 test_with_other_inputs_and_in_another_order = independence.test_with_other_inputs_and_in_another_order
+
+
+# extraction decodes through the experts too (tests/engine/extraction)
+ref = decode_exact.ref
+test_greedy_generation_equals_the_reference_token_for_token = (
+    decode_exact.test_greedy_generation_equals_the_reference_token_for_token
+)
 
 
 @pytest.fixture(scope="module")
