@@ -13,6 +13,9 @@ key the spec does not list fails validation. It imports nothing from the server 
 
 from __future__ import annotations
 
+import functools
+import sys
+
 from spinf.decisions import MAX_CHOICES, MAX_LEVELS, MAX_QUESTIONS
 from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VALUES, MIN_CHOICES, MIN_LEVELS
 from spinf.protocol.schema import DETAILS, MODES
@@ -153,10 +156,11 @@ RULES_IN_WORDS = {
 }
 
 
-def _request_schemas(limits: Limits) -> dict:
+def _request_schemas(limits: Limits, model_names: tuple[str, ...]) -> dict:
     """The request's components, with the server's limits where a schema bound is a setting (a trusted call may
-    lower them, ScoreRequest's description says) and each object's rules in words."""
+    lower them, ScoreRequest's description says), the model's names, and each object's rules in words."""
     schemas = request_components()
+    schemas["ScoreRequest"]["properties"]["model"] |= model_name(model_names)
     options = schemas["Query"]["properties"]["options"]
     options["maxItems"] = limits.max_options  # too_many_options (§4.8)
     options["description"] += f"; at most max_options ({limits.max_options:,} here)"
@@ -167,6 +171,62 @@ def _request_schemas(limits: Limits) -> dict:
     stream = described(ANY, "true: the answer as server-sent events; any other value, or none: JSON")
     schemas["ChatRequest"] |= {"properties": {"stream": stream}}
     return schemas
+
+
+@functools.cache
+def _folded_from() -> dict[str, str]:
+    """Each casefold that some other character has, and those characters: ``"k"`` -> ``"\u212a"`` (Kelvin)."""
+    sources: dict[str, str] = {}
+    for code in range(sys.maxunicode + 1):
+        folded = chr(code).casefold()
+        if folded != chr(code):
+            sources[folded] = sources.get(folded, "") + chr(code)
+    return sources
+
+
+def _escaped(char: str) -> str:
+    """``char`` for a pattern that ECMA-262 and Python read alike: ASCII letters and digits as they are."""
+    if char.isascii() and char.isalnum():
+        return char
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else char
+
+
+def _folding_to(text: str, limit: int = 4096) -> str | None:
+    """A regex of exactly the strings whose casefold is ``text`` (casefolded); None when it would exceed ``limit``
+    characters (a name full of foldable ligature pairs)."""
+    sources = _folded_from()
+
+    def rest(i: int) -> str:
+        if i == len(text):
+            return ""
+        branches = []
+        for size in (1, 2, 3):
+            piece = text[i : i + size]
+            chars = (piece if size == 1 and piece.casefold() == piece else "") + sources.get(piece, "")
+            if len(piece) == size and chars:
+                one = _escaped(chars) if len(chars) == 1 else "[" + "".join(map(_escaped, chars)) + "]"
+                branches.append(one + rest(i + size))
+                if sum(map(len, branches)) > limit:
+                    raise OverflowError
+        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+    try:
+        return rest(0)
+    except OverflowError:
+        return None
+
+
+def model_name(names: tuple[str, ...]) -> dict:
+    """The schema of a request's ``model``: any of ``names`` compared as the parser compares (`str.casefold`), when
+    the server's names are known; else a non-empty string."""
+    if not names:
+        return {}
+    listed = ", ".join(dict.fromkeys(names))
+    patterns = [_folding_to(name.casefold()) for name in dict.fromkeys(name.casefold() for name in names)]
+    text = f"one of {listed}, compared case-insensitively (model_not_served)"
+    if None in patterns:
+        return {"description": text}
+    return {"pattern": f"^(?:{'|'.join(patterns)})$(?!\\n)", "description": text}
 
 
 # §5: the response body.
@@ -287,7 +347,7 @@ DECISION_RULES = (
 )
 
 
-def _decision_schemas() -> dict:
+def _decision_schemas(model_names: tuple[str, ...]) -> dict:
     text = loose({"type": {"const": "input_text"}, "text": STR})
     image = loose({"type": {"const": "input_image"}, "image_url": STR, "detail?": nullable(enum(*DETAILS))},
                   description="a data URL, read as a score body's image_url part where it stands; not a file_id "
@@ -328,7 +388,7 @@ def _decision_schemas() -> dict:
     ]}  # fmt: skip
     request = loose(
         {
-            "model": described(string(1), "a name of the served model (api spec 9.6)"),
+            "model": described(string(1), "a name of the served model (api spec 9.6)") | model_name(model_names),
             "input": {"anyOf": [STR, array({"oneOf": messages + tools}, 1)]},
             "questions": array(question, 1, MAX_QUESTIONS),
             **same(nullable(STR), "prompt_cache_key? safety_identifier?"),
@@ -602,9 +662,9 @@ def _paths() -> dict:
     return paths
 
 
-def openapi_document(version: str, limits: Limits = _DEFAULT_LIMITS) -> dict:
-    """The OpenAPI 3.1 document of the server whose version is ``version`` and whose request ``limits`` are these
-    (the defaults when not given)."""
+def openapi_document(version: str, limits: Limits = _DEFAULT_LIMITS, model_names: tuple[str, ...] = ()) -> dict:
+    """The OpenAPI 3.1 document of the server whose version is ``version``, whose request ``limits`` are these (the
+    defaults when not given) and whose model answers to ``model_names`` (not stated when not given)."""
     description = (
         "Scoring server for decision models. Every response carries X-Request-Id. An unknown path is a 404 not_found "
         "and a known path with another method a 405 method_not_allowed with an Allow header (components Error404 "
@@ -624,7 +684,12 @@ def openapi_document(version: str, limits: Limits = _DEFAULT_LIMITS) -> dict:
         "info": {"title": "spinf-serve", "version": version, "description": description},
         "paths": _paths(),
         "components": {
-            "schemas": {**_request_schemas(limits), **_response_schemas(), **_decision_schemas(), **_other_schemas()},
+            "schemas": {
+                **_request_schemas(limits, model_names),
+                **_response_schemas(),
+                **_decision_schemas(model_names),
+                **_other_schemas(),
+            },
             "responses": {f"Error{status}": error(status) for status in _ERROR_DESCRIPTIONS},
             "headers": {"X-Request-Id": request_id},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "the access token"}},

@@ -450,12 +450,15 @@ class ModelEntry:
     def id(self) -> str:
         return self.served_model or self.resolved.served_name
 
-    def answers_to(self, name: str) -> bool:
-        """Whether ``name`` is one of the model's names, compared case-insensitively, as a request's ``model`` is:
-        the served name, the manifest id and its aliases (api spec §9.6)."""
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names a request's ``model`` may give (api spec §9.6): the served name, the manifest id, its aliases."""
         manifest = self.resolved.manifest
-        names = (self.id, *((manifest.id,) if manifest is not None else ()), *self.resolved.aliases)
-        return name.casefold() in {known.casefold() for known in names}
+        return (self.id, *((manifest.id,) if manifest is not None else ()), *self.resolved.aliases)
+
+    def answers_to(self, name: str) -> bool:
+        """Whether ``name`` is one of the model's `names`, compared case-insensitively, as a request's ``model`` is."""
+        return name.casefold() in {known.casefold() for known in self.names}
 
     def openai(self) -> dict:
         """OpenAI's model object for the served model (api spec §7, "OpenAI's shape beside it")."""
@@ -526,7 +529,7 @@ def run(settings, reload_settings: Callable[[], object] | None = None, sockets: 
 
         return Engine.from_settings(settings)
 
-    document = openapi_document(__version__, settings.limits)
+    document = openapi_document(__version__, settings.limits, models_entry_for(resolved, settings).names)
     start_signals.hold_stops()  # from here a SIGTERM is the drain controller's, not an exception in the event loop
     return trio.run(
         functools.partial(

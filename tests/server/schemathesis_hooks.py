@@ -51,10 +51,11 @@ def error_envelope(ctx, response, case) -> None:
 
 
 SCORING = ("/v1/score", "/v1/chat/completions", "/v1/decisions")
-SERVED = "tiny"  # the served model's alias (test_schemathesis serves spinf/tiny-gemma4)
-# The codes of what a schema states: api spec §4.12 steps 1-3 and 11, the template grammar (a pattern), and the
+# The codes of what a schema states: api spec §4.12 steps 1-4 and 11, the template grammar (a pattern), and the
 # decisions body's shape.
-SHAPE_CODES = ("invalid_json", "invalid_field", "unsupported_content", "scoring_required", "invalid_template")
+SHAPE_CODES = (
+    "invalid_json invalid_field unsupported_content scoring_required model_not_served invalid_template".split()
+)
 # The shape refusals of rules that the document states in words (an object's description), as (param, message).
 _Q = r"(?:inputs\.\d+\.)?(?:scoring\.)?queries\.\d+"
 IN_WORDS = tuple(
@@ -86,15 +87,6 @@ def _body_validator(case) -> Strict:
         pointer = f"urn:served#/paths/{at}/post/requestBody/content/application~1json/schema"
         _VALIDATORS[key] = Strict({"$ref": pointer}, registry=registry)
     return _VALIDATORS[key]
-
-
-@schemathesis.hook
-def before_call(context, case, kwargs) -> None:
-    """On the scoring routes, a name the server serves for a model that is a non-empty string, so that a body the
-    schema accepts reaches the checks after step 4 (the document names the model in words)."""
-    if case.operation.path in SCORING and isinstance(case.body, dict) and case.body.get("model"):
-        if isinstance(case.body["model"], str):
-            case.body["model"] = SERVED
 
 
 @schemathesis.check

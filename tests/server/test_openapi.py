@@ -423,3 +423,28 @@ def test_a_number_beyond_the_float_range_is_refused_as_the_document_says(where):
         "invalid_field",
         f"scoring.queries.0.{where}.{'a' if where == 'calibration' else 'top_p'}",
     )
+
+
+NAMES = ("spinf/tiny-gemma4", "TINY", "Straße")  # "Straße" folds to "strasse": "STRASSE" and "straſſe" are it too
+NAMED = openapi_document(spinf.__version__, model_names=NAMES)["components"]["schemas"]
+
+
+@pytest.mark.parametrize(
+    "schema", [NAMED["ScoreRequest"]["properties"]["model"], NAMED["DecisionRequest"]["properties"]["model"]]
+)
+@FIXED
+@given(st.sampled_from(["tiny", "spinf/tiny-gemma4", "strasse", "x"]), st.data())
+def test_the_model_pattern_takes_the_names_the_parser_takes(schema, name, data):
+    """Each name, with its characters swapped for any that fold to them, or one changed: the pattern agrees with
+    the parser's comparison (`str.casefold`) either way."""
+    swaps = {"s": "sSſ", "ss": ["ss", "SS", "ß", "ẞ", "ſs"], "k": "kK\u212a"}
+    pieces = [data.draw(st.sampled_from(list(swaps.get(c, c + c.upper())))) for c in name.replace("ss", "\0")]
+    text = "".join(data.draw(st.sampled_from(swaps["ss"])) if p == "\0" else p for p in pieces)
+    text += data.draw(st.sampled_from(["", "", "x", "\n", " "]))
+    expected = text.casefold() in {known.casefold() for known in NAMES}
+    assert Draft202012Validator(schema).is_valid(text) == expected
+
+
+def test_without_names_the_model_is_any_non_empty_string():
+    model = DOC["components"]["schemas"]["ScoreRequest"]["properties"]["model"]
+    assert "pattern" not in model and model["minLength"] == 1

@@ -13,12 +13,12 @@ document describes. Every answer must pass every built-in check but one:
   the spec, not from the document).
 
 ``positive_data_acceptance`` is off: a body the document accepts may still be refused for a rule that a schema
-cannot state (options on an extraction slot, a model of another name). The hooks' ``bodies_as_documented`` takes
-its place on the scoring routes (issue 33 item 9): there a body the served schema accepts is never refused for
-its shape unless for a rule the document states in words, and a body it refuses gets a 4xx. It runs within
-``all`` above, and alone on random bodies of those routes below. Generation is deterministic and the budget
-fixed, so CI runs the same cases every time, in about 20 s on 2 cores; ``pytest -m slow`` runs a longer budget
-(contrib/loadtest/README.md, "Fuzzing").
+cannot state (options on an extraction slot, an option repeated after casefolding). The hooks'
+``bodies_as_documented`` takes its place on the scoring routes (issue 33 item 9): there a body the served schema
+accepts is never refused for its shape unless for a rule the document states in words, and a body it refuses gets
+a 4xx. It runs within ``all`` above, and alone on random bodies of those routes below. Generation is
+deterministic and the budgets fixed, so CI runs the same cases every time, in about 20 s and 15 s on 2 cores;
+``pytest -m slow`` runs longer budgets (contrib/loadtest/README.md, "Fuzzing").
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def test_schemathesis_finds_nothing_at_length(server, tmp_path):
 
 def test_scoring_bodies_are_as_documented(server, tmp_path):
     """Random bodies only: the run of all checks above sends these routes' boundary cases already."""
-    done = schemathesis_run(server.url, 20, tmp_path, timeout=120, checks=BODIES, phases="fuzzing")
-    check_run(done, at_least=60, operations=3)
+    done = schemathesis_run(server.url, 15, tmp_path, timeout=120, checks=BODIES, phases="fuzzing")
+    check_run(done, at_least=45, operations=3)
 
 
 @pytest.mark.slow
