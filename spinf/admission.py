@@ -13,15 +13,18 @@ parsing it is the expensive part), and a client that retries at once without hon
 to its share of that rate. With no flood the burst is never spent and a refusal is answered at once, as the spec
 describes.
 
-Slots are shared by caller (the gate names the caller: the peer's address). While calls wait, a slot that frees goes
-to the caller that holds the fewest slots at that moment (among equals, the one whose waiting call came first), and
-within a caller to its oldest waiting call: waiters are served in arrival order, and a caller that holds as many as
-``capacity / callers`` slots gets none until the others have caught up. A caller under that share that finds every
-slot taken is not refused at once even without a flood: it waits for the next freed slot up to `PATIENCE_S`, the
-``Retry-After`` its 429 would give. And a slot that a caller under its share gives back is kept from callers over
-theirs for `GRACE_S`, as its caller's next call is on its way: otherwise a flood's waiters would take it first. So
-a flood from one address is what gets refused while polite callers are admitted, and a caller alone may hold every
-slot. Nothing here imports torch.
+Slots are shared by caller (the gate names the caller: the peer's address). While calls wait, a slot that frees goes to
+the caller that holds the fewest slots at that moment (among equals, the one whose oldest waiting call came first), and
+within a caller to its oldest waiting call, so waiters are served in arrival order; a caller that holds as many as
+``capacity / callers`` slots gets none until the others have caught up. Within a caller one exception: while refusals
+wait for their turns (a flood), its newest waiter is served, since its oldest are about to get their paced 429 anyway
+and a call admitted then has not waited out the whole backlog (issue 10's target for the latency of admitted calls; it
+changes no caller's chance of a slot). A caller under its share that finds every slot taken is not refused at once even
+without a flood: it waits for the next freed slot up to `PATIENCE_S`, the ``Retry-After`` its 429 would give. And a
+slot that a caller under its share gives back during a flood is kept from callers over theirs for `GRACE_S`, as its
+caller's next call is on its way: otherwise a flood's waiters would take it first (the keeping ends as calls arrive,
+which during a flood is often). So a flood from one address is what gets refused while polite callers are admitted, and
+a caller alone may hold every slot. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -146,20 +149,21 @@ class Admission:
         return self._held[caller] * len(callers) < self.capacity
 
     def hand_on(self, caller: Hashable = None) -> None:
-        """``caller`` gave a slot back (`_place`; kept when ``caller`` is under its share after it)."""
+        """``caller`` gave a slot back (`_place`; kept during a flood when ``caller`` is under its share after it)."""
         self._held[caller] -= 1
         if self._held[caller] <= 0:
             del self._held[caller]
-        self._place(caller, keep=self._under_share(caller))
+        self._place(caller, keep=self._paced() and self._under_share(caller))
 
     def _place(self, giver: Hashable, *, keep: bool) -> None:
-        """A slot ``giver`` gave back: to the oldest waiter of the caller holding the fewest slots (among equals,
-        the caller whose waiter came first); but when ``keep`` and that caller is over its share (counting
-        ``giver``), or nobody waits, it is kept for `GRACE_S` from callers over their share (the giver's next
-        call comes back at once), else it is free."""
+        """A slot ``giver`` gave back: to the oldest waiter (the newest while `_paced`) of the caller holding the
+        fewest slots (among equals, the caller whose oldest waiter came first); but when ``keep`` and that caller
+        is over its share (counting ``giver``), or nobody waits, it is kept for `GRACE_S` from callers over their
+        share (the giver's next call comes back at once), else it is free."""
         fewest = min(self._queues, key=lambda c: (self._held[c], next(iter(self._queues[c])).arrived), default=_NOBODY)
         if fewest is not _NOBODY and not (keep and not self._under_share(fewest, giver)):
-            waiter = next(iter(self._queues[fewest]))
+            queue = self._queues[fewest]
+            waiter = next(reversed(queue)) if self._paced() else next(iter(queue))
             self._leave(waiter)
             waiter.slot = self._slot(fewest)
             waiter.woken.set()
@@ -167,6 +171,10 @@ class Admission:
             self._kept.append((trio.current_time() + GRACE_S, giver))
         else:
             self._free += 1
+
+    def _paced(self) -> bool:
+        """Whether refusals wait for their turns now (a flood): the pacer is booked past its burst."""
+        return self._due - trio.current_time() > BURST_S
 
     def _expire(self) -> None:
         """Kept slots whose time is up are placed as any other (checked as calls arrive, which under a flood is

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from spinf.admission import COST_BYTES, GRACE_S, Admission
+from spinf.admission import COST_BYTES, GRACE_S, PATIENCE_S, Admission
 
 
 async def refuse_all(admission: Admission, count: int, body_bytes: int = 0) -> list[tuple[int, float, object]]:
@@ -58,14 +58,27 @@ async def waiting_in_turn(admission: Admission, callers: list[str], record: list
 
 
 async def test_a_freed_slot_goes_to_the_oldest_waiter(autojump_clock):
+    admission = Admission(2, rate=1000.0)  # no flood: the waiters below wait as callers under their share
+    x, c = admission.try_admit("x"), admission.try_admit("c")
+    record = []
+    async with trio.open_nursery() as nursery:
+        await waiting_in_turn(admission, ["d", "d", "d"], record, nursery)
+        x.release()
+        await trio.testing.wait_all_tasks_blocked()
+        c.release()
+    assert [(name, slot is not None) for name, slot in record] == [("d0", True), ("d1", True), ("d2", False)]
+    assert trio.current_time() == PATIENCE_S and admission.held("d") == 2
+
+
+async def test_during_a_flood_a_callers_newest_waiter_is_served(autojump_clock):
     admission = Admission(1, rate=1.0)
     held = admission.try_admit("c")
-    await admission.admit(caller="c")  # spends the burst: later refusals wait a second a turn
+    await admission.admit(caller="c")  # spends the burst: later refusals wait a second a turn, a flood
     record = []
     async with trio.open_nursery() as nursery:
         await waiting_in_turn(admission, ["c", "c", "c"], record, nursery)
         held.release()
-    assert [name for name, _ in record] == ["c0", "c1", "c2"]
+    assert [name for name, _ in record] == ["c2", "c0", "c1"]
     assert record[0][1] is not None and record[1][1] is None and record[2][1] is None
     assert admission.in_use == 1 and admission.held("c") == 1
 
@@ -79,17 +92,17 @@ async def test_freed_slots_go_first_to_the_caller_holding_fewest(autojump_clock)
     async with trio.open_nursery() as nursery:
         # the flood's waiters came first, but it holds 3 slots to polite's 1
         await waiting_in_turn(admission, ["flood", "flood", "polite", "polite"], record, nursery)
-        flood[0].release()  # polite (1 held) before flood (2 held): polite's oldest
+        flood[0].release()  # polite (1 held) before flood (2 held): polite's newest, refusals being paced
         await trio.testing.wait_all_tasks_blocked()
-        assert [name for name, _ in record] == ["polite2"]
-        flood[1].release()  # polite 2, flood 1: the flood's oldest
+        assert [name for name, _ in record] == ["polite3"]
+        flood[1].release()  # polite 2, flood 1: the flood's
         await trio.testing.wait_all_tasks_blocked()
-        assert [name for name, _ in record] == ["polite2", "flood0"]
-        polite.release()  # polite 1, flood 2: polite's next
+        assert [name for name, _ in record] == ["polite3", "flood1"]
+        polite.release()  # polite 1, flood 2: polite's
         await trio.testing.wait_all_tasks_blocked()
-        assert [name for name, _ in record] == ["polite2", "flood0", "polite3"]
+        assert [name for name, _ in record] == ["polite3", "flood1", "polite2"]
         assert (admission.held("polite"), admission.held("flood")) == (2, 2)
-    assert [slot is None for _, slot in record] == [False, False, False, True]  # flood1 is refused in its turn
+    assert [slot is None for _, slot in record] == [False, False, False, True]  # flood0 is refused in its turn
     assert admission.waiting == 0 and admission.in_use == 4
 
 
@@ -124,7 +137,7 @@ async def test_a_flood_from_one_caller_leaves_a_polite_caller_its_turn(autojump_
         held[1].release()
         await trio.testing.wait_all_tasks_blocked()
         name, slot = record[-1]
-        assert name == "flood4" and slot is not None  # then the flood's oldest still waiting
+        assert name == "flood19" and slot is not None  # then the flood's newest, refusals being paced
     assert len([slot for _, slot in record if slot is None]) == 21 - 2
 
 
@@ -142,9 +155,9 @@ async def test_a_cancelled_waiter_passes_a_slot_it_was_handed_on(autojump_clock)
             await admission.admit()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(cancelled)  # the oldest waiter: the freed slot goes to it first
-        await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(patient)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(cancelled)  # the newest waiter: during a flood the freed slot goes to it first
         await trio.testing.wait_all_tasks_blocked()
         doomed.cancel()
         held.release()  # no checkpoint between: the slot is handed to a waiter whose wait was cancelled

@@ -26,6 +26,7 @@ if shutil.which("wrk") is None:
 # answered 52 polite calls a second: about 4 refusals per polite answer. deployment.md tells a slower machine to
 # keep that proportion, and the test does the same when the default misses.
 REFUSALS_PER_POLITE_ANSWER = 4.0
+FAIR_REFUSALS_PER_POLITE_ANSWER = 2.0  # with polite clients beside the flood (deployment.md "Admission policy")
 
 
 @pytest.mark.slow
@@ -74,10 +75,11 @@ def test_polite_callers_keep_their_share_beside_a_flood_and_a_small_call_its_tur
     45,000 one-word inputs answer within 2 s each. The issue measured 0.1-0.2 polite answers a second against 49-50
     alone, a total of 0.63-0.76, and more than 90 s.
 
-    Refusals are CPU the engine's thread waits behind, so, as in the overload test above, a miss is measured again
-    on a fresh server whose ``reject_rate`` is 4 refusals per polite answer alone (deployment.md's advice for a
-    slower machine), up to two more times: on 2 cores shared with the load generator and other work, one run's
-    figures move by a tenth or more."""
+    Refusals are CPU the engine's thread and the polite calls wait behind, so, as in the overload test above, a
+    miss is measured again on a fresh server whose ``reject_rate`` follows this machine's polite rate, up to two
+    more times: here 2 refusals per polite answer alone, since the polite clients share the CPU with the flood's
+    refusals (on the 2 shared cores of RESULTS.md, 4 per answer kept 0.35-0.59 of the polite rate, 2 kept 0.68; the
+    default kept 0.2). One run's figures move by a tenth or more there."""
     reports = []
     reject_rate = None
     for attempt in range(3):
@@ -88,6 +90,6 @@ def test_polite_callers_keep_their_share_beside_a_flood_and_a_small_call_its_tur
         assert not [line for line in missed if "ratio" not in line and "took" not in line], "\n\n".join(reports)
         if not missed:
             return
-        rate = REFUSALS_PER_POLITE_ANSWER * figures["alone"]["goodput"]
+        rate = FAIR_REFUSALS_PER_POLITE_ANSWER * figures["alone"]["goodput"]
         reject_rate = min(SETTING["reject_rate"].default, rate)
     pytest.fail("a target was missed in all three attempts:\n" + "\n\n".join(reports))
