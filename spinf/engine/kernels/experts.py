@@ -6,7 +6,9 @@ an expert by row), with each expert's first slot and first tile, all on the devi
 one expert, ``TILE_COLS`` output columns): it gathers its slots' input rows (``gather``) or reads them in slot order,
 multiplies them by that expert's weight over the inputs in steps of ``TILE_INPUTS``, always in the same order, and
 writes each slot's row. The grid is sized by N alone (``cdiv(N·k, TILE_ROWS) + experts``, the most tiles any
-routing needs); programs beyond the routing's tiles do nothing.
+routing needs); programs beyond the routing's tiles do nothing. The column tiles of a row tile are neighbours in the
+launch order and an expert's row tiles follow one another, so the programs running at once share one or two
+experts' weights through the L2 cache (each expert's weight read from memory about once).
 
 A row's result depends on that row and its expert's weight only: one fixed tile (no autotuning), no split along
 the inputs, and each output element one dot per step whose bits do not depend on the tile's other rows (as for the
@@ -64,7 +66,7 @@ def _grouped_kernel(
     GATHER: tl.constexpr, FP8: tl.constexpr, EXPERTS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
+    pid = tl.program_id(1)
     ids = tl.arange(0, EXPERTS)
     ends = tl.load(tiles_ptr + 1 + ids, mask=ids < experts, other=2**30)
     e = tl.sum((ends <= pid).to(tl.int32), axis=0)  # the expert whose tiles hold tile ``pid``
@@ -77,7 +79,7 @@ def _grouped_kernel(
         src = tl.load(rows_ptr + slots, mask=live, other=0).to(tl.int64)
     else:
         src = slots.to(tl.int64)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
     col_ok = cols < n_out
     w_base = w_ptr + e.to(tl.int64) * n_out * n_in
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -111,7 +113,7 @@ def grouped_mm(x: torch.Tensor, weight, plan: ExpertPlan, *, gather: bool = Fals
     out = torch.empty((slots, n_out), dtype=x.dtype, device=x.device)
     if slots:
         scales = (weight.input_scales, weight.scale) if fp8 else (x, x)  # any pointers; unread without FP8
-        grid = (plan.tiles, triton.cdiv(n_out, TILE_COLS))
+        grid = (triton.cdiv(n_out, TILE_COLS), plan.tiles)
         _grouped_kernel[grid](
             x, plan.slot_rows, data, out, plan.offsets, plan.tile_starts, *scales, n_out, n_in, experts,
             GATHER=gather, FP8=fp8, EXPERTS=triton.next_power_of_2(experts),
