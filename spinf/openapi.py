@@ -5,19 +5,20 @@ score response of §5 (chat adds ``choices``, §6), the decisions request and re
 ``openai`` SDK's shapes, unknown request keys allowed as in a score body), the model entry of §7, the pack listings of
 §8, the probes, drain and info of §3, and the error envelope of §2.5 with its code table (``ERROR_CODES``), narrowed
 per status. The score request of §4 is not written here: `spinf.protocol.schema` declares it once, for the parser's
-checks and for this document, which embeds its components unchanged. The other schemas are plain dicts built by small
-helpers: in an object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer with a
-key the spec does not list fails validation. It imports nothing from the server but the request's schema table;
-``tests/server/test_openapi.py`` checks it against the app's routes and real answers.
+checks and for this document, which embeds its components and adds what the table cannot hold: the bounds that are
+settings (this server's limits), the served model's names as a pattern, and the rules across fields in words.
+The request schemas state what the parsers enforce (issue 33 item 9): a body they accept is refused for its shape
+only by a rule an object's description states. The other schemas are plain dicts built by small helpers: in an
+object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer with a key the spec
+does not list fails validation. It imports nothing from the server but the request's schema table;
+``tests/server/test_openapi.py`` checks it against the app's routes, the parsers and real answers.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-
 from spinf.decisions import MAX_CHOICES, MAX_LEVELS, MAX_QUESTIONS
 from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VALUES, MIN_CHOICES, MIN_LEVELS
+from spinf.protocol.names import casefold_pattern
 from spinf.protocol.schema import DETAILS, MODES
 from spinf.protocol.schema import components as request_components
 from spinf.settings import Limits
@@ -160,7 +161,7 @@ def _request_schemas(limits: Limits, model_names: tuple[str, ...]) -> dict:
     """The request's components, with the server's limits where a schema bound is a setting (a trusted call may
     lower them, ScoreRequest's description says), the model's names, and each object's rules in words."""
     schemas = request_components()
-    schemas["ScoreRequest"]["properties"]["model"] |= model_name(model_names)
+    schemas["ScoreRequest"]["properties"]["model"] |= _model_schema(model_names)
     options = schemas["Query"]["properties"]["options"]
     options["maxItems"] = limits.max_options  # too_many_options (§4.8)
     options["description"] += f"; at most max_options ({limits.max_options:,} here)"
@@ -173,60 +174,14 @@ def _request_schemas(limits: Limits, model_names: tuple[str, ...]) -> dict:
     return schemas
 
 
-@functools.cache
-def _folded_from() -> dict[str, str]:
-    """Each casefold that some other character has, and those characters: ``"k"`` -> ``"\u212a"`` (Kelvin)."""
-    sources: dict[str, str] = {}
-    for code in range(sys.maxunicode + 1):
-        folded = chr(code).casefold()
-        if folded != chr(code):
-            sources[folded] = sources.get(folded, "") + chr(code)
-    return sources
-
-
-def _escaped(char: str) -> str:
-    """``char`` for a pattern that ECMA-262 and Python read alike: ASCII letters and digits as they are."""
-    if char.isascii() and char.isalnum():
-        return char
-    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else char
-
-
-def _folding_to(text: str, limit: int = 4096) -> str | None:
-    """A regex of exactly the strings whose casefold is ``text`` (casefolded); None when it would exceed ``limit``
-    characters (a name full of foldable ligature pairs)."""
-    sources = _folded_from()
-
-    def rest(i: int) -> str:
-        if i == len(text):
-            return ""
-        branches = []
-        for size in (1, 2, 3):
-            piece = text[i : i + size]
-            chars = (piece if size == 1 and piece.casefold() == piece else "") + sources.get(piece, "")
-            if len(piece) == size and chars:
-                one = _escaped(chars) if len(chars) == 1 else "[" + "".join(map(_escaped, chars)) + "]"
-                branches.append(one + rest(i + size))
-                if sum(map(len, branches)) > limit:
-                    raise OverflowError
-        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-
-    try:
-        return rest(0)
-    except OverflowError:
-        return None
-
-
-def model_name(names: tuple[str, ...]) -> dict:
+def _model_schema(names: tuple[str, ...]) -> dict:
     """The schema of a request's ``model``: any of ``names`` compared as the parser compares (`str.casefold`), when
     the server's names are known; else a non-empty string."""
     if not names:
         return {}
-    listed = ", ".join(dict.fromkeys(names))
-    patterns = [_folding_to(name.casefold()) for name in dict.fromkeys(name.casefold() for name in names)]
-    text = f"one of {listed}, compared case-insensitively (model_not_served)"
-    if None in patterns:
-        return {"description": text}
-    return {"pattern": f"^(?:{'|'.join(patterns)})$(?!\\n)", "description": text}
+    text = f"one of {', '.join(dict.fromkeys(names))}, compared case-insensitively (model_not_served)"
+    pattern = casefold_pattern(names)
+    return {"description": text} if pattern is None else {"pattern": pattern, "description": text}
 
 
 # §5: the response body.
@@ -388,7 +343,7 @@ def _decision_schemas(model_names: tuple[str, ...]) -> dict:
     ]}  # fmt: skip
     request = loose(
         {
-            "model": described(string(1), "a name of the served model (api spec 9.6)") | model_name(model_names),
+            "model": described(string(1), "a name of the served model (api spec 9.6)") | _model_schema(model_names),
             "input": {"anyOf": [STR, array({"oneOf": messages + tools}, 1)]},
             "questions": array(question, 1, MAX_QUESTIONS),
             **same(nullable(STR), "prompt_cache_key? safety_identifier?"),

@@ -448,3 +448,9 @@ def test_the_model_pattern_takes_the_names_the_parser_takes(schema, name, data):
 def test_without_names_the_model_is_any_non_empty_string():
     model = DOC["components"]["schemas"]["ScoreRequest"]["properties"]["model"]
     assert "pattern" not in model and model["minLength"] == 1
+
+
+def test_a_name_too_foldable_for_a_pattern_is_named_in_words():
+    """Every "ff" doubles the pattern (the ligature folds to it): past the size limit the names are only described."""
+    model = openapi_document(spinf.__version__, model_names=("f" * 40,))["components"]["schemas"]["ScoreRequest"]
+    assert "pattern" not in model["properties"]["model"] and "f" * 40 in model["properties"]["model"]["description"]
