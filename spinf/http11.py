@@ -23,28 +23,54 @@ What this module owns, beside that:
   ``Connection: close`` answer. `HTTPConnection` sends the response shielded (bounded by Quart's response
   timeout), so the close always runs.
 
+- **A client that leaves is heard.** The end of input while a request is answered is passed on at once (h11 would
+  hold it until the answer is sent), so the app gets ``http.disconnect`` and the call is cancelled (spinf.gate's 499).
+- **A shutdown loses no request** (`serve`, in place of Hypercorn's ``worker_serve``). Hypercorn stops accepting by
+  cancelling its accept loop and leaves the socket listening until the process exits, so the connections the
+  kernel accepted meanwhile were reset with their requests sent, and its idle task closed every connection without a
+  request under way, one whose request was arriving among them. Here, once the shutdown trigger returns, the
+  connections waiting in the kernel's queue are taken and the socket is closed in the same step (nothing in between
+  can let another in: a later client is refused before it sends anything), and a connection that has not sent its
+  first request yet, or has part of its next one, is given `FIRST_REQUEST_S` to send it and gets its answer (a 503
+  once the server is stopping); one idle between requests is closed at once, as Hypercorn closes it.
+
 `install` puts the protocol in place of Hypercorn's (``hypercorn.trio.tcp_server.ProtocolWrapper``, the one name
-Hypercorn looks up per connection); the supervisor calls it before serving.
+Hypercorn looks up per connection); `serve` calls it.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import h11
 import hypercorn.trio.tcp_server
 import trio
+from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from spinf.errors import ApiError
 from spinf.protocol.ids import new_request_id
 
+log = logging.getLogger(__name__)
 PROTOCOL_CODE = "invalid_http"
+# after the listener closed, how long a connection that has not sent its (first or next) request may take to send it:
+# a client sends its request at once after connecting, so this only bounds one that never does
+FIRST_REQUEST_S = 1.0
+LINGER_S = 0.5  # how long a closing connection waits for its client's end before closing (`_Connection`)
 _REASONS = {
     400: "the request is not valid HTTP/1.1",
     431: "the request's header fields are too large",
@@ -96,8 +122,14 @@ class Http11Protocol(H11Protocol):
     @property
     def expects_request(self) -> bool:
         """No request came on this connection yet, or part of the next one has arrived: closing it now could lose
-        a request its client has sent (`spinf.edge`)."""
+        a request its client has sent."""
         return self.keep_alive_requests == 0 or bool(self.connection.trailing_data[0])
+
+    @property
+    def is_idle(self) -> bool:
+        """No request is under way and no byte of the next has arrived."""
+        idle = self.stream is None and self.connection.their_state is h11.IDLE
+        return idle and not self.connection.trailing_data[0]
 
     async def stream_send(self, event) -> None:
         if isinstance(event, Response) and event.status_code >= 200:
@@ -166,6 +198,131 @@ class Http11Only(ProtocolWrapper):
             await self.protocol.handle(event)
         except Refusal as refusal:
             await self.protocol.refuse(refusal)
+
+    @property
+    def expects_request(self) -> bool:
+        return self.protocol.expects_request
+
+    @property
+    def is_idle(self) -> bool:
+        return self.protocol.is_idle
+
+
+class _Connection(TCPServer):
+    """Hypercorn's connection, whose idle task, once the server is shutting down, gives a connection that expects a
+    request `FIRST_REQUEST_S` to send it before closing it (a request that comes stops the idle task, as ever), and
+    which lingers after a closing answer: it sends its end (FIN) and discards what the client still sends until the
+    client closes too or `LINGER_S` has passed. Closed at once, a socket with unread bytes (the body of a request
+    refused unread: a 413, a 503 of a server stopping) is reset, and the reset can destroy the answer before the
+    client has read it."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._read_all = trio.Event()
+
+    async def _read_data(self) -> None:
+        try:
+            await super()._read_data()
+        finally:
+            self._read_all.set()
+
+    async def _close(self) -> None:
+        try:
+            await self.stream.send_eof()
+        except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError):
+            pass  # gone already, or the reader is closing it
+        else:
+            with trio.move_on_after(LINGER_S):  # Http11Protocol discards what comes after a closing answer
+                await self._read_all.wait()
+        await self.stream.aclose()
+
+    async def _idle_timeout(self) -> None:
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            await self.context.terminated.wait()
+        if self.context.terminated.is_set() and self.protocol.expects_request:
+            await trio.sleep(FIRST_REQUEST_S)
+        if not self.protocol.is_idle:  # a request came as this task woke: it stops this task, once it gets there
+            return
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
+
+async def serve(
+    app,
+    config: Config,
+    sockets: Sockets,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on the listening ``sockets`` until ``shutdown_trigger`` returns, then close as the module
+    docstring says and return once every connection has closed; ``task_status`` gets the binds.
+
+    **Cancellation**: the connections are closed where they are (the supervisor's deadline bounds this).
+    """
+    install()
+    lifespan = Lifespan(app, config, {})
+    context = WorkerContext(None)
+    connection = functools.partial(_Connection, app, config, context, ConnectionState({}))
+
+    async def run(stream: trio.SocketStream) -> None:
+        await connection(stream)
+
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:  # outlives the listeners
+            listening = sockets.insecure_sockets
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in listening]
+            binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in listening]
+            for bind in binds:
+                await config.log.info(f"Running on {bind}")
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(_accept, listener, run, connections)
+                task_status.started(binds)
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for sock, listener in zip(listening, listeners, strict=True):  # no checkpoint until terminated is set
+                for stream in _queued(sock):
+                    connections.start_soon(run, stream)
+                listener.socket.close()
+            await context.terminated.set()
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _accept(listener: trio.SocketListener, run, connections: trio.Nursery) -> None:
+    """Accept connections on ``listener`` and run each in ``connections``, until cancelled. Unlike
+    ``trio.serve_listeners`` it leaves the listener open when cancelled: `serve` takes the kernel's queue first.
+
+    **Cancellation**: nothing is left behind (a connection accepted is handed over before the next checkpoint)."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as error:
+            if error.errno not in _OUT_OF_RESOURCES:
+                raise
+            log.error("accepting a connection failed (%s): trying again in %g s", error, _RESOURCES_BACK_S)
+            await trio.sleep(_RESOURCES_BACK_S)
+            continue
+        connections.start_soon(run, stream)
+
+
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_RESOURCES_BACK_S = 0.1
+
+
+def _queued(sock) -> list[trio.SocketStream]:
+    """The connections the kernel has accepted on the listening ``sock`` that nobody has taken yet, without waiting
+    (trio made the socket non-blocking)."""
+    streams = []
+    while True:
+        try:
+            accepted, _ = sock.accept()
+        except OSError:  # none left (EAGAIN), or one reset in the queue or no descriptor free: the kernel keeps it
+            return streams
+        streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(accepted)))
 
 
 class HTTPConnection(TrioASGIHTTPConnection):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import tempfile
 import types
@@ -235,6 +236,8 @@ class Lifecycle:
     _degraded: str | None = attrs.field(default=None, init=False)
     _degraded_seen: trio.Event = attrs.field(factory=trio.Event, init=False)
     _until_stopping: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+    _answer_by: float = attrs.field(default=math.inf, init=False)
+    _until_answer_due: set[trio.CancelScope] = attrs.field(factory=set, init=False)
 
     @property
     def phase(self) -> Phase:
@@ -296,13 +299,16 @@ class Lifecycle:
             raise IllegalTransition(f"cannot fail the boot: the server is {self._phase.value}, not loading or warming")
         self._phase, self._error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
 
-    def stop(self) -> None:
-        """Any phase but stopping -> stopping; the waits under `until_stopping` end now."""
+    def stop(self, answer_by: float = math.inf) -> None:
+        """Any phase but stopping -> stopping; the waits under `until_stopping` end now, those under
+        `until_answer_due` at ``answer_by`` (trio time)."""
         if self._phase is Phase.STOPPING:
             raise IllegalTransition("cannot stop: the server is already stopping")
-        self._phase = Phase.STOPPING
+        self._phase, self._answer_by = Phase.STOPPING, answer_by
         for scope in self._until_stopping:
             scope.cancel()
+        for scope in self._until_answer_due:
+            scope.deadline = answer_by
 
     def degrade(self, reason: str) -> None:
         """Mark the engine degraded (the first reason stays): probes answer 503, scoring goes on, the drain
@@ -327,6 +333,17 @@ class Lifecycle:
                 yield scope
             finally:
                 self._until_stopping.discard(scope)
+
+    @contextlib.contextmanager
+    def until_answer_due(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope whose deadline, once the shutdown began, is the last moment a call can still be answered
+        before the shutdown's deadline cuts it: for a call's wait, which answers 503 when it ends so."""
+        with trio.CancelScope(deadline=self._answer_by) as scope:
+            self._until_answer_due.add(scope)
+            try:
+                yield scope
+            finally:
+                self._until_answer_due.discard(scope)
 
 
 @attrs.frozen

@@ -3,9 +3,12 @@
 Nested nurseries encode the lifetimes: the executor thread outlives every actor that sends it work; the actors
 outlive the HTTP server. Shutdown runs the other way, under **one deadline** on one cancel scope (the drain
 controller's ``deadline``, which holds the actors and the HTTP server): the drain controller lets the calls in
-flight finish, the HTTP server closes, the web layer's channel to the packer closes, the boot actors are cancelled
-if still at work, and every actor ends by closing its own clone of the executor's inbox, which ends the executor's
-thread after its current job. When the deadline passes first, the scope cancels all that is left at once.
+flight finish, the HTTP server closes (`spinf.http11.serve`), the web layer's channel to the packer closes, the boot
+actors are cancelled if still at work, and every actor ends by closing its own clone of the executor's inbox, which
+ends the executor's thread after its current job. When the deadline passes first (the calls still waiting were
+answered 503 a moment before it), the scope cancels all that is left at once; the executor's job in flight is
+waited for until the same deadline and its thread then abandoned to it, so the process exits at the deadline
+rather than after the pass (or the load) under way.
 
 The pack catalog is built before any of this (`start_packs`, packs spec §4.5): a catalog error ends the start with
 exit status 1 before the model loads. The pack syncer holds it from then on, beside the packer, which reads its
@@ -22,13 +25,13 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import attrs
 import trio
 from hypercorn.config import Config, Sockets
-from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from spinf import http11, start_signals
@@ -333,10 +336,11 @@ async def running_actors(
                         syncing.cancel_scope.cancel()  # no request reaches the syncer any more
                     drain.stop()  # ending the body is a shutdown (begun already when the HTTP server closed)
                     boot.cancel_scope.cancel()  # a load or warm-up still at work is not wanted any more
-        if deadline.cancelled_caught:
-            log.warning(
-                "the shutdown deadline (%g s) passed: what was still running was cancelled", options.shutdown_s
-            )
+        # the executor's job in flight (a pass, the load) is waited for until the same deadline, no longer: its
+        # thread is then left to it, so the process exits at the deadline
+        outer.cancel_scope.deadline = deadline.deadline
+    if drain.cut:
+        log.warning("the shutdown deadline (%g s) passed: what was still running was cancelled", options.shutdown_s)
 
 
 def _bound_to_loopback(sockets: Sockets) -> bool:
@@ -376,26 +380,36 @@ async def serve(
     openapi: Callable[[], dict] = dict,
     packs: PackCatalogs | None = None,
     sockets: Sockets | None = None,
+    process: bool = False,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Run the server until a signal (or ``DrainController.stop``) shuts it down; ``task_status`` gets the binds.
-    ``sockets``: the address bound already (`bind_sockets`); None binds it here.
+    ``sockets``: the address bound already (`bind_sockets`); None binds it here. ``process``: the server is the
+    process (``spinf-serve serve``), which a shutdown cut by its deadline ends at once (`_exit_now`).
 
     Returns the exit status: 0, also when the shutdown deadline cut calls short, or 70 when the engine was
     degraded (api spec §3.2).
     """
-    http11.install()
     config = hypercorn_config(options)
     sockets = sockets or bind_sockets(options)
     start_listening(options, sockets)  # before the actors: a refusal here is one line, not an exception group
     options = attrs.evolve(options, bound_to_loopback=_bound_to_loopback(sockets))
     async with running_actors(options, load, models_entry, openapi=openapi, packs=packs) as running:
         app = wrap_app(create_app(running.services), config.wsgi_max_body_size, None)
-        await worker_serve(
-            app, config, sockets=sockets, shutdown_trigger=running.shutdown.wait, task_status=task_status
-        )
+        await http11.serve(app, config, sockets, shutdown_trigger=running.shutdown.wait, task_status=task_status)
         log.info("the HTTP server has closed")
+    if process and running.drain.cut:
+        _exit_now(running.drain.exit_code)
     return running.drain.exit_code
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code`` now, its engine thread still in the pass it was running: the interpreter's own
+    exit would wait for torch's threads to finish that pass (seconds) or abort the process on them."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @attrs.frozen
@@ -540,5 +554,6 @@ def run(settings, reload_settings: Callable[[], object] | None = None, sockets: 
             openapi=lambda: document,
             packs=packs,
             sockets=sockets,
+            process=True,
         )
     )

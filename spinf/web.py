@@ -293,11 +293,13 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
             raise shutting_down()
         reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
         try:
-            with reply_recv:
+            with reply_recv, services.lifecycle.until_answer_due() as due:
                 await services.pack_reloads.send(PackReload("POST /v0/packs/reload", reply_send, refresh))
                 reloaded = await reply_recv.receive()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
             raise shutting_down() from None  # the syncer has gone: the server is shutting down
+        if due.cancelled_caught:
+            raise shutting_down()
         return json_response(reloaded.as_dict())
 
 
@@ -351,14 +353,17 @@ async def _hand_to_packer(
     internals = g.trusted or services.debug if internals is None else internals
     work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, slot, trio.current_time())
     try:
-        with services.in_flight.track(), reply_recv:
+        with services.in_flight.track(), reply_recv, services.lifecycle.until_answer_due() as due:
             # never full: the inbox has a place per slot, and a slot is freed only after the packer took its call
             services.packer.send_nowait(work)
             slot.handed = True
             result = await reply_recv.receive()
     except BaseException:
-        work.abandon()  # the client went away (or the shutdown's deadline cut the call)
+        work.abandon()  # the client went away
         raise
+    if due.cancelled_caught:  # the shutdown's deadline is near: a 503 now rather than no answer at all
+        work.abandon()
+        raise shutting_down()
     return result.unwrap()
 
 

@@ -315,16 +315,12 @@ def test_sigterm_with_calls_in_flight_finishes_them_then_exits_0(tmp_path, cache
     idle.close()
 
 
-def test_sigterm_cuts_the_calls_that_outlast_the_deadline_and_exits_0(tmp_path, cache):
-    # small passes, so the executor's step in progress when the deadline passes ends soon after it
-    server = ServerProcess(tmp_path, "--token-budget", "2048", env={"SPINF_SHUTDOWN_S": "1"}, hf_home=cache)
-    failures = []
+def test_sigterm_answers_503_to_the_calls_that_outlast_the_deadline_and_exits_0_at_it(tmp_path, cache):
+    server = ServerProcess(tmp_path, env={"SPINF_SHUTDOWN_S": "1"}, hf_home=cache)
+    answers = []
 
-    def call():
-        try:  # seconds of work for the tiny model on a CPU: it cannot end within the deadline
-            httpx.post(f"{server.url}/v1/score", json=_scoring_body(16, 300, 20), timeout=120)
-        except httpx.TransportError as exc:
-            failures.append(exc)
+    def call():  # seconds of work for the tiny model on a CPU, in passes of seconds: it cannot end within the deadline
+        answers.append(httpx.post(f"{server.url}/v1/score", json=_scoring_body(16, 300, 20), timeout=120))
 
     thread = threading.Thread(target=call)
     thread.start()
@@ -333,8 +329,14 @@ def test_sigterm_cuts_the_calls_that_outlast_the_deadline_and_exits_0(tmp_path, 
     code = server.stop()
     stopped_in = time.monotonic() - started
     thread.join(60)
-    assert code == 0 and stopped_in < 10  # the deadline, the executor's step in progress, the interpreter's exit
-    assert len(failures) == 1  # cut: its connection closed with no answer
+    # the deadline is the deadline: the pass under way is not waited for (issue 33 item 3: 7.9 s after it)
+    assert code == 0 and stopped_in <= 1 + 1
+    [answer] = answers  # an answer, not a connection closed without one
+    assert (answer.status_code, answer.json()["error"]["code"], answer.headers["Retry-After"]) == (
+        503,
+        "model_unavailable",
+        "10",
+    )
     assert "the shutdown deadline (1 s) passed: what was still running was cancelled" in server.output()
 
 

@@ -5,8 +5,10 @@ Shutdown is this actor's, under **one deadline** (``shutdown_s``) from the first
 (``deadline``) that the supervisor runs the actors and the HTTP server in, as Hypercorn's ``trio/run.py`` does: it
 moves the lifecycle to stopping (scoring calls get 503 with ``Retry-After``, ``/readyz`` answers 503, every answer
 closes its connection, a request body still arriving is answered at once), answers the refusals still waiting their
-turn (``on_stop``), waits until no call is in flight, then sets ``shutdown`` so the HTTP server closes its idle
-connections. No wait here has a timer of its own: when the deadline passes, the scope cancels whatever is left.
+turn (``on_stop``), waits until no call is in flight, then sets ``shutdown`` so the HTTP server closes its listener
+and its idle connections (`spinf.http11.serve`). No wait here has a timer of its own: a call still waiting
+`answer_s` before the deadline is answered 503 (`Lifecycle.until_answer_due`), so it gets an answer rather than
+nothing, and when the deadline passes the scope cancels whatever is left.
 
 A degraded engine (device memory not freed after an out-of-memory error) keeps serving; about 2 s later the
 process shuts down the same way and exits with status 70, unless ``SPINF_EXIT_ON_LEAK=0``.
@@ -26,6 +28,13 @@ from spinf.serving import InFlight, Lifecycle
 log = logging.getLogger(__name__)
 EXIT_DEGRADED = 70
 DEGRADED_GRACE_S = 2.0
+ANSWER_S = 0.5  # before the deadline, the calls still waiting are answered 503: time to write them (a tenth at most)
+
+
+def answer_s(deadline_s: float) -> float:
+    """How long before the shutdown's deadline the calls still waiting are answered: `ANSWER_S`, or a tenth of a
+    shorter deadline."""
+    return min(ANSWER_S, deadline_s / 10)
 
 
 @attrs.frozen
@@ -80,12 +89,19 @@ class DrainController:
         self.stop()
 
     def stop(self) -> None:
-        """Begin the shutdown (idempotent): the one deadline starts now."""
+        """Begin the shutdown (idempotent): the one deadline starts now; the calls still waiting then are answered
+        503 a moment before it (`answer_s`), so the answers are written before the deadline cuts what is left."""
         if not self.lifecycle.is_stopping:
-            self.lifecycle.stop()
-            self.deadline.deadline = trio.current_time() + self.deadline_s
+            cut_at = trio.current_time() + self.deadline_s
+            self.lifecycle.stop(answer_by=cut_at - answer_s(self.deadline_s))
+            self.deadline.deadline = cut_at
         self.on_stop()
         self._requested.set()
+
+    @property
+    def cut(self) -> bool:
+        """The shutdown's deadline has passed: what was still running then was cancelled (read once it is over)."""
+        return trio.current_time() >= self.deadline.deadline
 
     def statistics(self) -> DrainStats:
         return DrainStats(self.lifecycle.is_stopping, self.in_flight.count)

@@ -31,8 +31,10 @@ class Executor:
 
     **Inbox**: `ExecJob` (loading, warm-up, passes). **Outbox**: each job's ``reply`` (an `outcome.Outcome`).
     **Ends**: when the inbox's send side is closed (the thread's loop sees ``EndOfChannel``).
-    **Cancellation**: the thread is never abandoned mid-kernel (``abandon_on_cancel=False``); a cancel reaches it
-    between jobs, as ``Cancelled`` from the channel receive, and the loop ends. A job in flight finishes first.
+    **Cancellation**: a cancel abandons the thread (``abandon_on_cancel=True``): its job in flight runs to its end
+    and nobody waits for it; the loop then ends (``Cancelled`` or ``RunFinishedError`` from the channel receive).
+    Only the supervisor cancels it, once the shutdown's deadline has passed and every actor is gone, so the process
+    exits at the deadline rather than after a pass that may take seconds; never while the process goes on.
     """
 
     inbox: trio.MemoryReceiveChannel[ExecJob]
@@ -41,7 +43,7 @@ class Executor:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        await trio.to_thread.run_sync(self._loop, abandon_on_cancel=False)
+        await trio.to_thread.run_sync(self._loop, abandon_on_cancel=True)
 
     def _loop(self) -> None:
         while True:
