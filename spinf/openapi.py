@@ -19,7 +19,7 @@ from __future__ import annotations
 from spinf.decisions import MAX_CHOICES, MAX_LEVELS, MAX_QUESTIONS
 from spinf.decisions.request import JSON_MAX_BYTES, JSON_MAX_DEPTH, JSON_MAX_VALUES, MIN_CHOICES, MIN_LEVELS
 from spinf.protocol.names import casefold_pattern
-from spinf.protocol.schema import DETAILS, MODES
+from spinf.protocol.schema import DATA_URL, DETAILS, MODES
 from spinf.protocol.schema import components as request_components
 from spinf.settings import Limits
 
@@ -304,9 +304,10 @@ DECISION_RULES = (
 
 def _decision_schemas(model_names: tuple[str, ...]) -> dict:
     text = loose({"type": {"const": "input_text"}, "text": STR})
-    image = loose({"type": {"const": "input_image"}, "image_url": STR, "detail?": nullable(enum(*DETAILS))},
-                  description="a data URL, read as a score body's image_url part where it stands; not a file_id "
-                  "(400 media_not_supported)")  # fmt: skip
+    image = loose({"type": {"const": "input_image"}, "image_url": string(pattern=DATA_URL),
+                   "detail?": nullable(enum(*DETAILS))},
+                  description="a data URL, read as a score body's image_url part where it stands (invalid_media); "
+                  "not a file_id (400 media_not_supported)")  # fmt: skip
     data = {"anyOf": [{"type": "object"}, array({"type": "object"})]}
     json_part = loose({"type": {"const": "input_json"}, "data": data}, description=(
         f"rendered as compact JSON; at most {JSON_MAX_DEPTH} container levels, {JSON_MAX_VALUES:,} values and "

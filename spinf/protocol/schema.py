@@ -48,7 +48,8 @@ def _about(text: str, **more: object) -> dict:
 
 
 # §4.3: content. Only a text part's payload is checked here; media payloads are the media decoder's.
-_DATA_URL = String(elsewhere={"pattern": r"^data:image/(png|jpeg|jpg|webp|gif);base64,"})
+DATA_URL = r"^data:image/(png|jpeg|jpg|webp|gif);base64,"  # the rest: invalid_media, the media reader's
+_DATA_URL = String(elsewhere={"pattern": DATA_URL})
 IMAGE_URL = Named(
     "ImageUrl",
     Object(
