@@ -405,24 +405,24 @@ def test_the_decisions_schema_takes_what_its_parser_takes(body):
     assert DECISION.is_valid(body) == accepted
 
 
-@pytest.mark.parametrize("where", ["calibration", "generate"])
-def test_a_number_beyond_the_float_range_is_refused_as_the_document_says(where):
+SCORE = Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/ScoreRequest"}, registry=REGISTRY)
+HUGE = 10**400  # no float holds it
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ({"template": "Who? {*}", "calibration": {"a": HUGE}}, "scoring.queries.0.calibration.a"),
+        ({"template": "Who? {*}", "generate": {"top_p": HUGE}}, "scoring.queries.0.generate.top_p"),
+    ],
+)
+def test_a_number_beyond_the_float_range_is_refused_as_the_document_says(query, param):
     """Regression: an integer of 400 digits where a number goes was a 500 (``math.isfinite`` overflowed)."""
-    huge = 10**400
-    query = {"id": "q", "template": "Who? {*}", "max_tokens": 4}
-    query |= (
-        {"calibration": {"a": huge}} if where == "calibration" else {"generate": {"temperature": 0, "top_p": huge}}
-    )
-    body = {"messages": [{"content": "x"}], "scoring": {"queries": [query]}}
-    assert not Draft202012Validator(
-        {"$ref": DOC_URI + "#/components/schemas/ScoreRequest"}, registry=REGISTRY
-    ).is_valid(body)
+    body = {"messages": [{"content": "x"}], "scoring": {"queries": [{"id": "q", **query}]}}
+    assert not SCORE.is_valid(body)
     with pytest.raises(ApiError) as refused:
         parse_score_request(body)
-    assert (refused.value.code, refused.value.param) == (
-        "invalid_field",
-        f"scoring.queries.0.{where}.{'a' if where == 'calibration' else 'top_p'}",
-    )
+    assert (refused.value.code, refused.value.param) == ("invalid_field", param)
 
 
 NAMES = ("spinf/tiny-gemma4", "TINY", "Straße")  # "Straße" folds to "strasse": "STRASSE" and "straſſe" are it too
@@ -454,3 +454,17 @@ def test_a_name_too_foldable_for_a_pattern_is_named_in_words():
     """Every "ff" doubles the pattern (the ligature folds to it): past the size limit the names are only described."""
     model = openapi_document(spinf.__version__, model_names=("f" * 40,))["components"]["schemas"]["ScoreRequest"]
     assert "pattern" not in model["properties"]["model"] and "f" * 40 in model["properties"]["model"]["description"]
+
+
+@pytest.mark.parametrize("value", ["5", "0005", "5\n", "0" * 4299 + "5", "0" * 4300 + "5", "-5", 5, 0])
+def test_a_trusted_limit_as_digits_is_taken_as_the_document_says(value):
+    """Regression: the digits' pattern took a final newline (Python's $) and any length, the parser neither."""
+    body = {"messages": [{"content": "x"}], "limits": {"max_options": value}}
+    try:
+        parse_score_request(body, trusted=True)
+    except ApiError as e:
+        assert (e.code, e.param) == ("invalid_field", "limits.max_options")
+        accepted = False
+    else:
+        accepted = True
+    assert SCORE.is_valid(body) == accepted
