@@ -3,8 +3,8 @@
 The executor here behaves like the real one at its edges: a job takes ``cost`` seconds, a reply nobody waits for any
 more is dropped, its loop ends when the last sender has closed its inbox, and a cancel abandons it at once (the
 supervisor cancels it only when the deadline has passed: the real thread is left to finish its job unheard). It
-records how it ended. tests/server/test_shutdown_process.py checks the same against the real process over real
-sockets.
+records how it ended. tests/test_system.py and tests/server/test_closing.py check the same against the real process
+over real sockets.
 """
 
 from __future__ import annotations
