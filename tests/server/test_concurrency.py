@@ -54,6 +54,35 @@ async def test_queue_admits_exactly_queue_plus_one_and_refuses_the_rest(autojump
     assert refused == [("2", "concurrency_limit")] * 4
 
 
+async def test_slots_are_shared_by_peer_address_so_another_caller_waits_where_one_over_its_share_is_refused(
+    autojump_clock, drain_file
+):
+    """Issue 33 item 2: one address holding every slot gets its extra calls refused at once, while a call from
+    another address, under its share, waits for the next freed slot (the fake executor frees one after a second)
+    instead of a 429."""
+    async with start(options(queue=2)) as running:
+        client = create_app(running.services).test_client()
+        await trio.sleep(10)
+        record = []
+
+        async def one(name, address):
+            scope = {"client": (address, 40000)}
+            response = await client.post("/v1/score", json=body(name), scope_base=scope)
+            record.append((name, response.status_code, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            for k in range(4):
+                nursery.start_soon(one, f"flood{k}", "192.0.2.9")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(one, "polite", "192.0.2.2")
+        running.drain.stop()
+    statuses = {name: status for name, status, _ in record}
+    assert statuses == {"flood0": 200, "flood1": 200, "flood2": 200, "flood3": 429, "polite": 200}
+    refused_at = next(t for name, _, t in record if name == "flood3")
+    answered_at = next(t for name, _, t in record if name == "polite")
+    assert refused_at == 10 and answered_at > 10  # the flood's extra call at once; polite's after a slot freed
+
+
 async def test_concurrent_calls_share_runs_and_get_their_own_answers(autojump_clock, drain_file):
     engine = FakeEngine()
     async with start(options(queue=4), engine) as running:
