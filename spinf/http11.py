@@ -126,10 +126,9 @@ class Http11Protocol(H11Protocol):
         return self.keep_alive_requests == 0 or bool(self.connection.trailing_data[0])
 
     @property
-    def is_idle(self) -> bool:
-        """No request is under way and no byte of the next has arrived."""
-        idle = self.stream is None and self.connection.their_state is h11.IDLE
-        return idle and not self.connection.trailing_data[0]
+    def has_request(self) -> bool:
+        """A request's head has been read and its exchange is not over."""
+        return self.stream is not None or self.connection.their_state is not h11.IDLE
 
     async def stream_send(self, event) -> None:
         if isinstance(event, Response) and event.status_code >= 200:
@@ -204,8 +203,8 @@ class Http11Only(ProtocolWrapper):
         return self.protocol.expects_request
 
     @property
-    def is_idle(self) -> bool:
-        return self.protocol.is_idle
+    def has_request(self) -> bool:
+        return self.protocol.has_request
 
 
 class _Connection(TCPServer):
@@ -241,7 +240,7 @@ class _Connection(TCPServer):
             await self.context.terminated.wait()
         if self.context.terminated.is_set() and self.protocol.expects_request:
             await trio.sleep(FIRST_REQUEST_S)
-        if not self.protocol.is_idle:  # a request came as this task woke: it stops this task, once it gets there
+        if self.protocol.has_request:  # a request came as this task woke: it stops this task, once it gets there
             return
         with trio.CancelScope(shield=True):
             await self._initiate_server_close()
@@ -276,7 +275,7 @@ async def serve(
             listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in listening]
             binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in listening]
             for bind in binds:
-                await config.log.info(f"Running on {bind}")
+                await config.log.info(f"Running on {bind} (CTRL + C to quit)")
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(_accept, listener, run, connections)

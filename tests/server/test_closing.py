@@ -33,10 +33,11 @@ async def answer_every_request(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def listening() -> tuple[Config, object, int]:
+def listening(keep_alive_s: float = 5.0) -> tuple[Config, object, int]:
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
+    config.keep_alive_timeout = keep_alive_s
     sockets = config.create_sockets()
     for sock in sockets.insecure_sockets:
         sock.listen(64)
@@ -56,8 +57,8 @@ def read_all(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-async def serving(nursery: trio.Nursery, shutdown_trigger) -> int:
-    config, sockets, port = listening()
+async def serving(nursery: trio.Nursery, shutdown_trigger, keep_alive_s: float = 5.0) -> int:
+    config, sockets, port = listening(keep_alive_s)
     app = wrap_app(answer_every_request, config.wsgi_max_body_size, None)
     serve = functools.partial(http11.serve, app, config, sockets, shutdown_trigger=shutdown_trigger)
     await nursery.start(serve)
@@ -110,6 +111,20 @@ async def test_a_connection_that_never_sends_is_closed_once_its_time_to_send_has
         closed_in = trio.current_time() - began  # serve returned: every connection has closed
     assert http11.FIRST_REQUEST_S <= closed_in < http11.FIRST_REQUEST_S + 1
     assert read_all(client) == b""  # closed, not reset
+
+
+async def test_a_head_that_stops_arriving_is_closed_at_the_keep_alive_timeout():
+    stop = trio.Event()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            port = await serving(nursery, stop.wait, keep_alive_s=0.5)
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(REQUEST[:20])  # and no more: a slow-loris
+            began = trio.current_time()
+            answer = await trio.to_thread.run_sync(read_all, client)
+            closed_in = trio.current_time() - began
+            stop.set()
+    assert answer == b"" and closed_in < 3
 
 
 def test_calls_whose_clients_left_free_their_slots_at_once_and_are_logged_499(tmp_path):
