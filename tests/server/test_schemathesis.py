@@ -17,7 +17,7 @@ cannot state (options on an extraction slot, an option repeated after casefoldin
 ``bodies_as_documented`` takes its place on the scoring routes (issue 33 item 9): there a body the served schema
 accepts is never refused for its shape unless for a rule the document states in words, and a body it refuses gets
 a 4xx. It runs within ``all`` above, and alone on random bodies of those routes below. Generation is
-deterministic and the budgets fixed, so CI runs the same cases every time, in about 20 s and 15 s on 2 cores;
+deterministic and the budgets fixed, so CI runs the same cases every time, in about 25 s and 15 s on 2 idle cores;
 ``pytest -m slow`` runs longer budgets (contrib/loadtest/README.md, "Fuzzing").
 """
 
