@@ -23,8 +23,9 @@ What this module owns, beside that:
   ``Connection: close`` answer. `HTTPConnection` sends the response shielded (bounded by Quart's response
   timeout), so the close always runs.
 
-- **A client that leaves is heard.** The end of input while a request is answered is passed on at once (h11 would
-  hold it until the answer is sent), so the app gets ``http.disconnect`` and the call is cancelled (spinf.gate's 499).
+- **A client that leaves is heard.** The end of input while a request is answered is passed on at once, even when
+  bytes of a next request are buffered (h11 would hold it until the answer is sent), so the app gets
+  ``http.disconnect`` and the call is cancelled (spinf.gate's 499).
 - **A shutdown loses no request** (`serve`, in place of Hypercorn's ``worker_serve``). Hypercorn stops accepting by
   cancelling its accept loop and leaves the socket listening until the process exits, so the connections the
   kernel accepted meanwhile were reset with their requests sent, and its idle task closed every connection without a
@@ -108,9 +109,10 @@ class Http11Protocol(H11Protocol):
             # while the answering task was still writing the body: BusyResourceError, logged as an ERROR.
             return
         if isinstance(event, RawData) and not event.data and self.is_answering:
-            # the client closed while its request is answered: handed to h11, the end of input waits (PAUSED) until
-            # the answer is sent, so the app never heard of it and the call ran on. The reader's Closed comes next
-            # and tells the app (http.disconnect), which cancels the call, as nginx does (its 499)
+            # the client closed while its request is answered. With bytes of a next request buffered (a pipelining
+            # client), h11 holds the end of input (PAUSED) until the answer is sent, so the app would not hear of
+            # it and the call would run on; the reader's Closed comes next and tells the app (http.disconnect),
+            # which cancels the call (spinf.gate logs it 499, as nginx does)
             return
         await super().handle(event)
 

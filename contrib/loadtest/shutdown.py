@@ -10,9 +10,10 @@ Three measurements, each on a fresh server process (`ServerProcess`, the tiny mo
   process out within ``shutdown_s`` + 1 s of the signal.
 - ``deadline``: one call that needs far longer than ``shutdown_s`` (2 s) is running at SIGTERM: what it got, and
   when the process exited.
-- ``abandoned``: ``--abandoned`` calls of many passes each (``--token-budget 2048``, so a pass takes a fraction of
-  a second), whose clients close their connections a second in; then small calls one after another: the first
-  one's status and seconds, the 429s before a 200, the access log's 499 lines and ``spinf_requests_abandoned_total``.
+- ``abandoned``: ``--abandoned`` calls of many passes each, whose clients close their connections a second in;
+  once the server has noticed, small calls one after another: how many got 429 before one was admitted, its
+  seconds (it waits for the pass under way: a pass is not cut), the access log's 499 lines and
+  ``spinf_requests_abandoned_total``.
 
     python contrib/loadtest/shutdown.py --clients 500 --results
 """
@@ -127,9 +128,11 @@ def deadline(folder: Path, *, shutdown_s: float = 2.0) -> dict:
     return {"shutdown_s": shutdown_s, "answer": got[0], "exit_code": exit_code, "exit_s": exit_s}
 
 
-def abandoned(folder: Path, *, calls: int = 5) -> dict:
-    """``calls`` long calls left a second in, then small calls one after another until one is answered 200."""
-    server = ServerProcess(folder, "--token-budget", "2048", hf_home=tiny_cache(folder / "hf"))
+def abandoned(folder: Path, *, calls: int = 5, token_budget: int | None = None) -> dict:
+    """``calls`` long calls (the 5 slots by default) whose clients leave a second in; once the server has noticed
+    (its counter, or 5 s without one), small calls one after another until one is answered 200."""
+    flags = ["--token-budget", str(token_budget)] if token_budget else []
+    server = ServerProcess(folder, *flags, hf_home=tiny_cache(folder / "hf"))
     payload = json.dumps(_long_body(400, 60)).encode()
     head = "POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     request = f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
@@ -140,25 +143,35 @@ def abandoned(folder: Path, *, calls: int = 5) -> dict:
     time.sleep(1.0)
     for sock in socks:
         sock.close()
-    left, refused = time.monotonic(), 0
+    left = time.monotonic()
+    while _abandoned_count(server.url) < calls and time.monotonic() - left < 5:
+        time.sleep(0.01)
+    noticed_s, refused = time.monotonic() - left, 0
     while (status_seconds := _timed(server.url))[0] == 429 and time.monotonic() - left < 60:
         refused += 1
         time.sleep(0.1)
     after_s = time.monotonic() - left
     time.sleep(0.5)  # the last log lines
     lines = len(re.findall(r" POST /v1/score 499 ", server.output()))
-    metrics = httpx.get(f"{server.url}/metrics").text
-    counted = re.search(r'^spinf_requests_abandoned_total\{route="/v1/score"\} (\S+)$', metrics, re.M)
+    counted = _abandoned_count(server.url)
     server.stop()
     return {
         "calls": calls,
+        "token_budget": token_budget,
         "alone_s": alone[1],
+        "noticed_s": noticed_s,
         "next": status_seconds,
         "refused_first": refused,
         "answered_after_s": after_s,
         "log_499": lines,
-        "counted": float(counted[1]) if counted else 0.0,
+        "counted": counted,
     }
+
+
+def _abandoned_count(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    counted = re.search(r'^spinf_requests_abandoned_total\{route="/v1/score"\} (\S+)$', metrics, re.M)
+    return float(counted[1]) if counted else 0.0
 
 
 def _long_body(inputs: int, words: int) -> dict:
@@ -201,12 +214,13 @@ def report(shut: list[dict], cut: dict | None, left: dict | None) -> str:
         ]
     if left is not None:
         status, seconds = left["next"]
+        budget = left["token_budget"] or "default"
         rows += [
             "",
-            f"abandoned: {left['calls']} long calls left 1 s in; the next small call: {status} in "
-            f"{seconds:.2f} s (alone {left['alone_s']:.2f} s) after {left['refused_first']} 429s, "
-            f"{left['answered_after_s']:.2f} s after they left; 499 lines {left['log_499']}, "
-            f"spinf_requests_abandoned_total {left['counted']:g}",
+            f"abandoned: {left['calls']} long calls (token budget {budget}) left 1 s in, noticed in "
+            f"{left['noticed_s']:.2f} s; then {left['refused_first']} small calls got 429 before one got {status} "
+            f"in {seconds:.2f} s (alone {left['alone_s']:.2f} s), {left['answered_after_s']:.2f} s after they left; "
+            f"499 lines {left['log_499']}, spinf_requests_abandoned_total {left['counted']:g}",
         ]
     return "\n".join(rows)
 
