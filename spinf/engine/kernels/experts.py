@@ -144,5 +144,8 @@ def combine(out: torch.Tensor, plan: ExpertPlan, weights: torch.Tensor) -> torch
     if n:
         grid = (n, triton.cdiv(out.shape[1], _COMBINE_COLUMNS))
         width = out.shape[1]
-        _combine_kernel[grid](out, plan.slot_of, weights.contiguous(), mixed, width, K=k, BLOCK=_COMBINE_COLUMNS)
+        # the product and the sum stay two roundings (fp32: no fused multiply-add), as in `MoeBlock.mix`
+        _combine_kernel[grid](
+            out, plan.slot_of, weights.contiguous(), mixed, width, K=k, BLOCK=_COMBINE_COLUMNS, enable_fp_fusion=False
+        )
     return mixed
