@@ -1,9 +1,8 @@
 """Admission and load shedding: who gets scored, and what a refusal may cost (api spec §2.6 step 4, §3.8).
 
 `Admission` holds the ``queue + 1`` slots. A `Slot` travels with its call into the packer and is released when the
-call is answered or dropped, not when its caller goes away: a client that disconnects mid-call still holds its slot
-until the packer lets go of its work, so the calls inside the server never exceed the slots and the packer's inbox
-(sized to the slots) can never be full.
+call is answered or dropped, or when its caller goes away once the packer has taken the call (`ScoreWork.abandon`):
+a call still in the packer's inbox keeps its slot until taken, so the inbox (sized to the slots) can never be full.
 
 Refusing must cost almost nothing, or a flood of retries starves the engine: the event loop shares the GIL with
 the engine thread, and every refusal it answers is Python work the engine waits behind. So a call that finds every
