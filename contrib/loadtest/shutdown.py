@@ -128,9 +128,10 @@ def deadline(folder: Path, *, shutdown_s: float = 2.0) -> dict:
     return {"shutdown_s": shutdown_s, "answer": got[0], "exit_code": exit_code, "exit_s": exit_s}
 
 
-def abandoned(folder: Path, *, calls: int = 5, token_budget: int | None = None) -> dict:
-    """``calls`` long calls (the 5 slots by default) whose clients leave a second in; once the server has noticed
-    (its counter, or 5 s without one), small calls one after another until one is answered 200."""
+def abandoned(folder: Path, *, calls: int = 5, token_budget: int | None = None, wait_noticed: bool = True) -> dict:
+    """``calls`` long calls (the 5 slots by default) whose clients leave a second in; then, once the server has
+    noticed (its counter, or 5 s without one; at once without ``wait_noticed``), small calls one after another
+    until one is answered 200."""
     flags = ["--token-budget", str(token_budget)] if token_budget else []
     server = ServerProcess(folder, *flags, hf_home=tiny_cache(folder / "hf"))
     payload = json.dumps(_long_body(400, 60)).encode()
@@ -144,7 +145,7 @@ def abandoned(folder: Path, *, calls: int = 5, token_budget: int | None = None) 
     for sock in socks:
         sock.close()
     left = time.monotonic()
-    while _abandoned_count(server.url) < calls and time.monotonic() - left < 5:
+    while wait_noticed and _abandoned_count(server.url) < calls and time.monotonic() - left < 5:
         time.sleep(0.01)
     noticed_s, refused = time.monotonic() - left, 0
     while (status_seconds := _timed(server.url))[0] == 429 and time.monotonic() - left < 60:
@@ -217,8 +218,8 @@ def report(shut: list[dict], cut: dict | None, left: dict | None) -> str:
         budget = left["token_budget"] or "default"
         rows += [
             "",
-            f"abandoned: {left['calls']} long calls (token budget {budget}) left 1 s in, noticed in "
-            f"{left['noticed_s']:.2f} s; then {left['refused_first']} small calls got 429 before one got {status} "
+            f"abandoned: {left['calls']} long calls (token budget {budget}) left 1 s in (small calls sent from "
+            f"{left['noticed_s']:.2f} s on); {left['refused_first']} small calls got 429 before one got {status} "
             f"in {seconds:.2f} s (alone {left['alone_s']:.2f} s), {left['answered_after_s']:.2f} s after they left; "
             f"499 lines {left['log_499']}, spinf_requests_abandoned_total {left['counted']:g}",
         ]
@@ -235,7 +236,7 @@ def main() -> int:
         root = Path(folder)
         shut = [shutdown(root / f"shutdown-{n}", clients=n) for n in args.clients]
         cut = deadline(root / "deadline")
-        left = abandoned(root / "abandoned", calls=args.abandoned)
+        left = abandoned(root / "abandoned", calls=args.abandoned, wait_noticed=False)
     text = report(shut, cut, left)
     print(text)
     if args.results:
