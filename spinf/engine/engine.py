@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
 DEFAULT_MAX_TOKENS = 65_536
 DEFAULT_FLOOR_CACHE = 65_536
-DEFAULT_MAX_PASS_S = 0.5  # the settings table's default, for in-process callers
+DEFAULT_MAX_PASS_S = 0.5  # the settings table's default: on a CPU; a GPU's passes keep to the token budget unless set
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
@@ -127,7 +127,7 @@ class Engine:
         decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
         decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
         decode_graphs: bool = True,
-        max_pass_s: float = DEFAULT_MAX_PASS_S,
+        max_pass_s: float | None = None,
     ):
         if cache_dir is not None:
             cache_dirs = [str(cache_dir), *(cache_dirs or [])]
@@ -278,7 +278,13 @@ class Engine:
             self.shape = attrs.evolve(
                 self.shape, capture_tokens=self.extractor.capture_tokens(), capture_cost=self.extractor.cost
             )
-        self.max_pass_s = max_pass_s  # the time bound of a call's pass (spinf.engine.scheduler)
+        # the time bound of a call's pass (spinf.engine.scheduler). Unless given, a CPU's passes keep to
+        # DEFAULT_MAX_PASS_S: a full pass there takes seconds. A GPU's full pass takes a fraction of a second on the
+        # 12B but over one on the Qwen 27B, whose fixed cost per pass would then be paid several times a budget
+        # (measured on the H200: 163 ms for a 300-token call), so its passes keep to the token budget only
+        if max_pass_s is None:
+            max_pass_s = DEFAULT_MAX_PASS_S if self.device.type == "cpu" else 0.0
+        self.max_pass_s = max_pass_s
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
         self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
 
@@ -345,7 +351,7 @@ class Engine:
             decode_budget_gib=engine.decode_budget_gib,
             decoder_budget_gib=engine.decoder_budget_gib,
             decode_graphs=engine.x_cuda_graphs,
-            max_pass_s=engine.max_pass_s,
+            max_pass_s=engine.max_pass_s if settings.origin("max_pass_s") != "default" else None,
         )
 
     @property

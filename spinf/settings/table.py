@@ -186,7 +186,7 @@ SETTINGS: tuple[Setting, ...] = (
         _E,
         Number(0.0),
         0.5,
-        "seconds one pass of calls may take, at the last pass's pace (0 = the token budget only)",
+        "seconds one pass of calls may take (0 = the token budget only; default: 0.5 on a CPU, 0 on a GPU)",
         "--max-pass-s",
     ),
     _row("lm_head", _E, Text(choices=("bf16", "f32out", "fp32")), "f32out", "LM-head precision", "--lm-head"),
