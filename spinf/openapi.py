@@ -145,16 +145,28 @@ RULES_IN_WORDS = {
     "that allows them (media_not_supported, media_disabled), and data that decodes within the limits "
     "(invalid_media, image_too_large, audio_too_long); pack references are checked against the pack "
     "catalog (unknown_pack, pack_conflict, invalid_field ...).",
-    "Query": "Rules across fields (§4.5-§4.8): the template's slot decides the other fields. A {?} query needs "
-    "options (missing_value), unique after trimming and casefolding unless scoring.case_insensitive is false "
-    "(duplicate_option), and takes no max_tokens, top_k, calibration or generate (invalid_field); an extraction "
-    "slot takes no options, generate only on {*}, top_k and calibration not with generate, max_tokens above 64 "
-    "only with generate (invalid_field). The template has at most 5 distinct placeholders (invalid_template); "
-    'its placeholders and the keys of combinations (or of values, with "all") are the same (missing_value, '
-    'unknown_placeholder); "all" gives at most 1,000 combinations (too_many_combinations) of values of at '
-    "most 256 characters (invalid_field).",
+    "Query": "Rules across fields (§4.5-§4.8): the template's slot decides the other fields (allOf states those "
+    "that hold whatever the slot). A {?} query needs options (missing_value), unique after trimming and "
+    "casefolding unless scoring.case_insensitive is false (duplicate_option), and takes no max_tokens, top_k, "
+    "calibration or generate (invalid_field); an extraction slot takes no options, generate only on {*}, top_k "
+    "and calibration not with generate, max_tokens above 64 only with generate (invalid_field). The template has "
+    "at most 5 distinct placeholders (invalid_template); its placeholders and the keys of combinations (or of "
+    'values, with "all") are the same (missing_value, unknown_placeholder); "all" gives at most 1,000 '
+    "combinations (too_many_combinations) of values of at most 256 characters (invalid_field).",
     "VideoPart": "Rules across fields: the frames' t do not decrease (invalid_field).",
 }
+
+
+# The slot rules of §4.5 that hold whatever the template's slot (`spinf.protocol.request._check_slot_fields`): options
+# (a {?} query's) go with none of the extraction fields; generating (true or an object) with neither top_k nor
+# calibration; max_tokens above 64 only when generating.
+_GENERATING = {"required": ["generate"], "properties": {"generate": {"anyOf": [{"const": True}, {"type": "object"}]}}}
+_ANY_OF_KEYS = {"anyOf": [{"required": [key]} for key in ("max_tokens", "top_k", "calibration")]}
+QUERY_EXCLUSIONS = [
+    {"if": {"required": ["options"]}, "then": {"not": _ANY_OF_KEYS, "properties": {"generate": NULL}}},
+    {"if": _GENERATING, "then": {"not": {"anyOf": _ANY_OF_KEYS["anyOf"][1:]}}},
+    {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"minimum": 65}}}, "then": _GENERATING},
+]
 
 
 def _request_schemas(limits: Limits, model_names: tuple[str, ...]) -> dict:
@@ -165,6 +177,7 @@ def _request_schemas(limits: Limits, model_names: tuple[str, ...]) -> dict:
     options = schemas["Query"]["properties"]["options"]
     options["maxItems"] = limits.max_options  # too_many_options (§4.8)
     options["description"] += f"; at most max_options ({limits.max_options:,} here)"
+    schemas["Query"]["allOf"] = QUERY_EXCLUSIONS
     frames = schemas["VideoPart"]["properties"]["video"]["properties"]["frames"]
     frames |= {"maxItems": limits.max_frames, "description": f"1 to max_frames ({limits.max_frames:,} here)"}
     for name, rules in RULES_IN_WORDS.items():

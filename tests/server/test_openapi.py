@@ -4,6 +4,7 @@ answers of the tiny-model server validate against the schemas it declares for th
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from types import SimpleNamespace
 
@@ -468,3 +469,36 @@ def test_a_trusted_limit_as_digits_is_taken_as_the_document_says(value):
     else:
         accepted = True
     assert SCORE.is_valid(body) == accepted
+
+
+QUERY = Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/Query"}, registry=REGISTRY)
+UNSET = object()
+SLOT_FIELDS = {
+    "options": [[" x"]],
+    "max_tokens": [4, 70],
+    "top_k": [2],
+    "calibration": [{}],
+    "generate": [None, False, True, {}],
+}
+
+
+@pytest.mark.parametrize("template", ["Upset?{?}", "Vendor: {*}", "Days:{n}", "Paid:{$}"])
+def test_the_querys_exclusions_refuse_only_what_the_parser_refuses_whatever_the_slot(template):
+    """Every mix of the slot fields: a query the schema refuses (its allOf) the parser refuses too, and the three
+    exclusions the schema states are refused (options with an extraction field, generating with top_k, max_tokens
+    above 64 without generating)."""
+    refused_by_schema = 0
+    for chosen in itertools.product(*([UNSET, *values] for values in SLOT_FIELDS.values())):
+        query = {"id": "q", "template": template} | {
+            k: v for k, v in zip(SLOT_FIELDS, chosen, strict=True) if v is not UNSET
+        }
+        try:
+            parse_score_request({"messages": [{"content": "x"}], "scoring": {"queries": [query]}})
+        except ApiError as e:
+            accepted = e.code != "invalid_field"  # the other codes are the engine's later checks (missing_value ...)
+        else:
+            accepted = True
+        if not QUERY.is_valid(query):
+            refused_by_schema += 1
+            assert not accepted, query
+    assert refused_by_schema > 50  # so that a schema without the exclusions fails
