@@ -10,8 +10,9 @@ settings (this server's limits), the served model's names as a pattern, and the 
 The request schemas state what the parsers enforce (issue 33 item 9): a body they accept is refused for its shape
 only by a rule an object's description states. The other schemas are plain dicts built by small helpers: in an
 object's field map a key ending in ``?`` is optional. Response objects are closed, so an answer with a key the spec
-does not list fails validation. It imports nothing from the server but the request's schema table;
-``tests/server/test_openapi.py`` checks it against the app's routes, the parsers and real answers.
+does not list fails validation. It imports nothing from the server: the request's schema table and the names'
+pattern are `spinf.protocol`'s, the limits `spinf.settings`'; ``tests/server/test_openapi.py`` checks it against the
+app's routes, the parsers and real answers.
 """
 
 from __future__ import annotations
