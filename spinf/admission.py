@@ -22,8 +22,10 @@ changes no caller's chance of a slot). A caller under its share that finds every
 without a flood: it waits for the next freed slot up to `PATIENCE_S`, the ``Retry-After`` its 429 would give. And a
 slot that a caller under its share gives back during a flood is kept from callers over theirs for `GRACE_S`, as its
 caller's next call is on its way: otherwise a flood's waiters would take it first (the keeping ends as calls arrive,
-which during a flood is often). So a flood from one address is what gets refused while polite callers are admitted, and
-a caller alone may hold every slot. Nothing here imports torch.
+which during a flood is often). A caller over its share is also paced at its share of ``rate`` (each of its refusals
+takes as many turns as there are callers), so a flood beside other callers costs the event loop less. So a flood from
+one address is what gets refused while polite callers are admitted, and a caller alone may hold every slot (and is
+paced at the whole rate). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -114,8 +116,10 @@ class Admission:
         """
         if can_admit and (slot := self.try_admit(caller)) is not None:
             return slot
-        delay = self._book(trio.current_time(), body_bytes)
-        if can_admit and self._under_share(caller):
+        under = can_admit and self._under_share(caller)
+        turns = 1 if under or not can_admit else self._callers(caller)  # over its share: its share of the rate
+        delay = self._book(trio.current_time(), body_bytes, turns)
+        if under:
             delay = max(delay, PATIENCE_S)
         if delay <= 0 or self._released:
             return None
@@ -134,18 +138,21 @@ class Admission:
             self._leave(waiter)
         return waiter.slot
 
-    def _book(self, now: float, body_bytes: int) -> float:
-        """Book one refusal of a ``body_bytes`` body at ``now``; the seconds it must wait before its answer."""
-        cost = (1 + body_bytes // COST_BYTES) / self.rate
+    def _book(self, now: float, body_bytes: int, turns: int = 1) -> float:
+        """Book one refusal of a ``body_bytes`` body at ``now``, ``turns`` times over; the seconds it must wait
+        before its answer."""
+        cost = turns * (1 + body_bytes // COST_BYTES) / self.rate
         self._due = max(self._due, now) + cost
         delay = self._due - now - BURST_S
         return delay if delay > 1e-6 else 0.0  # a microsecond is rounding, not a turn
 
+    def _callers(self, *these: Hashable) -> int:
+        """How many callers hold, wait for or gave back a kept slot, ``these`` included."""
+        return len(self._held.keys() | self._queues.keys() | {giver for _, giver in self._kept} | set(these))
+
     def _under_share(self, caller: Hashable, *also: Hashable) -> bool:
-        """Whether ``caller`` holds fewer than ``capacity / callers`` slots, counting the callers that hold, wait
-        for or gave back a kept slot, itself and ``also``."""
-        callers = self._held.keys() | self._queues.keys() | {giver for _, giver in self._kept} | {caller, *also}
-        return self._held[caller] * len(callers) < self.capacity
+        """Whether ``caller`` holds fewer than ``capacity / callers`` slots (`_callers`, itself and ``also``)."""
+        return self._held[caller] * self._callers(caller, *also) < self.capacity
 
     def hand_on(self, caller: Hashable = None) -> None:
         """``caller`` gave a slot back (`_place`; kept during a flood when ``caller`` is under its share after it)."""

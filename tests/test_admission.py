@@ -238,3 +238,27 @@ async def test_a_slot_given_back_under_its_share_is_kept_from_a_caller_over_its_
         assert [(name, slot is not None) for name, slot in record] == [("flood0", True)]
         assert trio.current_time() == started + GRACE_S
     assert admission.held("flood") == 3 and admission.held("polite") == 0
+
+
+async def test_a_caller_over_its_share_is_paced_at_its_share_of_the_rate(autojump_clock):
+    admission = Admission(2, rate=10.0)
+    assert admission.try_admit("polite") and admission.try_admit("flood")  # one each: both at their share
+    record = await refuse_all_of(admission, "flood", 3)
+    assert [round(t, 6) for t in record] == [0.1, 0.3, 0.5]  # two callers: two turns each, the burst one turn
+    alone = Admission(1, rate=10.0)
+    assert alone.try_admit("flood")
+    assert [round(t, 6) for t in await refuse_all_of(alone, "flood", 3)] == [0.0, 0.1, 0.2]
+
+
+async def refuse_all_of(admission: Admission, caller: str, count: int) -> list[float]:
+    """``count`` refused admits of ``caller`` started at once; when each came back (each must be refused)."""
+    started, record = trio.current_time(), []
+
+    async def one():
+        assert await admission.admit(caller=caller) is None
+        record.append(trio.current_time() - started)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(one)
+    return sorted(record)

@@ -76,11 +76,10 @@ async def test_slots_are_shared_by_peer_address_so_another_caller_waits_where_on
             await trio.testing.wait_all_tasks_blocked()
             nursery.start_soon(one, "polite", "192.0.2.2")
         running.drain.stop()
-    statuses = {name: status for name, status, _ in record}
-    assert statuses == {"flood0": 200, "flood1": 200, "flood2": 200, "flood3": 429, "polite": 200}
-    refused_at = next(t for name, _, t in record if name == "flood3")
-    answered_at = next(t for name, _, t in record if name == "polite")
-    assert refused_at == 10 and answered_at > 10  # the flood's extra call at once; polite's after a slot freed
+    flood = sorted((status, t) for name, status, t in record if name != "polite")
+    assert [status for status, _ in flood] == [200, 200, 200, 429]
+    [(status, answered_at)] = [(status, t) for name, status, t in record if name == "polite"]
+    assert status == 200 and flood[-1][1] == 10 and answered_at > 10  # the flood's 429 at once, polite after a wait
 
 
 async def test_concurrent_calls_share_runs_and_get_their_own_answers(autojump_clock, drain_file):
