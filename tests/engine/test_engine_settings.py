@@ -69,3 +69,20 @@ def test_compile_false_turns_the_cuda_graphs_off_on_a_gpu(tiny_cache):
     graphed = Engine("spinf/tiny-gemma4", device="cuda", cache_dir=tiny_cache)
     eager = Engine("spinf/tiny-gemma4", device="cuda", cache_dir=tiny_cache, compile=False)
     assert (graphed.info()["cuda_graphs"], eager.info()["cuda_graphs"]) == (True, False)
+
+
+def test_max_pass_s_left_unset_is_the_cpus_half_second_and_a_value_given_is_kept(tiny_cache):
+    assert Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache).loop.scheduler.max_pass_s == 0.5
+    assert Engine("spinf/tiny-gemma4", device="cpu", cache_dir=tiny_cache, max_pass_s=0).loop.scheduler.max_pass_s == 0
+
+
+@pytest.mark.parametrize(("environ", "given"), [({}, None), ({"SPINF_MAX_PASS_S": "0.5"}, 0.5)])
+def test_from_settings_passes_max_pass_s_only_when_a_layer_gave_it(monkeypatch, environ, given):
+    """Unset, the engine picks by device (0 on a GPU, whose full passes are short or pay a fixed cost per pass);
+    given, even at the table's default, it is kept on either device."""
+    from spinf.settings import load_settings
+
+    seen = {}
+    monkeypatch.setattr(Engine, "__init__", lambda self, model, **kwargs: seen.update(kwargs))
+    Engine.from_settings(load_settings({"device": "cuda:0"}, environ))
+    assert seen["max_pass_s"] == given
