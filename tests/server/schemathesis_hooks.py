@@ -10,14 +10,15 @@ server serves, whatever mode schemathesis generated it in. A body the schema acc
 
 from __future__ import annotations
 
-import json
 import re
 
 import schemathesis
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from spinf.errors import ApiError
 from spinf.openapi import ERROR_CODES
+from spinf.protocol.request import decode_json_body
 from tests.protocol.document import Strict
 
 TRUSTED = "Bearer boss"  # the trusted token test_schemathesis starts the server with
@@ -96,9 +97,10 @@ def bodies_as_documented(ctx, response, case) -> None:
     request = response.request
     if case.operation.path not in SCORING or "json" not in request.headers.get("Content-Type", ""):
         return
+    raw = request.body.encode() if isinstance(request.body, str) else request.body or b""
     try:
-        body = json.loads(request.body)
-    except ValueError:
+        body = decode_json_body(raw)  # as the server reads it: no NaN, no lone surrogate
+    except ApiError:
         return  # not JSON: the 400 invalid_json of §2.1, which error_envelope checks
     valid = _body_validator(case).is_valid(body)
     status = response.status_code
