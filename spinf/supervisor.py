@@ -21,7 +21,6 @@ import contextlib
 import errno
 import functools
 import logging
-import math
 import os
 import signal
 import socket
@@ -171,8 +170,6 @@ def hypercorn_config(options: ServerOptions) -> Config:
     config.bind = [f"{options.host}:{options.port}"]
     config.keep_alive_timeout = options.keepalive_s
     config.backlog = options.backlog
-    # no second deadline: Hypercorn waits for its connections under the drain controller's one (running_actors)
-    config.graceful_timeout = math.inf
     config.accesslog = None  # spinf.access logs one line per request, without content
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers (plain or JSON lines)
     return config
