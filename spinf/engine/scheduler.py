@@ -130,12 +130,14 @@ class Scheduler:
     def _shares(candidates: list[Waiting], budget: int) -> list[Waiting]:
         """Each owner's share of a pass of ``budget`` tokens when several wait: owners in the order of their oldest
         job, each its oldest jobs while they fit in ``budget / owners`` tokens (its oldest one while it fits in the
-        room left). None when one owner waits, or when the oldest job is over the budget: it runs alone first."""
+        room left). None when one owner waits; the oldest job alone when it is over the budget."""
         by_owner: dict = {}
         for w in candidates:
             by_owner.setdefault(w.owner, []).append(w)
-        if len(by_owner) < 2 or candidates[0].num_tokens > budget:
+        if len(by_owner) < 2:
             return []
+        if candidates[0].num_tokens > budget:
+            return [candidates[0]]
         share, room, chosen = budget // len(by_owner), budget, []
         for jobs in by_owner.values():
             used = 0

@@ -69,6 +69,9 @@ def test_an_oldest_job_over_the_budget_runs_alone_though_others_wait():
     scheduler.add("short", 0, 100)
     assert [(w.owner, w.index) for w in scheduler.schedule()] == [("long", 0)]
     assert [(w.owner, w.index) for w in scheduler.schedule()] == [("short", 0)]
+    scheduler.add("older", 0, 1200)
+    scheduler.add("longer", 0, 2000)
+    assert [(w.owner, w.index) for w in scheduler.schedule()] == [("older", 0)]  # the oldest, not the largest
 
 
 def test_each_owners_oldest_job_goes_over_its_share_while_it_fits_the_room_left():
