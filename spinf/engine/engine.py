@@ -47,7 +47,7 @@ from spinf.packs.responses import add_pack_results
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.protocol.types import ScoreRequest
-from spinf.settings import Features, Limits
+from spinf.settings import SETTING, Features, Limits
 
 log = logging.getLogger(__name__)
 DEFAULT_TOKEN_BUDGET = 16_384
@@ -91,6 +91,11 @@ def eos_ids(folder: Path, cfg) -> tuple[int, ...]:
         if i not in ids:
             ids.append(i)
     return tuple(ids)
+
+
+def _given(settings, name: str) -> bool:
+    """Whether ``name`` was set, in any layer or by building the settings with another value than its default."""
+    return settings.origin(name) != "default" or getattr(settings.engine, name) != SETTING[name].default
 
 
 def round_up(n: int, multiple: int = 128) -> int:
@@ -351,7 +356,7 @@ class Engine:
             decode_budget_gib=engine.decode_budget_gib,
             decoder_budget_gib=engine.decoder_budget_gib,
             decode_graphs=engine.x_cuda_graphs,
-            max_pass_s=engine.max_pass_s if settings.origin("max_pass_s") != "default" else None,
+            max_pass_s=engine.max_pass_s if _given(settings, "max_pass_s") else None,
         )
 
     @property
