@@ -454,7 +454,10 @@ def main(argv: list[str] | None = None) -> None:
         head, lines, ours = run_group(args, group, device, peak)
         sections.append(head + "\n\n" + "\n".join(lines))
         summary += [(group, job, m) for job, m in ours.items()]
-        gc.collect()  # the group's engine went with run_group's frame: its memory goes before the next one's
+        # the group's engine went with run_group's frame; hostgc.settle froze the heap with it inside, and a frozen
+        # object's cycles are never collected: unfreeze first, or its memory stays beside the next group's engine
+        gc.unfreeze()
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if len(args.groups) > 1:
@@ -545,6 +548,7 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         cost_lines(engine, device, args.extraction, 20, 3, emit)
     if args.baseline:  # ours first gives its memory back: the 27B in bf16 takes 54 GB
         del engine
+        gc.unfreeze()  # settle froze the engine in the heap: its cycles are collected only once unfrozen
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -553,6 +557,7 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         engine = None
     if args.cap_gib and device.type == "cuda":
         del engine
+        gc.unfreeze()
         gc.collect()
         torch.cuda.empty_cache()
         cap_lines(args, folder, device, jobs, flops, peak, emit)
