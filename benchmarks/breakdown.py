@@ -89,6 +89,7 @@ KERNEL_CATEGORIES = {
     "_recurrent_kernel": RECURRENCE,
     "_decode_kernel": RECURRENCE,
     "_grouped_kernel": EXPERTS,
+    "_combine_kernel": EXPERTS,
 }
 
 
