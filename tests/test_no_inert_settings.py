@@ -51,7 +51,8 @@ def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
         packs = function.keywords["packs"]
         if packs.reread is not None:
             packs.reread(packs.refresh)  # a reload reads the same sources, as the pack syncer calls it
-        handed.update(options=options, engine=load().kwargs, models_entry=models_entry)
+        # the entry's `created` is the start's second, which two starts need not share
+        handed.update(options=options, engine=load().kwargs, models_entry=attrs.evolve(models_entry, created=0))
         return 0
 
     monkeypatch.setattr(spinf.logs, "configure", lambda log_format: handed.update(log_format=log_format))

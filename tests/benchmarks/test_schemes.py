@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMES = ("bf16", "fp8s", "fp8", "fp8row", "w8a16", "w8a8")
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_schemes_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     results, figures = tmp_path / "RESULTS.md", tmp_path / "schemes.json"
     command = [

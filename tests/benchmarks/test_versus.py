@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_versus_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     results, figures = tmp_path / "RESULTS.md", tmp_path / "versus.json"
     command = [

@@ -230,12 +230,26 @@ class Stalling:
         return fake_response(body)
 
 
+AS_FROM_A_SHELL = (
+    "import os, signal, sys; signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'spinf', *sys.argv[1:]])"
+)
+
+
 def interrupt(argv: list[str], tmp_path: Path, ready) -> subprocess.CompletedProcess:
     """Run ``spinf-serve`` (as ``python -m spinf``) with ``argv`` until ``ready()``, then send it SIGINT."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_") and "proxy" not in k.lower()}
     env["HF_HOME"] = str(tmp_path / "hf-home")
+    # the command starts as from a shell: SIGINT unblocked and at its default, whatever an earlier test in this
+    # worker process left in the signal mask or dispositions a child inherits (the whole default run, never a file
+    # alone, once left the command deaf to Ctrl-C)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spinf", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", AS_FROM_A_SHELL, *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 120  # a guard against a hang, not a measure

@@ -62,6 +62,7 @@ def test_a_flood_of_retries_keeps_goodput_and_admitted_latency(tmp_path):
     pytest.fail(f"goodput ratio below 0.7 or p99 ratio above 2.5 in all four attempts:\n{report}")
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_two_thousand_connections_get_only_spec_answers_and_leave_nothing_behind(tmp_path):
     figures = soak.measure(tmp_path, connections=2000, seconds=15)
     assert soak.problems(figures) == [], soak.report(figures)

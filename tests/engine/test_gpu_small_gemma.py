@@ -93,6 +93,7 @@ def job(rng: random.Random, prefix_len: int, prompts: int) -> Job:
     return made
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 @pytest.mark.usefixtures("interpreted_attention")
 def test_the_fused_path_runs_per_layer_inputs_and_shared_keys(folder):  # noqa: F811
     """A pass of three jobs (the first and last the same, its content longer than the window) through the fused

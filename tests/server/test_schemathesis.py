@@ -89,6 +89,7 @@ def test_schemathesis_finds_nothing_at_length(server, tmp_path):
     check_run(schemathesis_run(server.url, 500, tmp_path, timeout=3600), at_least=3000)
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_scoring_bodies_are_as_documented(server, tmp_path):
     """Random bodies only: the run of all checks above sends these routes' boundary cases already."""
     done = schemathesis_run(server.url, 15, tmp_path, timeout=120, checks=BODIES, phases="fuzzing")
