@@ -181,15 +181,22 @@ def with_vision(tmp_path_factory):
     return load_gemma4_text(path), reference.eval()
 
 
-def test_image_rows_match_transformers_per_layer_inputs(with_vision):
-    """Image placeholders take the given embeddings, and their per-layer inputs look up the pad token's row (the
-    placeholder's own row would move the answer by several nats) while the projection reads the image rows."""
-    ours, reference = with_vision
+def image_rows():
+    """60 token ids with image placeholders (id 8) at rows 20-28, the image's embeddings there, and the same as
+    transformers' ``mm_encoder_outputs``: (ids, rows, image, outputs)."""
     ids = torch.randint(12, TEXT["vocab_size"], (60,), generator=torch.Generator().manual_seed(3))
     rows = torch.arange(20, 29)
     ids[rows] = 8
     image = torch.randn(len(rows), TEXT["hidden_size"], generator=torch.Generator().manual_seed(4))
     outputs = {"image": SimpleNamespace(pooler_output=[image.double()])}
+    return ids, rows, image, outputs
+
+
+def test_image_rows_match_transformers_per_layer_inputs(with_vision):
+    """Image placeholders take the given embeddings, and their per-layer inputs look up the pad token's row (the
+    placeholder's own row would move the answer by several nats) while the projection reads the image rows."""
+    ours, reference = with_vision
+    ids, rows, image, outputs = image_rows()
     with torch.inference_mode():
         expected = torch.log_softmax(reference(input_ids=ids[None], mm_encoder_outputs=outputs).logits[0], dim=-1)
         got = ours.read_logprobs(ours(ids, attrs.evolve(AttentionPlan.for_sequence(60), media=(rows, image))))

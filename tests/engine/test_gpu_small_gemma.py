@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import random
-from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -37,7 +36,7 @@ from spinf.engine.trie import Job
 from tests.engine import test_gpu_extraction as gpu_extraction
 from tests.engine import test_gpu_graphs as gpu_graphs
 from tests.engine import test_gpu_invariance as gpu_invariance
-from tests.engine.test_gemma4_small import TEXT, WINDOW, folder, with_vision  # noqa: F401 - the folder fixtures
+from tests.engine.test_gemma4_small import TEXT, WINDOW, folder, image_rows, with_vision  # noqa: F401 - fixtures
 from tests.engine.test_schemes import errors, logprobs
 
 triton = pytest.importorskip("triton")
@@ -166,11 +165,7 @@ def test_image_rows_on_the_gpu_match_transformers(with_vision):  # noqa: F811
     """test_gemma4_small.py's image rows (given embeddings at the placeholders, whose per-layer inputs read the pad
     token's row) through the fused path, against transformers' fp64 forward, bounded as the sequences above."""
     ours, reference = with_vision
-    ids = torch.randint(12, TEXT["vocab_size"], (60,), generator=torch.Generator().manual_seed(3))
-    rows = torch.arange(20, 29)
-    ids[rows] = 8
-    image = torch.randn(len(rows), TEXT["hidden_size"], generator=torch.Generator().manual_seed(4))
-    outputs = {"image": SimpleNamespace(pooler_output=[image.double()])}
+    ids, rows, image, outputs = image_rows()
     cpu = ours.to(BF16)
     gpu = copy.deepcopy(cpu).to("cuda")
     plan = kernels.kernel_plan(build_pass([Job(prefix=tuple(ids.tolist()))]), torch.device("cuda"), gpu.tile_rows())
