@@ -286,8 +286,8 @@ def profiled_call(call, model, device, trace: Path) -> tuple[float, int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from benchmarks.gpu_jobsets import SHAPES
     from benchmarks.results import RESULTS
+    from benchmarks.shapes import SHAPES
     from spinf.engine.engine import DEFAULT_TOKEN_BUDGET
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -342,8 +342,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.checkpoint import work_dir
     from benchmarks.gpu_fast import fp8_peak_tflops, load_engine, warm_up
-    from benchmarks.gpu_jobsets import Bench, Report, model_config, model_title, model_vision, read_jobs
+    from benchmarks.gpu_jobsets import Bench, Report, read_jobs
     from benchmarks.results import append_section
+    from benchmarks.shapes import model_config, model_title, model_vision
 
     args = parse_args(argv)
     device = torch.device(args.device)

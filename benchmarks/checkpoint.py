@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.checkpoint --work DIR [--shape 31b] [--device cuda]``: write a folder, say where."""
     import argparse
 
-    from benchmarks.gpu_jobsets import SHAPES, model_config, model_vision
+    from benchmarks.shapes import SHAPES, model_config, model_vision
 
     p = argparse.ArgumentParser(description="Write a benchmarks' random checkpoint folder (found: nothing written).")
     p.add_argument("--work", type=Path, required=True, help="the folder goes under this one, named by its revision")

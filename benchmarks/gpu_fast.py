@@ -45,20 +45,17 @@ from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.checkpoint import calibrate_folder, free_memory, open_engine, work_dir  # noqa: E402
 from benchmarks.gpu_jobsets import (  # noqa: E402
     RESULTS,
-    SHAPE_HELP,
-    SHAPES,
     Bench,
     Report,
     engine_call,
     job_bodies,
-    model_config,
-    model_vision,
     note_row,
     read_jobs,
     setup_text,
 )
 from benchmarks.gpu_probe import timed  # noqa: E402
 from benchmarks.invariance import invariance_lines  # noqa: E402
+from benchmarks.shapes import SHAPE_HELP, SHAPES, model_config, model_vision  # noqa: E402
 from spinf.engine import hostgc  # noqa: E402
 from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
 

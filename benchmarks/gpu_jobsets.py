@@ -38,17 +38,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import jobsets  # noqa: E402
 from benchmarks.baseline import BENCH_LIMITS, DEFAULT_BATCH, run_baseline_stats  # noqa: E402
 from benchmarks.checkpoint import Folder, free_memory, open_engine, text_state, work_dir, write_checkpoint  # noqa: E402
-from benchmarks.gemma12b import (  # noqa: E402
-    GEMMA_12B_TEXT_CONFIG,
-    build_random_transformers_model,
-    decoder_linear_params,
-    scaled,
-    truncated,
-)
-from benchmarks.gemma26b import GEMMA_26B_A4B_TEXT_CONFIG, scaled_26b  # noqa: E402
-from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b  # noqa: E402
-from benchmarks.gemma_e4b import GEMMA_E4B_TEXT_CONFIG, scaled_e4b, truncated_e4b  # noqa: E402
+from benchmarks.gemma12b import build_random_transformers_model, decoder_linear_params  # noqa: E402
 from benchmarks.results import RESULTS, revision  # noqa: E402
+from benchmarks.shapes import SHAPE_HELP, SHAPES, model_config, model_title, model_vision  # noqa: E402
 from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
@@ -253,49 +245,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def small(body: dict) -> dict:
     """The first two inputs of a body: the warm-up call."""
     return {**body, "inputs": body["inputs"][:2]} if "inputs" in body else body
-
-
-# ``--shape``: benchmarks.gemma12b, benchmarks.gemma31b (text model and vision tower), benchmarks.gemma_e4b,
-# benchmarks.gemma26b
-SHAPES = ("12b", "31b", "e4b", "26b-a4b")
-SHAPE_HELP = "the 12B (default), the 31B (with its tower), the E4B (per-layer inputs, KV-shared layers) or the 26B A4B"
-
-
-def model_config(args: argparse.Namespace) -> dict:
-    """The text config a run measures: the ``--shape`` (12B unless said), ``--scaled`` down, or ``--layers`` deep at
-    full width."""
-    if getattr(args, "shape", "12b") == "26b-a4b":  # benchmarks.gemma26b: the 26B A4B's experts
-        if args.scaled:
-            return scaled_26b()
-        return truncated(GEMMA_26B_A4B_TEXT_CONFIG, args.layers) if args.layers else GEMMA_26B_A4B_TEXT_CONFIG
-    if getattr(args, "shape", "12b") == "e4b":
-        if args.scaled:
-            return scaled_e4b()
-        return truncated_e4b(args.layers) if args.layers else GEMMA_E4B_TEXT_CONFIG
-    if getattr(args, "shape", "12b") == "31b":
-        full = GEMMA_31B_TEXT_CONFIG
-        if args.scaled:
-            return scaled_31b()[0]
-    else:
-        full = GEMMA_12B_TEXT_CONFIG
-        if args.scaled:
-            return scaled(GEMMA_12B_TEXT_CONFIG)
-    return truncated(full, args.layers) if args.layers else full
-
-
-def model_vision(args: argparse.Namespace) -> dict | None:
-    """The vision tower the folder holds beside the text model (the engine never reads it): the 31B's, or none."""
-    if getattr(args, "shape", "12b") != "31b":
-        return None
-    return scaled_31b()[1] if args.scaled else GEMMA_31B_VISION_CONFIG
-
-
-def model_title(args: argparse.Namespace) -> str:
-    size = getattr(args, "shape", "12b").upper()
-    if args.scaled:
-        return f"the scaled-down {size}-shaped random model"
-    whole = f"the {size}-shaped random model"
-    return f"{whole} cut to {args.layers} layers" if args.layers else whole
 
 
 @attrs.define

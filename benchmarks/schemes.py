@@ -59,14 +59,13 @@ from benchmarks.gpu_jobsets import (  # noqa: E402
     job_bodies,
     max_difference,
     measure,
-    model_config,
-    model_title,
     note_row,
     row,
     small,
 )
 from benchmarks.results import RESULTS, revision  # noqa: E402
 from benchmarks.scheme_probe import probe_lines  # noqa: E402
+from benchmarks.shapes import model_config, model_title  # noqa: E402
 from spinf.catalog.manifest import GEMMA_SCHEMES  # noqa: E402
 from spinf.engine.engine import Engine  # noqa: E402
 from spinf.engine.head import HEAD_MODES  # noqa: E402

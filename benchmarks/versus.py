@@ -65,8 +65,6 @@ from benchmarks.gpu_jobsets import (  # noqa: E402
     engine_call,
     job_bodies,
     measure,
-    model_config,
-    model_title,
     note_row,
     row,
     small,
@@ -75,6 +73,7 @@ from benchmarks.gpu_jobsets import (  # noqa: E402
 from benchmarks.http_load import ServerProcess, concurrent, one_after_another, percentile  # noqa: E402
 from benchmarks.invariance import differing_bits, keyed, keyed_logprobs, merged, one_per_input  # noqa: E402
 from benchmarks.results import revision  # noqa: E402
+from benchmarks.shapes import model_config, model_title  # noqa: E402
 from spinf.engine import hostgc  # noqa: E402
 from spinf.engine.loop import EngineLoop  # noqa: E402
 

@@ -39,8 +39,9 @@ import torch  # noqa: E402
 from benchmarks.baseline import BENCH_LIMITS  # noqa: E402
 from benchmarks.checkpoint import calibrate_folder, open_engine, work_dir, write_checkpoint  # noqa: E402
 from benchmarks.gpu_fast import calibration_corpus  # noqa: E402
-from benchmarks.gpu_jobsets import SHAPES, job_bodies, model_config, model_title, model_vision  # noqa: E402
+from benchmarks.gpu_jobsets import job_bodies  # noqa: E402
 from benchmarks.results import RESULTS, append_section, cpu_machine  # noqa: E402
+from benchmarks.shapes import SHAPES, model_config, model_title, model_vision  # noqa: E402
 from spinf.engine import warm  # noqa: E402
 from spinf.engine.engine import Engine  # noqa: E402
 from spinf.engine.loop import EngineLoop  # noqa: E402

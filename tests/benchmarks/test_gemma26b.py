@@ -10,7 +10,7 @@ from benchmarks.checkpoint import PREFIX, weight_shapes, write_checkpoint
 from benchmarks.gemma12b import build_random_engine_model, decoder_linear_params
 from benchmarks.gemma26b import GEMMA_26B_A4B_TEXT_CONFIG, expert_params, scaled_26b
 from benchmarks.gpu_fast import parse_args
-from benchmarks.gpu_jobsets import model_config, model_title
+from benchmarks.shapes import model_config, model_title
 from spinf.engine.loading import load_gemma4_text
 
 
