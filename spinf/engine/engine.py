@@ -43,6 +43,7 @@ from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ApiError, ModelError
 from spinf.media.items import decode_media
+from spinf.packs.calls import PackStep
 from spinf.packs.responses import add_pack_results
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
@@ -392,7 +393,7 @@ class Engine:
             limits=self.limits,
             features=self.features,
             trusted=trusted,
-            packs=packs,
+            packs=None if packs is None else PackStep(packs),
         )
 
     def _parse_call(self, call: Call) -> ScoreRequest:

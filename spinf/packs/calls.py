@@ -18,21 +18,13 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from spinf.errors import bad_request
-from spinf.packs.catalog import UNKNOWN_PACK, Refused
+from spinf.packs.catalog import Refused
 from spinf.packs.contexts import ParameterError, context_texts, wrap_messages
 from spinf.packs.packfile import PackFile
 from spinf.packs.repository import LoadedPack
-from spinf.protocol.request import MEDIA_KINDS  # any other part type, and string content, counts as text (§4.10)
+from spinf.protocol.packrefs import check_references
 from spinf.protocol.shapes import is_number
-
-REFERENCE_KEYS = ("id", "version", "context", "decision", "include_queries")
-DECISION_KEYS = ("mode", "threshold", "thresholds", "critical")
-_TYPED_KEYS = (
-    ("version", str, "a string"),
-    ("context", str, "a string"),
-    ("include_queries", bool, "true or false"),
-    ("decision", dict, "an object"),
-)
+from spinf.protocol.types import MEDIA_KINDS  # any other part type, and string content, counts as text (§4.10)
 
 
 @attrs.frozen
@@ -70,6 +62,17 @@ class PackCall:
     own_queries: int  # how many of the merged scoring.queries are the caller's; the packs' follow
 
 
+@attrs.frozen
+class PackStep:
+    """Step 10 over ``catalog`` (a `spinf.packs.catalog.Catalog`) as the parser takes it
+    (`spinf.protocol.request.PackStep`); with packs off the parser runs its own (every id ``unknown_pack``)."""
+
+    catalog: object
+
+    def __call__(self, scoring: dict, inputs: list, *, messages_form: bool) -> PackCall | None:
+        return resolve_packs(scoring, inputs, self.catalog, messages_form=messages_form)
+
+
 def _invalid(param: str, message: str):
     return bad_request("invalid_field", param, message)
 
@@ -79,12 +82,7 @@ def resolve_packs(scoring: dict, inputs: list, catalog: object, *, messages_form
 
     ``catalog`` is the pack catalog (a `spinf.packs.catalog.Catalog`), or None when packs are off: every id is then
     ``unknown_pack``. ``messages_form``: the body used ``messages``, so media and parameter params say so."""
-    refs = scoring.get("packs", [])
-    if not isinstance(refs, list):
-        raise _invalid("scoring.packs", "scoring.packs must be a list of pack references")
-    seen: set[str] = set()
-    for i, ref in enumerate(refs):
-        _check_shape(ref, f"scoring.packs.{i}", seen)
+    refs = check_references(scoring)
     uses = [_reference(ref, f"scoring.packs.{i}", catalog) for i, ref in enumerate(refs)]
     if not uses:
         return None
@@ -106,30 +104,6 @@ def resolve_packs(scoring: dict, inputs: list, catalog: object, *, messages_form
 # Step 1: one reference.
 
 
-def _check_shape(ref: object, p: str, seen: set[str]) -> None:
-    """What a reference must be before its pack is looked up: its keys and their types, the id not seen before."""
-    if not isinstance(ref, dict):
-        raise _invalid(p, f"{p} must be an object")
-    for key in ref:
-        if key not in REFERENCE_KEYS:
-            raise _invalid(f"{p}.{key}", f"{key!r} is not a pack reference key; they are {', '.join(REFERENCE_KEYS)}")
-    pack_id = ref.get("id")
-    if not isinstance(pack_id, str) or not pack_id:
-        raise _invalid(f"{p}.id", f"{p}.id must be a non-empty string")
-    if pack_id in seen:
-        raise bad_request("duplicate_id", f"{p}.id", f"the pack {pack_id!r} is referenced twice")
-    seen.add(pack_id)
-    # Present means given: only the decision values below count null as absent (packs spec §5.1).
-    for key, kind, what in _TYPED_KEYS:
-        if key in ref and not isinstance(ref[key], kind):
-            raise _invalid(f"{p}.{key}", f"{p}.{key} must be {what}")
-    for key in ref.get("decision", ()):
-        if key not in DECISION_KEYS:
-            raise _invalid(
-                f"{p}.decision.{key}", f"{key!r} is not a decision key; they are {', '.join(DECISION_KEYS)}"
-            )
-
-
 def _reference(ref: dict, p: str, catalog: object) -> PackUse:
     """A shape-checked reference against the catalog: the version, the context, the decision settings."""
     found = _find(catalog, ref["id"], ref.get("version"))
@@ -145,8 +119,6 @@ def _reference(ref: dict, p: str, catalog: object) -> PackUse:
 
 
 def _find(catalog: object, pack_id: str, version: str | None):
-    if catalog is None:
-        return Refused(UNKNOWN_PACK, "id", f"unknown pack {pack_id!r}; packs are off on this server (GET /v1/packs)")
     return catalog.find(pack_id, version)
 
 

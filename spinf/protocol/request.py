@@ -12,28 +12,40 @@ import json
 import math
 import re
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from spinf.errors import bad_request
+from spinf.protocol.packrefs import check_references, refuse_packs_off
 from spinf.protocol.schema import ENDPOINT, MODEL, PART_TYPES, check_input, check_scoring
 from spinf.protocol.shapes import invalid_field as _invalid
 from spinf.protocol.templates import parse_template
-from spinf.protocol.types import Generate, InputSpec, MediaPart, QuerySpec, ScoreRequest, Slot
+from spinf.protocol.types import MEDIA_KINDS, Generate, InputSpec, MediaPart, QuerySpec, ScoreRequest, Slot
 from spinf.settings import Features, Limits
 
-if TYPE_CHECKING:
-    from spinf.packs.calls import PackCall
-
 MAX_SEARCHED_TOKENS = 64
-
-# The media kind of each non-text part type (the media gates and §4.10's pack media check).
-MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
 _EXTRACTION_FIELDS = ("max_tokens", "top_k", "calibration", "generate")
 FEATURE_KEYS = ("media", "extraction", "generation")  # a trusted caller's features (§4.11)
 IGNORED_FIELD = "ignored_field"  # the §5.6 warning code of a trusted limits or features key that is ignored
 _DIGITS = re.compile(r"[0-9]+")
+
+
+class PackedCall(Protocol):
+    """What step 10 makes of a call that names packs: the packs used, and the merged ``scoring`` and wrapped
+    ``inputs`` (raw JSON) that the later steps validate in place of the body's (`spinf.packs.calls.PackCall`)."""
+
+    uses: tuple
+    scoring: dict
+    inputs: list
+    own_queries: int  # how many of the merged scoring.queries are the caller's; the packs' follow
+
+
+class PackStep(Protocol):
+    """Step 10 of §4.12 as the packs run it (`spinf.packs.calls.PackStep`): the call's pack references checked
+    against a pack catalog; None when the call names no pack. The parser imports no packs: its caller hands it this."""
+
+    def __call__(self, scoring: dict, inputs: list, *, messages_form: bool) -> PackedCall | None: ...
 
 
 def body_has_media(body: object) -> bool:
@@ -101,13 +113,14 @@ def parse_score_request(
     limits: Limits = _DEFAULT_LIMITS,
     features: Features = _DEFAULT_FEATURES,
     trusted: bool = False,
-    packs: object = None,
+    packs: PackStep | None = None,
 ) -> ScoreRequest:
     """Validate a decoded ``/v1/score`` (``chat=True``: chat route) body and return the typed request.
 
     ``served_names`` are the served model's names (None skips the check); ``model_media`` the media kinds the model
     can read; ``limits`` and ``features`` the server's, narrowed by a trusted caller's overrides (§4.11) and
     returned on the request as the call's effective values. Untrusted callers' ``limits``/``features`` are ignored.
+    ``packs`` runs step 10 (`PackStep`); None: packs are off.
     """
     if not isinstance(body, dict):
         raise _invalid("body", "the request body must be a JSON object")
@@ -260,14 +273,15 @@ def _features(body: dict, server: Features, warnings: list[dict[str, str]]) -> F
     )
 
 
-def _check_packs(scoring: dict, raw_inputs: list, catalog: object, messages_form: bool) -> PackCall | None:
-    """Step 10: the call's pack references checked against ``catalog`` (None: packs off, every id
-    ``unknown_pack``), the call-level rules, the reserved group, the context wrapping and the pack media check
-    (`spinf.packs.calls.resolve_packs`, ``api.md`` §4.10). None when the call names no pack; else the merged
-    ``scoring`` and wrapped inputs that the later steps validate in place of the body's."""
-    from spinf.packs.calls import resolve_packs  # here: spinf.packs imports the protocol's template parser
-
-    return resolve_packs(scoring, raw_inputs, catalog, messages_form=messages_form)
+def _check_packs(scoring: dict, raw_inputs: list, step: PackStep | None, messages_form: bool) -> PackedCall | None:
+    """Step 10: the call's pack references by ``step``, the packs' own (`spinf.packs.calls.PackStep` over the
+    catalog: the lookups, the call-level rules, the reserved group, the context wrapping, the pack media check,
+    ``api.md`` §4.10). None when the call names no pack. With packs off (no step) the references are checked and
+    the first is an unknown pack."""
+    if step is not None:
+        return step(scoring, raw_inputs, messages_form=messages_form)
+    refuse_packs_off(check_references(scoring))
+    return None
 
 
 # Steps 12-13 and what follows them: feature gates, typed queries, unique ids, content.

@@ -14,6 +14,9 @@ import attrs
 
 from spinf.settings import Features, Limits
 
+# The media kind of each non-text content part type (the media gates, and the pack media check of api spec §4.10).
+MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "video": "video"}
+
 
 class Slot(enum.Enum):
     """The one slot of a template: a scored slot or one of the three extraction slots."""
