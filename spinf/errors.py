@@ -1,11 +1,29 @@
-"""The exception tree of spinf-serve.
+"""The exception tree of spinf-serve: every exception a caller of the package can meet, in one drawing.
 
 ::
 
-    SpinfError                      root of everything this package raises on purpose
-    ├── ApiError                    a request problem with the spec's HTTP status, code and param path
-    ├── ModelError                  a model that cannot be resolved, found or loaded
-    └── ConfigError                 a bad setting (the command line prints it as one line, exit status 2)
+    SpinfError                          root of everything this package raises on purpose
+    ├── ApiError                        a request problem with the spec's HTTP status, code and param path
+    │   └── RemoteApiError              a server's 4xx answer to the bulk runner, with its request id (bulk.errors)
+    ├── ModelError                      a model that cannot be resolved, found or loaded
+    │   ├── TinySnapshotMissing         the tiny model's snapshot is not generated yet (catalog.checkpoint)
+    │   └── ScaleTableMismatch          an fp8s scale table made for another checkpoint (engine.scales)
+    ├── ConfigError                     a bad setting (the command line prints it as one line, exit status 2)
+    ├── BulkError                       a bulk run that cannot go on (bulk.errors)
+    │   └── BulkInputError              a bad line or file of a bulk run's inputs
+    ├── BatchFailed                     the scorer refused a bulk batch; carries the batch and the envelope
+    ├── SourceError                     a pack source that cannot be read (packs.sources)
+    │   └── GitHubError                 ... from GitHub (packs.github): NotFound, RateLimited, HttpError,
+    │                                   Unreachable, BadTarball
+    ├── ArchiveError                    a pack tarball that cannot be unpacked safely (packs.tarball)
+    └── PackEvaluationError             a pack that cannot be evaluated on these answers (packs.pipeline)
+
+    StartInterrupted (BaseException)    a signal during serve's start, before the actors listen (server.start_signals)
+    IllegalTransition (RuntimeError)    a lifecycle step the state machine forbids: a bug (server.lifecycle)
+
+Signals that never leave their module, each caught beside where it is raised: settings.kinds.Refused,
+packs.contexts.ParameterError, packs.versions.UnorderableVersions, bulk.inputs._BadLine, server.gate._BodyGone,
+server.http11.Refusal.
 
 ``ApiError`` is what the web layer turns into the error envelope; the library API (``Engine.score``) raises it
 as is. Bugs are not wrapped: they crash the caller (the server answers 500 ``engine_error``).
