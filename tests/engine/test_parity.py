@@ -16,21 +16,23 @@ from tokenizers import Tokenizer, models, trainers
 
 from spinf.cli import main
 from spinf.engine.parity import (
-    CROSS_PLATFORM_BOUNDS,
     build_jobs,
     check_reference,
     compare,
-    describe_platform,
-    engine_platform,
-    engine_reference_name,
     fill,
-    judge,
     read_fixture,
     run_parity,
     with_values,
     write_fixture,
 )
 from spinf.engine.tokenizer import TextTokenizer
+from spinf.engine.verdict import (
+    CROSS_PLATFORM_BOUNDS,
+    describe_platform,
+    engine_platform,
+    engine_reference_name,
+    judge,
+)
 from spinf.errors import ConfigError
 from tests.engine.oracle import Oracle
 
@@ -545,7 +547,7 @@ def test_the_tiny_cpu_reference_matches_a_fresh_run_bit_for_bit(tiny_engine):
 
 
 def test_a_recorded_runs_name_says_the_lm_head_it_ran():
-    from spinf.engine.parity import engine_reference_name
+    from spinf.engine.verdict import engine_reference_name
 
     info = {"model": "m", "revision": "r", "quant": "fp8s", "torch": "2.11", "lm_head": "bf16"}
     platform = {"device": "cuda", "gpu": "NVIDIA H200", "capability": "9.0"}
