@@ -46,18 +46,19 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
+from spinf.engine.compiler import EngineShape
+from spinf.engine.extractor import Extractor
 from spinf.engine.graphs import all_buckets
+from spinf.engine.loop import EngineLoop
+from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.trie import Job
 from spinf.engine.work import RawJobs
 from spinf.errors import ModelError
-
-if TYPE_CHECKING:
-    from spinf.engine.engine import Engine
-    from spinf.engine.loop import EngineLoop
+from spinf.settings import Features, Limits
 
 MODES = ("full", "short", "none")
 SENTENCE = "The parcel arrived late and the box was damaged. "
@@ -68,6 +69,20 @@ EAGER_DEPTH = 3  # not a multiple of 16: the other specialisation of the attenti
 # took 1.3 s)
 BUDGET_JOB = 512
 WARM_DECODE_TOKENS = 4  # decode steps per slot of the extraction call: its shapes, not its length, are paid
+
+
+class Warmable(Protocol):
+    """What the warm-up reads of an engine (`spinf.engine.engine.Engine` is one): its loop runs the built passes,
+    ``score`` the calls; ``shape.media_kinds`` are the kinds whose embedders are loaded and switched on."""
+
+    tokenizer: TextTokenizer
+    shape: EngineShape
+    features: Features
+    limits: Limits
+    extractor: Extractor | None
+    loop: EngineLoop
+
+    def score(self, body: object) -> dict: ...
 
 
 @attrs.frozen
@@ -188,14 +203,13 @@ def run_pass(loop: EngineLoop, built: list[Job]) -> int:
     return work.ran_tokens
 
 
-def steps(engine: Engine, mode: str) -> list[Step]:
+def steps(engine: Warmable, mode: str) -> list[Step]:
     """The warm-up of ``mode`` as steps to run one after another (the server runs each as its own executor job):
     the scoring calls, the built passes, then the extraction call when the engine can extract."""
     filler = engine.tokenizer.bos + engine.tokenizer.tok(SENTENCE)
     options = answer_options(engine)
     calls = [Step(functools.partial(checked_score, engine, with_options(body, options))) for body in bodies(mode)]
-    embedders = getattr(engine, "embedders", None)
-    media = media_body(mode, engine.features.media & embedders.kinds) if embedders is not None else None
+    media = media_body(mode, engine.shape.media_kinds)
     if media is not None:
         calls.append(Step(functools.partial(checked_score, engine, with_options(media, options))))
     built = passes(mode, engine.shape.token_budget)
@@ -209,7 +223,7 @@ def steps(engine: Engine, mode: str) -> list[Step]:
     return found
 
 
-def checked_score(engine: Engine, body: dict) -> dict:
+def checked_score(engine: Warmable, body: dict) -> dict:
     """``engine.score(body)``; a `ModelError` when the answer holds a non-finite number (the model computes NaN or
     infinity: no call it answers could be sent)."""
     response = engine.score(body)
@@ -234,7 +248,7 @@ def non_finite(value: object, path: str) -> Iterator[str]:
             yield from non_finite(item, f"{path}.{k}")
 
 
-def answer_options(engine: Engine) -> list[str] | None:
+def answer_options(engine: Warmable) -> list[str] | None:
     """Two options a decision model answers with (its first two codes whose text tokenizes back to that one code),
     for warm-up questions that are not refused there (its options must be codes); None for any other model."""
     if not engine.shape.answer_codes:
