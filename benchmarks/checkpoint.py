@@ -48,8 +48,8 @@ from safetensors.torch import save_file
 from benchmarks.gemma12b import random_tensors
 from benchmarks.gemma31b import gemma4_config, random_vision_tensors, vision_weight_shapes
 from spinf.engine.calibrate import calibrate
-from spinf.engine.embedders import DEFAULT_TOKENS
 from spinf.engine.engine import Engine
+from spinf.engine.gemma4.embedders import DEFAULT_TOKENS
 from spinf.engine.scales import SHIPPED_TABLE, write_table
 from spinf.settings import Limits
 
@@ -135,7 +135,7 @@ MEDIA_IMAGE_TABLE = '[image]\nscheme = "gemma"\nside = 48\ndetail_tokens = { low
 
 def media_tokens(text_config: dict[str, Any]) -> dict[str, int]:
     """The 12B's media token ids, or the tiny model's where the vocabulary is too small for them (`scaled`)."""
-    from spinf.engine.tiny import TINY_MEDIA_TOKENS
+    from spinf.engine.gemma4.tiny import TINY_MEDIA_TOKENS
 
     fits = text_config["vocab_size"] > max(MEDIA_TOKENS_12B.values())
     return MEDIA_TOKENS_12B if fits else TINY_MEDIA_TOKENS
@@ -172,7 +172,7 @@ def weight_shapes(
     text_config: dict[str, Any], vision_config: dict | None = None, media: bool = False
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor the folder holds, by its name in the files, in the order they are drawn and written."""
-    from spinf.engine.tiny import media_weight_shapes, tiny_weight_shapes
+    from spinf.engine.gemma4.tiny import media_weight_shapes, tiny_weight_shapes
 
     shapes = {PREFIX + k.removeprefix("model."): s for k, s in sorted(tiny_weight_shapes(text_config).items())}
     if vision_config is not None:
@@ -261,7 +261,7 @@ def _tensors(text_config: dict, dtype: torch.dtype, vision_config: dict | None, 
     if vision_config is not None:
         yield from random_vision_tensors(vision_config, text_config["hidden_size"], dtype=dtype, **draw)
     if media:
-        from spinf.engine.tiny import draw_media, media_weight_shapes
+        from spinf.engine.gemma4.tiny import draw_media, media_weight_shapes
 
         generator = torch.Generator(device=torch.device(draw["device"])).manual_seed(draw["seed"] + 1)
         for key, shape in sorted(media_weight_shapes(text_config["hidden_size"], VISION_12B, AUDIO_12B).items()):

@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.baseline import assign_weights  # noqa: E402
-from spinf.engine.config import TextConfig, parse_text_config  # noqa: E402
-from spinf.engine.loading import _layer_state  # noqa: E402
-from spinf.engine.model import Gemma4Text  # noqa: E402
-from spinf.engine.tiny import TINY_CONFIG, tiny_weight_shapes  # noqa: E402
+from spinf.engine.gemma4.config import TextConfig, parse_text_config  # noqa: E402
+from spinf.engine.gemma4.loading import _layer_state  # noqa: E402
+from spinf.engine.gemma4.model import Gemma4Text  # noqa: E402
+from spinf.engine.gemma4.tiny import TINY_CONFIG, tiny_weight_shapes  # noqa: E402
 
 NUM_LAYERS = 48
 GEMMA_12B_TEXT_CONFIG: dict[str, Any] = {

@@ -8,7 +8,7 @@ values, ``attention_k_eq_v``; proportional rope over a quarter of each head), fi
 2,816; a dense MLP 2,112 wide in every layer and beside it 128 experts 704 wide, of which each token reaches 8
 (``top_k_experts``); vocabulary 262,144; tied embeddings; final soft-cap 30; no per-layer input embeddings, no
 shared KV layers. The rope parameters, special ids, activation and norm epsilon are those every Gemma 4 shares
-(`spinf.engine.tiny.TINY_CONFIG`). The Hub's folder holds a vision tower beside the text model, which the engine
+(`spinf.engine.gemma4.tiny.TINY_CONFIG`). The Hub's folder holds a vision tower beside the text model, which the engine
 does not read; the benchmarks write the text model alone, in the same ``gemma4`` layout
 (`benchmarks.gemma31b.gemma4_config`).
 
@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gemma12b import decoder_linear_params  # noqa: E402
-from spinf.engine.tiny import TINY_CONFIG  # noqa: E402
+from spinf.engine.gemma4.tiny import TINY_CONFIG  # noqa: E402
 
 NUM_LAYERS = 30
 GEMMA_26B_A4B_TEXT_CONFIG: dict[str, Any] = {

@@ -12,12 +12,12 @@ heads) of dim 72, 16-pixel patches, 3 × 3 pooling, standardised output, no clip
 image. Checkpoint names: the text model under ``model.language_model.``, the tower under ``model.vision_tower.``
 and its projection into the text model under ``model.embed_vision.``.
 
-`vision_weight_shapes` writes the tower's state-dict shapes out by hand (as `spinf.engine.tiny.tiny_weight_shapes`
-does the text model's), so a writer needs no transformers; tests/benchmarks/test_checkpoint.py checks them against
-transformers' own model. `scaled_31b` shrinks both, keeping the layer pattern, the head-count ratios (2 query heads
-per KV head on sliding layers, 8 on full ones, and more than one KV head there) and the global head dim at twice
-the sliding one. ``python benchmarks/gemma31b.py`` prints the parameter counts and the weight bytes under fp8s
-(benchmarks/gemma31b.md has the figures).
+`vision_weight_shapes` writes the tower's state-dict shapes out by hand (as
+`spinf.engine.gemma4.tiny.tiny_weight_shapes` does the text model's), so a writer needs no transformers;
+tests/benchmarks/test_checkpoint.py checks them against transformers' own model. `scaled_31b` shrinks both, keeping the
+layer pattern, the head-count ratios (2 query heads per KV head on sliding layers, 8 on full ones, and more than one KV
+head there) and the global head dim at twice the sliding one. ``python benchmarks/gemma31b.py`` prints the parameter
+counts and the weight bytes under fp8s (benchmarks/gemma31b.md has the figures).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gemma12b import decoder_linear_params  # noqa: E402
-from spinf.engine.tiny import TINY_CONFIG  # noqa: E402
+from spinf.engine.gemma4.tiny import TINY_CONFIG  # noqa: E402
 
 NUM_LAYERS = 60
 GEMMA_31B_TEXT_CONFIG: dict[str, Any] = {
@@ -189,7 +189,7 @@ def scaled_31b(
 def weight_bytes(text: dict[str, Any] = GEMMA_31B_TEXT_CONFIG, vision: dict[str, Any] | None = None) -> dict:
     """Bytes of the weights on the device under fp8s: decoder linears at 1 byte each, the embedding (tied head),
     the norms and the layer scalars in bf16, and the vision tower (not loaded by this build) in bf16 if given."""
-    from spinf.engine.tiny import tiny_weight_shapes
+    from spinf.engine.gemma4.tiny import tiny_weight_shapes
 
     shapes = tiny_weight_shapes(text)
     linears = decoder_linear_params(text)

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gemma12b import decoder_linear_params, truncated  # noqa: E402
-from spinf.engine.tiny import TINY_CONFIG  # noqa: E402
+from spinf.engine.gemma4.tiny import TINY_CONFIG  # noqa: E402
 
 NUM_LAYERS = 42
 NUM_SHARED = 18  # the last 18 layers read the keys and values of layers 22 (sliding) and 23 (full)

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from spinf.engine.model import rms_norm, row_stable_mm
+from spinf.engine.gemma4.model import rms_norm, row_stable_mm
 
 
 def same_rows(fn, a: torch.Tensor, b: torch.Tensor, keep: int) -> bool:

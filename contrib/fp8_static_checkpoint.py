@@ -3,9 +3,9 @@
 The published catalog checkpoints (``spinf/gemma-4-12b-fp8``, ``spinf/gemma-4-31b-fp8``) are in this format (engine
 spec B.8): each decoder linear has an e4m3 ``weight [out, in]``, a ``weight_scale`` and an ``input_scale`` (fp32,
 tensor strategy, ``dynamic: false``); the rest stays as it was. This tool makes such a folder from a bf16 (or fp32)
-one with the compressed-tensors library itself, so that the engine's reader (`spinf.engine.fp8_static`) is checked
-against the format as the ecosystem writes it, not only against our own idea of it. It works shard by shard (a 31B
-checkpoint never sits in memory whole): per shard, the decoder linears become ``nn.Linear`` modules of a skeleton
+one with the compressed-tensors library itself, so that the engine's reader (`spinf.engine.gemma4.fp8_static`) is
+checked against the format as the ecosystem writes it, not only against our own idea of it. It works shard by shard (a
+31B checkpoint never sits in memory whole): per shard, the decoder linears become ``nn.Linear`` modules of a skeleton
 named as in the checkpoint, compressed-tensors applies the scheme and compresses them, and the shard is written
 back with the other tensors unchanged; the index and ``config.json`` (with compressed-tensors' own
 ``quantization_config``) follow.

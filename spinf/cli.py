@@ -220,7 +220,7 @@ def _download(args: argparse.Namespace) -> int:
     try:
         folder = download_model(args.model, args.dir)
     except TinySnapshotMissing as missing:
-        from spinf.engine.tiny import generate_snapshot  # torch, for the one model that is generated
+        from spinf.engine.gemma4.tiny import generate_snapshot  # torch, for the one model that is generated
 
         folder = generate_snapshot(missing).folder
     print(folder)

@@ -386,7 +386,7 @@ def test_download_prints_the_folder_the_catalog_gives(capsys, monkeypatch, tmp_p
 
 
 def test_download_of_the_tiny_model_generates_it_where_the_catalog_says(capsys, tmp_path):
-    from spinf.engine.tiny import TINY_REVISION
+    from spinf.engine.gemma4.tiny import TINY_REVISION
 
     folder = tmp_path / "models--spinf--tiny-gemma4" / "snapshots" / TINY_REVISION
     assert run(capsys, "download", "tiny", "--dir", str(tmp_path)) == (0, f"{folder}\n", "")

@@ -44,7 +44,7 @@ def free_port() -> int:
 
 def tiny_cache(root: Path) -> Path:
     """An HF_HOME holding the tiny model's snapshot (generated locally, nothing downloaded)."""
-    from spinf.engine.tiny import ensure_tiny_snapshot
+    from spinf.engine.gemma4.tiny import ensure_tiny_snapshot
 
     ensure_tiny_snapshot(root / "hub")
     return root

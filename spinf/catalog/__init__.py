@@ -5,7 +5,7 @@
 weights, and for the built-in tiny model says where its snapshot goes (`TinySnapshotMissing`; the engine generates
 it). Nothing here imports torch or `spinf.engine`, so the command line and the web layer can use the catalog
 freely. ``tiny_gemma4/tokenizer.json`` is the built-in tiny
-model's tokenizer, read by `spinf.engine.tiny`.
+model's tokenizer, read by `spinf.engine.gemma4.tiny`.
 """
 
 from spinf.catalog.checkpoint import (

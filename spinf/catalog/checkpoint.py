@@ -3,7 +3,7 @@
 `find_checkpoint` uses a given folder as it is; otherwise it searches the cache roots in order
 (``SPINF_CACHE_DIRS``, then ``$HF_HOME/hub``), then downloads from the Hub. The built-in tiny model is generated,
 not downloaded, and generating it takes torch: for it the lookup raises `TinySnapshotMissing`, naming the first
-writable root as where the snapshot goes, and the engine writes it there (`spinf.engine.tiny.find_or_generate`)
+writable root as where the snapshot goes, and the engine writes it there (`spinf.engine.gemma4.tiny.find_or_generate`)
 and has it checked by `generated_checkpoint`. In a root it recognises:
 
 - the Hub cache layout, ``<root>/models--<org>--<name>/snapshots/<revision>/`` (the revision is the folder name;
@@ -64,7 +64,7 @@ class Checkpoint:
 class TinySnapshotMissing(ModelError):
     """The built-in tiny model's snapshot is in no cache root; ``root`` (the first writable one) is where it goes.
 
-    The engine catches it and generates the snapshot there (`spinf.engine.tiny.find_or_generate`); a caller
+    The engine catches it and generates the snapshot there (`spinf.engine.gemma4.tiny.find_or_generate`); a caller
     without the engine sees a `ModelError` that says so.
     """
 

@@ -8,10 +8,10 @@ dotted key.
 
 Beyond the spec's fields, ``[source]`` may say ``builtin = true``: the checkpoint is generated locally, never
 downloaded. Only manifests shipped in the package may say so, and only for the tiny model (``spinf/tiny-gemma4``,
-whose generator is `spinf.engine.tiny`); such a manifest may also use the weight format ``safetensors-f32``, whose
-schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``. ``[source]`` may also give
-``bytes``, the size of the pinned revision's ``*.safetensors`` files: the start checks whether the weights fit on the
-device with it before anything is downloaded (`spinf.engine.opening.check_before_lookup`). Every built-in manifest
+whose generator is `spinf.engine.gemma4.tiny`); such a manifest may also use the weight format ``safetensors-f32``,
+whose schemes are ``fp32`` (the weights run as they are), which nothing else may, and ``fp8s``. ``[source]`` may also
+give ``bytes``, the size of the pinned revision's ``*.safetensors`` files: the start checks whether the weights fit on
+the device with it before anything is downloaded (`spinf.engine.opening.check_before_lookup`). Every built-in manifest
 gives it; without it, the memory check waits for the files.
 """
 
@@ -36,7 +36,7 @@ MANIFEST_DIRS_ENV = "SPINF_MANIFEST_DIRS"
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 REVISION_PATTERN = re.compile(r"^[0-9a-f]{40}$")
-# The only checkpoint spinf knows how to generate; it equals spinf.engine.tiny.TINY_MODEL_ID (a test checks it),
+# The only checkpoint spinf knows how to generate; it equals spinf.engine.gemma4.tiny.TINY_MODEL_ID (a test checks it),
 # spelled out here so that this module does not import torch.
 TINY_REPO = "spinf/tiny-gemma4"
 

@@ -21,12 +21,14 @@ import attrs
 import torch
 
 from spinf._version import __version__
-from spinf.engine import fp8_static, hostgc
+from spinf.engine import hostgc
 from spinf.engine.compiler import EngineShape
-from spinf.engine.embedders import load_embedders, read_media_config
 from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB, DEFAULT_DECODER_BUDGET_GIB, Extractor, cpu_context
+from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.embedders import load_embedders, read_media_config
+from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.gemma4.tiny import TINY_MODEL_ID
 from spinf.engine.head import DEFAULT_HEAD
-from spinf.engine.loading import load_gemma4_text
 from spinf.engine.loop import Call, EngineLoop, Scored
 from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
 from spinf.engine.qwen35.loading import load_for_engine as load_qwen35_for_engine
@@ -39,7 +41,6 @@ from spinf.engine.scales import (
     read_scale_table,
 )
 from spinf.engine.scorer import Scorer, is_out_of_memory
-from spinf.engine.tiny import TINY_MODEL_ID
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.errors import ApiError, ModelError
 from spinf.media.items import decode_media

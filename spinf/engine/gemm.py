@@ -40,8 +40,9 @@ def gpu_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (padded @ weight.t())[:rows]
 
 
-# The media embedders' products (spinf.engine.embedders) run on blocks of exactly this many rows on a GPU: one shape
-# per weight, so no row's bits depend on how many items a pass embeds (their shapes were not among those measured).
+# The media embedders' products (spinf.engine.gemma4.embedders) run on blocks of exactly this many rows on a GPU: one
+# shape per weight, so no row's bits depend on how many items a pass embeds (their shapes were not among those
+# measured).
 GPU_BLOCK_ROWS = 1024
 
 

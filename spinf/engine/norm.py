@@ -1,5 +1,5 @@
-"""Gemma 4's RMSNorm in plain torch: the decoder's (`spinf.engine.model`), the experts' (`spinf.engine.moe`) and the
-vision tower's, one definition for all."""
+"""Gemma 4's RMSNorm in plain torch: the decoder's (`spinf.engine.gemma4.model`), the experts'
+(`spinf.engine.gemma4.moe`) and the vision tower's, one definition for all."""
 
 from __future__ import annotations
 

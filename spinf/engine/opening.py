@@ -15,7 +15,8 @@ import torch
 
 from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
 from spinf.catalog.manifest import FAMILIES, INT4_MODES
-from spinf.engine import fp8_static
+from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.tiny import find_or_generate
 from spinf.engine.hardware import (
     INT4_PREFIX,
     DeviceFacts,
@@ -28,7 +29,6 @@ from spinf.engine.hardware import (
 from spinf.engine.qwen35.loading import FLOAT_SCHEMES
 from spinf.engine.scales import find_table, missing_table_error, stored_table
 from spinf.engine.schemes import SCHEMES
-from spinf.engine.tiny import find_or_generate
 from spinf.errors import ModelError
 
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder

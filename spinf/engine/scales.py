@@ -33,7 +33,7 @@ import os
 import re
 from pathlib import Path
 
-from spinf.engine.fp8_static import FUSED_PROJECTIONS, VALUES_PROJECTION
+from spinf.engine.gemma4.fp8_static import FUSED_PROJECTIONS, VALUES_PROJECTION
 from spinf.errors import ModelError
 
 log = logging.getLogger(__name__)

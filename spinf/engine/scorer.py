@@ -22,8 +22,8 @@ import torch
 
 from spinf.engine.attention import AttentionPlan, Capture, JobSpan
 from spinf.engine.extraction.decoder import Captured, SlotStart, capture_cost
+from spinf.engine.gemma4.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.layout import PassLayout, build_pass, vision_groups
-from spinf.engine.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.trie import Job
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Scorer:
 
     def __init__(self, model: Gemma4Text | Qwen35Text, device: torch.device, *, graphs: bool = True, embedders=None):
         """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting);
-        ``embedders`` the loaded `spinf.engine.embedders.MediaEmbedders` (None: no media)."""
+        ``embedders`` the loaded `spinf.engine.gemma4.embedders.MediaEmbedders` (None: no media)."""
         self.model = model
         self.device = device
         self.embedders = embedders

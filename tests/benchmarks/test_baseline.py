@@ -29,9 +29,9 @@ from benchmarks.gemma12b import (
 from benchmarks.jobsets import j1_body
 from spinf.engine.attention import AttentionPlan
 from spinf.engine.compiler import compile_request
-from spinf.engine.config import parse_text_config
-from spinf.engine.loading import load_gemma4_text
-from spinf.engine.model import Gemma4Text
+from spinf.engine.gemma4.config import parse_text_config
+from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.gemma4.model import Gemma4Text
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-4  # fp32 rounding differences between the two attention paths (as the oracle test allows)

@@ -27,7 +27,7 @@ from benchmarks.gemma12b import (
 from benchmarks.gemma31b import GEMMA_31B_TEXT_CONFIG, GEMMA_31B_VISION_CONFIG, scaled_31b, weight_bytes
 from benchmarks.gemma_e4b import GEMMA_E4B_TEXT_CONFIG, scaled_e4b
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4.loading import load_gemma4_text
 
 CONFIG = scaled(GEMMA_12B_TEXT_CONFIG, layers=3, window=16)
 

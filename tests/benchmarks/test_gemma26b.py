@@ -11,7 +11,7 @@ from benchmarks.gemma12b import build_random_engine_model, decoder_linear_params
 from benchmarks.gemma26b import GEMMA_26B_A4B_TEXT_CONFIG, expert_params, scaled_26b
 from benchmarks.gpu_fast import parse_args
 from benchmarks.shapes import model_config, model_title
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4.loading import load_gemma4_text
 
 
 def test_the_real_26b_a4b_shapes_are_transformers_own():

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.gemma12b import GEMMA_12B_TEXT_CONFIG, scaled
 from benchmarks.gemma31b import scaled_31b
 from benchmarks.published import snapshot_folder, write_published
-from spinf.engine.fp8_static import format_problem
+from spinf.engine.gemma4.fp8_static import format_problem
 
 
 @pytest.mark.parametrize("repo", ["spinf/gemma-4-12b-fp8", "spinf/gemma-4-31b-fp8"])

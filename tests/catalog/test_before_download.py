@@ -14,9 +14,9 @@ import torch
 
 from spinf.catalog import load_catalog
 from spinf.engine import opening as engine_module
+from spinf.engine.gemma4.tiny import TINY_REVISION, snapshot_files
 from spinf.engine.hardware import GIB, DeviceFacts
 from spinf.engine.scales import store_path, write_table
-from spinf.engine.tiny import TINY_REVISION, snapshot_files
 from spinf.errors import ConfigError, ModelError
 
 from .hub import FakeHub, run_serve

@@ -139,7 +139,7 @@ def test_shipped_manifest_matches_the_spec_table(model_id):
 
 
 def test_tiny_manifest_pins_the_generators_revision():
-    from spinf.engine.tiny import TINY_MODEL_ID, TINY_REVISION
+    from spinf.engine.gemma4.tiny import TINY_MODEL_ID, TINY_REVISION
 
     manifest = load_catalog([]).find("tiny")
     assert TINY_REPO == TINY_MODEL_ID
@@ -152,7 +152,7 @@ def test_tiny_manifest_pins_the_generators_revision():
 
 def test_every_builtin_manifest_gives_its_checkpoints_size():
     """The start checks the memory with it before downloading anything; the tiny model's is the generated file's."""
-    from spinf.engine.tiny import snapshot_files
+    from spinf.engine.gemma4.tiny import snapshot_files
 
     sizes = {manifest.id: manifest.source.bytes for manifest in load_catalog([]).manifests}
     assert all(isinstance(size, int) and size > 0 for size in sizes.values()), sizes

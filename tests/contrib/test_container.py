@@ -207,7 +207,7 @@ def _in_container(value: str, tmp: Path) -> str:
 
 @pytest.mark.slow
 def test_the_dockerfile_install_step_and_entrypoint_serve_the_tiny_model(tmp_path):
-    from spinf.engine.tiny import ensure_tiny_snapshot
+    from spinf.engine.gemma4.tiny import ensure_tiny_snapshot
 
     workdir, root = _stage(tmp_path / "context")
     bin_dir = _venv(tmp_path / "venv")

@@ -69,7 +69,7 @@ def local_ray(tmp_path_factory):
     """A local Ray whose workers see the tiny model's cache (they inherit the driver's environment)."""
     import ray
 
-    from spinf.engine.tiny import ensure_tiny_snapshot
+    from spinf.engine.gemma4.tiny import ensure_tiny_snapshot
 
     hf_home = tmp_path_factory.mktemp("hf")
     ensure_tiny_snapshot(hf_home / "hub")

@@ -17,10 +17,10 @@ import pytest
 
 from spinf.cli import _parser, main
 from spinf.engine.calibrate import MEDIA_QUERY, calibrate, read_corpus
+from spinf.engine.gemma4.tiny import TINY_REVISION
 from spinf.engine.parity import read_fixture
 from spinf.engine.quant import E4M3_MAX
 from spinf.engine.scales import store_path
-from spinf.engine.tiny import TINY_REVISION
 
 QUERY = {"id": "q", "template": "\n\nRefund? Answer:{?}", "options": [" yes", " no"]}
 CORPUS = [

@@ -355,7 +355,7 @@ def test_model_not_served(tiny_engine):
 
 def test_media_not_supported(tmp_path):
     from spinf import Engine
-    from spinf.engine.tiny_tower import write_tiny_tower
+    from spinf.engine.gemma4.tiny_tower import write_tiny_tower
 
     tower = Engine(str(write_tiny_tower(tmp_path / "tower")), device="cpu")  # the 31B's layout reads no audio
     sound = {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}

@@ -12,8 +12,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from spinf.engine.gemma4.moe import ExpertsFp8, MoeBlock  # noqa: E402
 from spinf.engine.kernels import experts as grouped  # noqa: E402
-from spinf.engine.moe import ExpertsFp8, MoeBlock  # noqa: E402
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -114,7 +114,7 @@ def test_the_fused_block_is_the_plain_block(monkeypatch):
     the interpreter the row kernels' bf16 outputs are widened to fp32, so the products run in fp32 (the interpreter
     multiplies bf16 wrongly); what differs is then their bf16 rounding alone."""
     from spinf import engine
-    from spinf.engine.config import parse_text_config
+    from spinf.engine.gemma4.config import parse_text_config
     from tests.engine.test_gemma4_moe import TEXT
 
     for name in ("norm_rows", "gelu_mul"):

@@ -20,8 +20,8 @@ from safetensors import safe_open
 
 from contrib.fp8_static_checkpoint import E4M3_MAX, write_fp8_static
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.fp8_static import format_problem
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4.fp8_static import format_problem
+from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.errors import ModelError
 
 compressed_tensors = pytest.importorskip("compressed_tensors")

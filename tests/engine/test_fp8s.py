@@ -50,7 +50,7 @@ def test_a_scale_table_missing_a_linear_is_refused(tiny_cache):
 def test_loading_with_scales_quantizes_each_layer_as_to_fp8s_does(tiny_engine):
     import torch
 
-    from spinf.engine.loading import load_gemma4_text
+    from spinf.engine.gemma4.loading import load_gemma4_text
 
     scales = dict.fromkeys(tiny_engine.model.linear_names(), 0.5)
     while_loading = load_gemma4_text(tiny_engine.folder, scales=scales)
@@ -66,7 +66,7 @@ def test_loading_with_scales_quantizes_each_layer_as_to_fp8s_does(tiny_engine):
 
 
 def test_a_table_missing_a_linear_is_refused_before_loading(tiny_engine):
-    from spinf.engine.loading import load_gemma4_text
+    from spinf.engine.gemma4.loading import load_gemma4_text
 
     scales = dict.fromkeys(tiny_engine.model.linear_names()[:-1], 0.5)
     with pytest.raises(Exception, match=r"^the scale table has no scale for 1 linears"):

@@ -25,9 +25,9 @@ from benchmarks.gemma31b import scaled_31b
 from contrib.loadtest.harness import ServerProcess, score_body
 from spinf import Engine
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.config import read_text_config
-from spinf.engine.loading import load_gemma4_text
-from spinf.engine.tiny import snapshot_files
+from spinf.engine.gemma4.config import read_text_config
+from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.gemma4.tiny import snapshot_files
 from tests.engine.oracle import Oracle
 from tests.engine.test_oracle import CHOSEN, check_combination, chosen_queries
 

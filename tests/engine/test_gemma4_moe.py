@@ -20,13 +20,13 @@ import torch
 from safetensors import safe_open
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
-from spinf.engine import fp8_static
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.config import read_text_config
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.config import read_text_config
+from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.gemma4.tiny import tokenizer_files
 from spinf.engine.quant import AmaxRecorder
 from spinf.engine.scales import ScaleTableMismatch
-from spinf.engine.tiny import tokenizer_files
 from spinf.errors import ModelError
 from tests.engine import test_gemma4_31b as gemma31b
 from tests.engine import test_gemma4_small as small

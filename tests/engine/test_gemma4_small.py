@@ -26,12 +26,12 @@ from safetensors.torch import save_file
 from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
 from spinf import Engine
-from spinf.engine import fp8_static
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.config import parse_text_config, read_text_config
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.config import parse_text_config, read_text_config
+from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.gemma4.tiny import tokenizer_files
 from spinf.engine.loop import Call
-from spinf.engine.tiny import tokenizer_files
 from spinf.errors import ModelError
 from tests.engine import test_gemma4_31b as gemma31b
 from tests.engine import test_independence as independence

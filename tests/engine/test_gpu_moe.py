@@ -1,4 +1,4 @@
-"""The mixture-of-experts blocks on the GPU (the 26B A4B's, `spinf.engine.moe`): the tiny MoE checkpoint of
+"""The mixture-of-experts blocks on the GPU (the 26B A4B's, `spinf.engine.gemma4.moe`): the tiny MoE checkpoint of
 tests/engine/test_gemma4_moe.py on CUDA through the fused path (each projection of every expert in one grouped
 launch) and CUDA graphs, in bf16 and in fp8s.
 

@@ -17,9 +17,9 @@ triton = pytest.importorskip("triton")
 
 from spinf.engine import kernels  # noqa: E402
 from spinf.engine.attention import BIDIRECTIONAL_IN_WINDOW, BIDIRECTIONAL_OR, tree_attention  # noqa: E402
-from spinf.engine.config import LayerSpec  # noqa: E402
+from spinf.engine.gemma4.config import LayerSpec  # noqa: E402
+from spinf.engine.gemma4.model import apply_rope, rms_norm, rope_inv_freq  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
-from spinf.engine.model import apply_rope, rms_norm, rope_inv_freq  # noqa: E402
 from spinf.engine.quant import quantize  # noqa: E402
 from spinf.engine.scorer import attention_plan  # noqa: E402
 from spinf.engine.trie import Job  # noqa: E402

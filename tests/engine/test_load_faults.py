@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from spinf import Engine
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.errors import ModelError
 
 from ..catalog.hub import rewrite_header

@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.config import read_text_config
 from spinf.engine.gemm import GEMM_ROWS, row_stable_mm
-from spinf.engine.loading import load_gemma4_text
+from spinf.engine.gemma4.config import read_text_config
+from spinf.engine.gemma4.loading import load_gemma4_text
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def test_gemm_rows_do_not_depend_on_the_row_count_or_position(threads):
 
 
 def test_both_serialisations_of_the_per_layer_overrides_give_the_same_config():
-    from spinf.engine.config import parse_text_config
-    from spinf.engine.tiny import TINY_CONFIG
+    from spinf.engine.gemma4.config import parse_text_config
+    from spinf.engine.gemma4.tiny import TINY_CONFIG
 
     newer = {k: v for k, v in TINY_CONFIG.items() if k not in ("global_head_dim", "num_global_key_value_heads")}
     newer["per_layer_config"] = {

@@ -20,8 +20,8 @@ from spinf import Engine, __version__
 from spinf.cli import main
 from spinf.engine import opening as engine_module
 from spinf.engine.calibrate import calibrate
+from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.engine.hardware import GIB, DeviceFacts
-from spinf.engine.loading import load_gemma4_text
 from spinf.engine.scales import SHIPPED_TABLE, find_table, read_scale_table, store_path, table_id, write_table
 from spinf.errors import ConfigError, ModelError
 
@@ -139,7 +139,7 @@ def test_fp8s_on_the_cpu_needs_a_table_too(tiny_cache):
 
 def test_a_pre_quantized_fp8_checkpoint_needs_no_scale_table(tmp_path, on_gpu):
     """Its input scales are in the checkpoint: the automatic choice is fp8s with no table anywhere, and any other
-    scheme may be asked (the weights are then dequantized, `spinf.engine.fp8_static`)."""
+    scheme may be asked (the weights are then dequantized, `spinf.engine.gemma4.fp8_static`)."""
     root = tmp_path / "cache"
     write_snapshot(root, "spinf/gemma-4-12b-fp8", "a689df2c5f611e3bfaa4569b8190f97db5018569")
     for quant, scheme in (("", "fp8s"), ("bf16", "bf16"), ("fp8", "fp8")):

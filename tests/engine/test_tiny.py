@@ -18,7 +18,7 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from spinf.catalog import resolve_model
-from spinf.engine.tiny import (
+from spinf.engine.gemma4.tiny import (
     SNAPSHOT_CONFIG,
     TEXT_PREFIX,
     TINY_CONFIG,

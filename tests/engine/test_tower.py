@@ -1,5 +1,5 @@
-"""The 31B's vision tower (`spinf.engine.tower`) against transformers' ``Gemma4Model.get_image_features``, on the
-tiny 31B-layout checkpoint of `spinf.engine.tiny_tower`.
+"""The 31B's vision tower (`spinf.engine.gemma4.tower`) against transformers' ``Gemma4Model.get_image_features``, on
+the tiny 31B-layout checkpoint of `spinf.engine.gemma4.tiny_tower`.
 
 The items are cut by `spinf.media` from resized pixels; transformers reads the same resized pixels through its own
 PIL image processor (no resize of its own: the pixels are already at their Gemma size), so the comparison covers the
@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from transformers import Gemma4ForConditionalGeneration, Gemma4VisionConfig
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from spinf.engine.tiny_tower import TINY_TOWER_CONFIG, write_tiny_tower
-from spinf.engine.tower import TowerConfig, load_tower
+from spinf.engine.gemma4.tiny_tower import TINY_TOWER_CONFIG, write_tiny_tower
+from spinf.engine.gemma4.tower import TowerConfig, load_tower
 from spinf.errors import ModelError
 from spinf.media.images import gemma_blocks, gemma_resize
 from spinf.media.items import VisionItem

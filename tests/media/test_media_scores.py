@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spinf.engine.tiny import TINY_MEDIA_TOKENS
+from spinf.engine.gemma4.tiny import TINY_MEDIA_TOKENS
 from spinf.errors import ApiError
 from tests.media.fixtures import b64, data_url, image_bytes, noise_image, video_part, wav_header
 
@@ -251,7 +251,7 @@ def test_a_split_input_re_sends_its_media_with_the_same_scores(tiny_engine, tiny
 
 @pytest.fixture(scope="module")
 def tower_folder(tmp_path_factory):
-    from spinf.engine.tiny_tower import write_tiny_tower
+    from spinf.engine.gemma4.tiny_tower import write_tiny_tower
 
     return write_tiny_tower(tmp_path_factory.mktemp("tower") / "tiny-31b")
 

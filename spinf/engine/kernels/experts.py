@@ -1,4 +1,5 @@
-"""The experts' grouped products on a GPU (`spinf.engine.moe`): every expert's rows in one launch per projection.
+"""The experts' grouped products on a GPU (`spinf.engine.gemma4.moe`): every expert's rows in one launch per
+projection.
 
 `expert_plan` turns each row's chosen experts [N, k] into slots: the N·k (row, rank) pairs grouped by expert (within
 an expert by row), with each expert's first slot and first tile, all on the device with integer torch operations
@@ -13,7 +14,7 @@ experts' weights through the L2 cache (each expert's weight read from memory abo
 A row's result depends on that row and its expert's weight only: one fixed tile (no autotuning), no split along
 the inputs, and each output element one dot per step whose bits do not depend on the tile's other rows (as for the
 int4 products of `spinf.engine.kernels.int4`), so neither how many rows an expert got nor where a row sits in its
-tile moves a bit. Under fp8s (an `spinf.engine.moe.ExpertsFp8`) each program quantizes its rows by its expert's
+tile moves a bit. Under fp8s (an `spinf.engine.gemma4.moe.ExpertsFp8`) each program quantizes its rows by its expert's
 static input scale (a power of two: the product by its inverse is exact) as `spinf.engine.quant.quantize` does,
 multiplies in e4m3, and scales each sum once by the input scale times the weight row's.
 
@@ -104,7 +105,7 @@ def _grouped_kernel(
 
 def grouped_mm(x: torch.Tensor, weight, plan: ExpertPlan, *, gather: bool = False) -> torch.Tensor:
     """Each slot's row times its expert's weight: ``weight`` [experts, out, in] in the model dtype, or an
-    `spinf.engine.moe.ExpertsFp8`; ``x`` [N, in] read through ``plan.slot_rows`` (``gather``) or [N·k, in] in
+    `spinf.engine.gemma4.moe.ExpertsFp8`; ``x`` [N, in] read through ``plan.slot_rows`` (``gather``) or [N·k, in] in
     slot order. Returns [N·k, out] in ``x``'s dtype, in slot order."""
     fp8 = not isinstance(weight, torch.Tensor)
     data = weight.data if fp8 else weight
@@ -137,8 +138,8 @@ def _combine_kernel(y_ptr, slots_ptr, w_ptr, out_ptr, n, K: tl.constexpr, BLOCK:
 
 def combine(out: torch.Tensor, plan: ExpertPlan, weights: torch.Tensor) -> torch.Tensor:
     """Each row's expert outputs (``out`` [N·k, hidden] in slot order) times its fp32 ``weights`` [N, k], summed in
-    rank order: `spinf.engine.moe.MoeBlock.mix`'s arithmetic bit for bit (each term rounded to the model dtype, the
-    sum in fp32), in one pass over the outputs instead of a gathered copy and k passes."""
+    rank order: `spinf.engine.gemma4.moe.MoeBlock.mix`'s arithmetic bit for bit (each term rounded to the model dtype,
+    the sum in fp32), in one pass over the outputs instead of a gathered copy and k passes."""
     n, k = plan.slot_of.shape
     mixed = torch.empty((n, out.shape[1]), dtype=out.dtype, device=out.device)
     if n:

@@ -1,7 +1,7 @@
 """Row-wise fused kernels around the linears: norms, the fp8s quantizer, GELU·up, and q/k/v preparation.
 
 Each program reads one row (or one head of one row), so a row's result depends on that row alone. The arithmetic
-follows the plain torch path of `spinf.engine.model` step by step, rounding to bf16 where that path rounds:
+follows the plain torch path of `spinf.engine.gemma4.model` step by step, rounding to bf16 where that path rounds:
 
 * `norm_rows`: RMSNorm in fp32 (``x / sqrt(mean(x²) + eps) * w``), rounded to bf16, then optionally the fp8s
   quantizer (``/ scale``, clamp ±448, cast to e4m3): the activation of a fused projection is quantized once,

@@ -44,10 +44,10 @@ from torch import nn
 
 from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
 from spinf.engine.gemm import stable_mm
+from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.gemma4.model import HEAD_ROWS
 from spinf.engine.head import DEFAULT_HEAD, check_mode, head_logits, head_precision, head_weight
 from spinf.engine.layout import PassLayout
-from spinf.engine.loading import read_tensors
-from spinf.engine.model import HEAD_ROWS
 from spinf.engine.qwen35.chunked import cut_rows, fixed_segments, plan_calls, run_chunked
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.scorer import attention_plan
@@ -73,7 +73,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset
     """RMSNorm over the last dim in fp32, times ``offset + weight`` (Qwen3.5's norms: 1; the GDN's gated norm: 0).
 
     A square root and a division (correctly rounded in every code path) rather than ``rsqrt``, as in
-    `spinf.engine.model.rms_norm`. On a GPU one row per program (`spinf.engine.kernels.rows.qwen_norm`): torch's
+    `spinf.engine.gemma4.model.rms_norm`. On a GPU one row per program (`spinf.engine.kernels.rows.qwen_norm`): torch's
     reductions there split a row by how many rows there are."""
     if x.is_cuda:
         from spinf.engine.kernels.rows import qwen_norm

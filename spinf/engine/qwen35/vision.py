@@ -1,7 +1,7 @@
 """The Qwen3.5 vision tower (engine spec A.14.3): an image's pixels into rows of the text model's input.
 
 This module owns the tower layout of transformers' ``Qwen3_5VisionModel`` (weights under ``model.visual.``), written
-as plain modules like `spinf.engine.tower`: its config (`QwenVisionConfig`, transformers' defaults where
+as plain modules like `spinf.engine.gemma4.tower`: its config (`QwenVisionConfig`, transformers' defaults where
 ``config.json`` leaves a field out, with the image token ids beside it), its checkpoint names and shapes
 (`vision_weight_shapes`, which the loader checks and `spinf.engine.qwen35.tiny.write_tiny_vision` draws), the
 pixels' way in (`resize`, `patchify`: what transformers' Qwen2-VL PIL image processor gives) and the forward.
@@ -32,8 +32,8 @@ from torch import nn
 
 from spinf.catalog.resolve import read_config
 from spinf.engine.gemm import stable_mm
-from spinf.engine.loading import check_tower_weights, read_tensors
-from spinf.engine.model import apply_rope
+from spinf.engine.gemma4.loading import check_tower_weights, read_tensors
+from spinf.engine.gemma4.model import apply_rope
 from spinf.errors import ModelError
 
 VISUAL_PREFIX = "model.visual."

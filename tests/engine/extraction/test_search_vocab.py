@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from spinf.engine.extraction.grammar import START, complete, feed
 from spinf.engine.extraction.search import BEAM, BeamSearch, SearchSlot, stack_slots
 from spinf.engine.extraction.vocab import vocabulary
-from spinf.engine.tiny import ensure_tiny_snapshot
+from spinf.engine.gemma4.tiny import ensure_tiny_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from tokenizers.models import WordLevel
 
 from spinf.engine.extraction.grammar import NUMBER_ALPHABET, START, Phase, State, complete, feed
 from spinf.engine.extraction.vocab import Vocabulary, vocabulary
-from spinf.engine.tiny import ensure_tiny_snapshot
+from spinf.engine.gemma4.tiny import ensure_tiny_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from spinf.engine.gemma4.loading import read_tensors
 from spinf.engine.layout import build_pass
-from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.int4 import (
     ACT_BLOCK,
     MODES,

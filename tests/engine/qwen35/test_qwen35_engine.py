@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from spinf import Engine
+from spinf.engine.gemma4.loading import read_tensors
 from spinf.engine.layout import build_pass
-from spinf.engine.loading import read_tensors
 from spinf.engine.qwen35.int4 import int4_linears
 from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
 from spinf.engine.qwen35.model import load_qwen35

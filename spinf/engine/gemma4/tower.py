@@ -1,15 +1,15 @@
 """Gemma 4 31B's vision tower (engine spec A.14.2): an image's 48-pixel blocks into rows of the text model's input.
 
 This module owns the tower layout (transformers' ``Gemma4VisionModel`` with ``Gemma4MultimodalEmbedder``), written
-as plain modules like `spinf.engine.model`: its config (`TowerConfig`, transformers' defaults where ``config.json``
-leaves a field out), its checkpoint names and shapes (`tower_weight_shapes`, which the loader checks and
-`spinf.engine.tiny_tower` draws), and the forward. Each `VisionItem`'s blocks are re-cut into 16-pixel patches in
-the order of transformers' image processor (raster order over the patch grid, HWC inside a patch, each patch's
-``(x, y)``); a patch embedding and a factorized 2-D position table feed a stack of bidirectional encoder layers
+as plain modules like `spinf.engine.gemma4.model`: its config (`TowerConfig`, transformers' defaults where
+``config.json`` leaves a field out), its checkpoint names and shapes (`tower_weight_shapes`, which the loader checks
+and `spinf.engine.gemma4.tiny_tower` draws), and the forward. Each `VisionItem`'s blocks are re-cut into 16-pixel
+patches in the order of transformers' image processor (raster order over the patch grid, HWC inside a patch, each
+patch's ``(x, y)``); a patch embedding and a factorized 2-D position table feed a stack of bidirectional encoder layers
 (sandwich RMSNorms, 2-D axial rope, GELU-gated MLP) with attention within the image only; each block's 3 x 3
 patches are averaged back into one vector (the blocks' raster order, as the processor's pooler orders them),
 scaled by ``sqrt(width)`` and standardised, then the multimodal embedder (a scale-free RMSNorm, a projection into
-the text width). One row per block: the same token counts as the unified 12B (`spinf.engine.embedders`).
+the text width). One row per block: the same token counts as the unified 12B (`spinf.engine.gemma4.embedders`).
 
 An item's rows never depend on what else is embedded with it (C.1): the products of all items' rows run through
 `stable_mm` (blocks of a fixed row count), norms are row-wise in fp32, rope angles come from a table by position,
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.gemm import stable_mm
-from spinf.engine.loading import check_tower_weights, read_tensors
-from spinf.engine.model import apply_rope, rms_norm
+from spinf.engine.gemma4.loading import check_tower_weights, read_tensors
+from spinf.engine.gemma4.model import apply_rope, rms_norm
 from spinf.errors import ModelError
 
 BLOCK = 48  # the side of a `VisionItem` block (spinf.media.tokens.BLOCK; the engine does not import spinf.media)

@@ -1,12 +1,12 @@
 """Gemma 4's media embedders (engine spec A.14): images' 48-pixel blocks and audio's 640-sample frames into rows of
 the text model's input.
 
-The 31B's layout has a vision tower (`spinf.engine.tower`). The unified 12B layout (transformers'
+The 31B's layout has a vision tower (`spinf.engine.gemma4.tower`). The unified 12B layout (transformers'
 ``Gemma4UnifiedModel``) has none: an image block goes through
 LayerNorm, a dense projection, LayerNorm, a factorized 2-D positional embedding (one table row per column and per
 row of the block), LayerNorm, then the shared multimodal embedder (a scale-free RMSNorm and a projection into the
 text width); an audio frame goes through its own multimodal embedder alone. The outputs replace the placeholder
-rows of the pass after the token embedding and its scale (`spinf.engine.model.Gemma4Text.forward`), unscaled.
+rows of the pass after the token embedding and its scale (`spinf.engine.gemma4.model.Gemma4Text.forward`), unscaled.
 
 Every row is computed on its own: the norms are row-wise and every product runs through `stable_mm` (blocks of a
 fixed row count), so an item's embedding is the same bits whatever else is embedded with it (C.1). They run in
@@ -161,7 +161,7 @@ def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """The scale-free RMSNorm before a multimodal projection, in fp32."""
-    from spinf.engine.model import rms_norm
+    from spinf.engine.gemma4.model import rms_norm
 
     return rms_norm(x, None, eps)
 
@@ -220,7 +220,7 @@ def load_embedders(
 ) -> MediaEmbedders | None:
     """The embedders of the ``kinds`` asked (those the checkpoint has), their weights read from ``folder``; None
     when no kind is asked."""
-    from spinf.engine.loading import read_tensors
+    from spinf.engine.gemma4.loading import read_tensors
 
     want_vision = bool({"image", "video"} & kinds & config.kinds)
     want_audio = "audio" in kinds & config.kinds
@@ -228,7 +228,7 @@ def load_embedders(
         return None
     vision = audio = None
     if want_vision and config.layout == "tower":
-        from spinf.engine.tower import load_tower
+        from spinf.engine.gemma4.tower import load_tower
 
         vision = load_tower(folder, config.vision, hidden, device=device, dtype=dtype)
     elif want_vision:

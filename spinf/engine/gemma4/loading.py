@@ -1,10 +1,10 @@
-"""A Gemma 4 checkpoint folder into the engine's model (`spinf.engine.model`), layer by layer.
+"""A Gemma 4 checkpoint folder into the engine's model (`spinf.engine.gemma4.model`), layer by layer.
 
 The model is built on the ``meta`` device; the checkpoint's text weights are memory-mapped from its safetensors
 shards and assigned one decoder layer at a time, q/k/v and gate/up fused, each layer quantized as soon as it is on
 the device when the scheme asks (fp8s with a scale table, or a scheme of `spinf.engine.schemes`), so the float
 weights of the whole model never sit there at once. A pre-quantized fp8-static checkpoint's linears are taken as
-they are (`spinf.engine.fp8_static`). The small models' (E2B/E4B) per-layer input weights are read beside them
+they are (`spinf.engine.gemma4.fp8_static`). The small models' (E2B/E4B) per-layer input weights are read beside them
 and stay in the model dtype; their KV-shared layers have no k/v weights to read (the Hub's files hold some all the
 same: as transformers' loader does, this one leaves them unread).
 """
@@ -20,11 +20,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from spinf.engine import fp8_static
-from spinf.engine.config import LayerSpec, read_text_config
+from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.config import LayerSpec, read_text_config
+from spinf.engine.gemma4.model import Gemma4Text
+from spinf.engine.gemma4.moe import checkpoint_state
 from spinf.engine.head import DEFAULT_HEAD, check_mode
-from spinf.engine.model import Gemma4Text
-from spinf.engine.moe import checkpoint_state
 from spinf.engine.schemes import SCHEMES
 from spinf.errors import ModelError
 
@@ -62,7 +62,7 @@ def _layer_state(
     raw: dict[str, torch.Tensor], i: int, spec: LayerSpec, *, linears: bool = True
 ) -> dict[str, torch.Tensor]:
     """Checkpoint names of layer ``i`` -> this module's names, with q/k/v and gate/up fused; without the linears'
-    weights when ``linears`` is false (an fp8-static checkpoint's, which `spinf.engine.fp8_static` takes)."""
+    weights when ``linears`` is false (an fp8-static checkpoint's, which `spinf.engine.gemma4.fp8_static` takes)."""
     p = f"layers.{i}."
     qkv = ["q_proj"] if spec.kv_shared else ["q_proj", "k_proj"] + ([] if spec.k_eq_v else ["v_proj"])
     weights = {}

@@ -32,10 +32,10 @@ from spinf.engine.attention import (
     decode_attention,
     tree_attention,
 )
-from spinf.engine.config import LayerSpec, TextConfig
 from spinf.engine.gemm import gpu_mm, row_stable_mm, stable_mm
+from spinf.engine.gemma4.config import LayerSpec, TextConfig
+from spinf.engine.gemma4.moe import MoeBlock
 from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
-from spinf.engine.moe import MoeBlock
 from spinf.engine.norm import rms_norm
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
@@ -277,8 +277,8 @@ class DecoderLayer(nn.Module):
         self, state: Mapping[str, torch.Tensor], fp8: Mapping[str, tuple[Fp8Weight, float]], scheme: Scheme | None
     ) -> None:
         """This layer from an fp8-static checkpoint: ``state`` without the linears, and the linears' fp8 weights
-        with their input scales (`spinf.engine.fp8_static.take_layer`), run as fp8s (the checkpoint's static input
-        scales) or, with ``scheme`` (dynamic fp8), with the same weights and dynamic input scales."""
+        with their input scales (`spinf.engine.gemma4.fp8_static.take_layer`), run as fp8s (the checkpoint's static
+        input scales) or, with ``scheme`` (dynamic fp8), with the same weights and dynamic input scales."""
         norm = state["input_norm"]
         for name in LINEARS:
             getattr(self, name).weight = nn.Parameter(norm.new_empty(0), requires_grad=False)

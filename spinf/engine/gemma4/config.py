@@ -11,8 +11,8 @@ under ``model.language_model.``; the vision tower's weights beside them (``model
 weights under ``model.``. The small models (E2B/E4B) bring per-layer input embeddings (`TextConfig.per_layer_size`)
 and KV-shared layers (`LayerSpec.kv_shared`, with double-wide MLPs there when the config asks). The 26B A4B's
 mixture-of-experts blocks (``enable_moe_block``: `TextConfig.num_experts` experts beside every layer's MLP,
-`LayerSpec.moe`) run in `spinf.engine.moe`. Bidirectional text attention, which this decoder does not implement, is
-refused by name rather than silently run without.
+`LayerSpec.moe`) run in `spinf.engine.gemma4.moe`. Bidirectional text attention, which this decoder does not implement,
+is refused by name rather than silently run without.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class LayerSpec:
     # last ``num_kv_shared_layers`` layers of the E2B/E4B models)
     kv_shared: bool = False
     wide_mlp: bool = False  # the MLP is twice ``intermediate_size`` wide (``use_double_wide_mlp``, shared layers)
-    moe: bool = False  # experts beside the MLP (``enable_moe_block``, the 26B A4B: `spinf.engine.moe`)
+    moe: bool = False  # experts beside the MLP (``enable_moe_block``, the 26B A4B: `spinf.engine.gemma4.moe`)
 
 
 @attrs.frozen

@@ -1,11 +1,11 @@
 """A tiny checkpoint in the 31B's layout (``gemma4``: the text model beside a vision tower) for the tower's tests.
 
-This module owns that checkpoint: its ``config.json`` (the tiny text model of `spinf.engine.tiny.TINY_CONFIG` as a
-``gemma4_text`` config with the fields a 31B text config has, a 2-layer 32-wide tower with the real 16-pixel
+This module owns that checkpoint: its ``config.json`` (the tiny text model of `spinf.engine.gemma4.tiny.TINY_CONFIG` as
+a ``gemma4_text`` config with the fields a 31B text config has, a 2-layer 32-wide tower with the real 16-pixel
 patches, 3 x 3 pooling and position table, the tiny tokenizer's media token ids), its float32 weights (the text
-model's drawn by `spinf.engine.tiny.tiny_state_dict`, the tower's from a seeded generator of its own in sorted key
-order of `spinf.engine.tower.tower_weight_shapes`, both without transformers, so the same bytes on every call), and
-the tiny tokenizer's files. transformers' ``Gemma4ForConditionalGeneration`` loads it with no key missing.
+model's drawn by `spinf.engine.gemma4.tiny.tiny_state_dict`, the tower's from a seeded generator of its own in sorted
+key order of `spinf.engine.gemma4.tower.tower_weight_shapes`, both without transformers, so the same bytes on every
+call), and the tiny tokenizer's files. transformers' ``Gemma4ForConditionalGeneration`` loads it with no key missing.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from spinf.engine.tiny import TINY_CONFIG, TINY_MEDIA_TOKENS, snapshot_files, tiny_state_dict
-from spinf.engine.tower import TowerConfig, tower_weight_shapes
+from spinf.engine.gemma4.tiny import TINY_CONFIG, TINY_MEDIA_TOKENS, snapshot_files, tiny_state_dict
+from spinf.engine.gemma4.tower import TowerConfig, tower_weight_shapes
 
 TINY_TOWER_TEXT: dict[str, Any] = {
     **{k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "dtype")},
@@ -61,7 +61,7 @@ TINY_TOWER_CONFIG: dict[str, Any] = {
 }
 TEXT_PREFIX = "model.language_model."
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-_SEED = 2  # the tower's own stream (spinf.engine.tiny draws the text model from 0, its unified embedders from 1)
+_SEED = 2  # the tower's own stream (gemma4.tiny draws the text model from 0, its unified embedders from 1)
 
 
 def tower_state_dict() -> dict[str, torch.Tensor]:

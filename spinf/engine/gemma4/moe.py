@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spinf.engine.config import TextConfig
 from spinf.engine.gemm import stable_mm
+from spinf.engine.gemma4.config import TextConfig
 from spinf.engine.norm import rms_norm
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch

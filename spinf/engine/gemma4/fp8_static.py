@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from spinf.engine.config import GEMMA4_TYPES, LayerSpec, parse_text_config
+from spinf.engine.gemma4.config import GEMMA4_TYPES, LayerSpec, parse_text_config
 from spinf.engine.quant import Fp8Weight
 from spinf.errors import ModelError
 
