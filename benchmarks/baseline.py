@@ -29,12 +29,13 @@ import time
 import attrs
 import torch
 
-from spinf.engine.compiler import EngineShape, Prompt, compile_request
-from spinf.engine.engine import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET
+from spinf.engine.compiler import EngineShape, compile_request
+from spinf.engine.jobs import Prompt
 from spinf.engine.results import logsumexp
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.protocol.request import parse_score_request
 from spinf.settings import Limits
+from spinf.settings.table import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET
 
 DEFAULT_BATCH = 64
 # the benchmarks' request limits: contents up to the engine maximum (J4 reads a ~17k-token report)

@@ -75,7 +75,7 @@ class Packer:
     decoders: int = max(1, (os.cpu_count() or 2) // 2)  # worker threads decoding media at once
     _taken: dict = attrs.field(factory=dict)  # engine-loop call -> its ScoreWork, until answered or dropped
     _preparing: int = 0  # calls with media in a worker thread
-    _prepared: collections.deque = attrs.field(factory=collections.deque)  # (work, call) decoded, not yet taken
+    _prepared: collections.deque = attrs.field(factory=collections.deque)  # (work, call, parsed), not yet taken
     _idle: trio.CancelScope | None = None  # the wait for work, while there is nothing to run
     _steps: int = 0
 
@@ -150,12 +150,13 @@ class Packer:
             self._take(engine.loop, work, call)
 
     async def _prepare(self, engine, work: ScoreWork, call, limiter) -> None:
+        parsed = None  # the request or its refusal (`Engine.prepare`), for the loop
         try:
             if not work.abandoned:
-                await trio.to_thread.run_sync(engine.prepare, call, limiter=limiter)
+                parsed = await trio.to_thread.run_sync(engine.prepare, call, limiter=limiter)
         finally:
             self._preparing -= 1
-            self._prepared.append((work, call))
+            self._prepared.append((work, call, parsed))
             if self._idle is not None:
                 self._idle.cancel()
 
@@ -171,12 +172,12 @@ class Packer:
             packs=self.packs(),  # read once, when the call is taken: a reload later does not change this call
         )
 
-    def _take(self, loop, work: ScoreWork, call) -> None:
+    def _take(self, loop, work: ScoreWork, call, parsed=None) -> None:
         if work.abandoned:
             work.drop()
             return
         self._taken[call] = work
-        loop.add(call)
+        loop.add(call, parsed)
 
     def _answer(self, done: list) -> None:
         for call in done:

@@ -3,13 +3,15 @@
 Per input, in the order of api spec §4.9: the content's tokens and their limit, the choice of queries, each query
 compiled with running prompt counts, the engine-maximum check, then the content/template join check and the cut
 (engine spec A.5). Every prompt becomes a `Prompt`; prompts are laid into `Job`s (one per input, split by query
-group and then by halving when it exceeds its limit, A.11.1), plus floor jobs for the distinct floor reads (A.9).
+group and then by halving when it exceeds its limit, A.11.1; `spinf.engine.jobs`), plus floor jobs for the distinct
+floor reads (A.9).
 """
 
 from __future__ import annotations
 
 import attrs
 
+from spinf.engine.jobs import Prompt, Room, lay_out, lay_out_input
 from spinf.engine.lru import LRU
 from spinf.engine.query_tokens import (
     ENDING_CHARS,
@@ -19,7 +21,7 @@ from spinf.engine.query_tokens import (
     spell_options,
 )
 from spinf.engine.tokenizer import TextTokenizer
-from spinf.engine.trie import Job, add_prompt, end_node
+from spinf.engine.trie import Job
 from spinf.errors import ApiError, bad_request
 from spinf.media.items import AudioItem, content_pieces
 from spinf.protocol.queries import choose_queries
@@ -30,27 +32,6 @@ DEFAULT_SLOT_TOKENS = 16  # an extraction slot's max_tokens when the query sends
 SLOT_ROWS = 6  # rows an extraction slot holds in the decoder, counted in processed tokens (§4.9)
 MIN_CUT_TAIL = 32
 CUT_CANDIDATES = 64
-
-
-@attrs.define(eq=False)
-class Prompt:
-    """One read: a branch after a prefix and the spellings read at its end; ``reads`` filled once laid out."""
-
-    branch: tuple[int, ...]
-    query: CompiledQuery
-    spellings: tuple[tuple[tuple[int, ...], ...], ...]  # per option: the token strings read for it
-    group: str = ""
-    key: tuple = ()  # a floor's key (filled template text, options, case rule); () for a content prompt
-    reads: list[list[tuple[int, int, int]]] = attrs.field(factory=list)  # per spelling: (job, node, token)
-    end: tuple[int, int] | None = None  # an extraction prompt's (job, end node), filled once laid out
-
-    @property
-    def flat_spellings(self) -> list[tuple[int, ...]]:
-        return [s for per_option in self.spellings for s in per_option]
-
-    @property
-    def extracts(self) -> bool:
-        return self.query.extracts
 
 
 def slot_tokens(cq: CompiledQuery) -> int:
@@ -392,7 +373,7 @@ def lay_out_floors(
     bos: tuple[int, ...], floors: list[Prompt], shape: EngineShape, jobs: list[Job], cache: CompileCache = NO_CACHE
 ) -> None:
     """Append the jobs that read ``floors`` (each ``<bos>`` + a filled template) to ``jobs``."""
-    _lay_out(tuple(bos), floors, shape.token_budget, shape.engine_max, jobs, cache)
+    lay_out(Room(tuple(bos), shape.token_budget, shape.engine_max, cache.tries), floors, jobs)
 
 
 def _needs_cut(text: str, content: tuple[int, ...], queries: list[CompiledQuery], tk: TextTokenizer) -> bool:
@@ -426,73 +407,8 @@ def _join(text, content, queries, tk) -> tuple[int | None, str, bool]:
 
 
 def _lay_out_input(ci: CompiledInput, shape: EngineShape, jobs: list[Job], cache: CompileCache) -> None:
-    """One job per input; when too large, one per query group (ungrouped first), then halves (A.11.1).
-
-    Content longer than half the budget is not re-sent into budget-sized pieces: its job may grow up to the engine
-    maximum and runs alone.
-    """
+    """The jobs of one input (`spinf.engine.jobs.lay_out_input`). Content longer than half the budget is not
+    re-sent into budget-sized pieces: its job may grow up to the engine maximum and runs alone."""
     limit = shape.max_tokens if len(ci.content_tokens) > shape.token_budget // 2 else shape.token_budget
-    ordered = sorted((p for per_query in ci.prompts for p in per_query), key=lambda p: (p.group != "", p.group))
-    job, reads = _build(ci.prefix, ordered, cache, ci.media, ci.fixed)
-    if job.num_tokens <= limit:
-        _keep(job, ordered, reads, jobs)
-        return
-    for group in sorted({p.group for p in ordered}, key=lambda g: (g != "", g)):
-        prompts = [p for p in ordered if p.group == group]
-        _lay_out(ci.prefix, prompts, limit, shape.engine_max, jobs, cache, ci.media, ci.fixed)
-
-
-def _build(
-    prefix: tuple[int, ...], prompts: list[Prompt], cache: CompileCache, media: tuple = (), fixed: int = 0
-) -> tuple[Job, list]:
-    """A job of ``prompts`` after ``prefix``, and each prompt's reads; the trie comes from the cache when the same
-    branches and spellings were laid out before (a trie and its reads are never changed once built)."""
-    key = tuple((p.branch, p.spellings, p.extracts) for p in prompts)
-    found = cache.tries.get(key)
-    if found is None:
-        job = Job(())
-        reads = [add_prompt(job, p.branch, p.flat_spellings, extracts=p.extracts) for p in prompts]
-        reads = [(r, end_node(job, p.branch) if p.extracts else None) for p, r in zip(prompts, reads, strict=True)]
-        found = (job.trie, job.reads, job.ends, reads)
-        cache.tries.put(key, found)
-    trie, job_reads, ends, reads = found
-    return Job(prefix, trie, job_reads, ends, media, min(fixed, len(prefix))), reads
-
-
-def _keep(job: Job, prompts: list[Prompt], reads: list, jobs: list[Job]) -> None:
-    """Append ``job`` and point each prompt's reads at it."""
-    index = len(jobs)
-    jobs.append(job)
-    for p, (per_spelling, end) in zip(prompts, reads, strict=True):
-        p.reads = [[(index, node, token) for node, token in r] for r in per_spelling]
-        p.end = None if end is None else (index, end)
-
-
-def _lay_out(
-    prefix,
-    prompts: list[Prompt],
-    limit: int,
-    engine_max: int,
-    jobs: list[Job],
-    cache: CompileCache,
-    media=(),
-    fixed: int = 0,
-) -> None:
-    """Put ``prompts`` into jobs of at most ``limit`` tokens by recursive halving of contiguous runs; every job
-    re-sends the prefix with its ``media``."""
-    if not prompts:
-        return
-    job, reads = _build(prefix, prompts, cache, media, fixed)
-    if job.num_tokens > limit and len(prompts) > 1:
-        half = len(prompts) // 2
-        _lay_out(prefix, prompts[:half], limit, engine_max, jobs, cache, media, fixed)
-        _lay_out(prefix, prompts[half:], limit, engine_max, jobs, cache, media, fixed)
-        return
-    if job.num_tokens > engine_max:
-        raise ApiError(
-            413,
-            "request_too_large",
-            None,
-            f"one prompt needs {job.num_tokens} tokens; the engine maximum is {engine_max}",
-        )
-    _keep(job, prompts, reads, jobs)
+    room = Room(ci.prefix, limit, shape.engine_max, cache.tries, ci.media, ci.fixed)
+    lay_out_input(room, [p for per_query in ci.prompts for p in per_query], jobs)

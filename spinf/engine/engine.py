@@ -29,7 +29,7 @@ from spinf.engine.gemma4.embedders import load_embedders, read_media_config
 from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.engine.gemma4.tiny import TINY_MODEL_ID
 from spinf.engine.head import DEFAULT_HEAD
-from spinf.engine.loop import Call, EngineLoop, Scored
+from spinf.engine.loop import EngineLoop
 from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
 from spinf.engine.qwen35.loading import load_for_engine as load_qwen35_for_engine
 from spinf.engine.qwen35.media import load_qwen_embedders, read_qwen_media
@@ -42,6 +42,7 @@ from spinf.engine.scales import (
 )
 from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tokenizer import TextTokenizer
+from spinf.engine.work import Call, Parsed, Scored, Sent
 from spinf.errors import ApiError, ModelError
 from spinf.media.items import decode_media
 from spinf.packs.calls import PackStep
@@ -325,7 +326,7 @@ class Engine:
             self.scorer,
             self.tokenizer,
             self.shape,
-            parse=self._parse_call,
+            parse=self._decoded,
             respond=self._respond,
             on_failure=self._failed,
             share_passes=share_passes,
@@ -397,28 +398,22 @@ class Engine:
             packs=None if packs is None else PackStep(packs),
         )
 
-    def _parse_call(self, call: Call) -> ScoreRequest:
-        """The loop's parse (timed as compile time by the loop): the request `prepare` made, or made now."""
-        if call.request is None:
-            call.request = self._decoded(call)
-        return call.request
-
-    def _decoded(self, call: Call) -> ScoreRequest:
-        request = self.parse(call.body, chat=call.chat, trusted=call.trusted, packs=call.packs)
+    def _decoded(self, sent: Sent) -> ScoreRequest:
+        """The loop's parse of a call `prepare` did not parse (timed as compile time by the loop)."""
+        request = self.parse(sent.body, chat=sent.chat, trusted=sent.trusted, packs=sent.packs)
         return decode_media(request, self.image_scheme)
 
-    def prepare(self, call: Call) -> None:
-        """Parses ``call`` and decodes its media (api spec §4.9 step 1) before the loop takes it, setting
-        ``call.request``, or ``call.refused`` to what refused it (the `ApiError` of a bad body). The server runs
-        this in a worker thread for a call with media, so decoding never holds the event loop or the GPU thread;
-        the loop parses every other call itself."""
+    def prepare(self, call: Call) -> Parsed:
+        """Parses ``call`` and decodes its media (api spec §4.9 step 1) before the loop takes it: the request, or
+        what refused it (the `ApiError` of a bad body), for `EngineLoop.add`. The server runs this in a worker
+        thread for a call with media, so decoding never holds the event loop or the GPU thread; the loop parses
+        every other call itself."""
         began = time.perf_counter()
         try:
-            call.request = self._decoded(call)
+            request = self._decoded(call.sent)
         except Exception as refusal:  # an ApiError, or a bug that fails this call only (the loop fails it)
-            call.refused = refusal
-        finally:
-            call.compile_s += time.perf_counter() - began
+            return Parsed(None, refusal, time.perf_counter() - began)
+        return Parsed(request, None, time.perf_counter() - began)
 
     def _respond(self, scored: Scored) -> dict:
         """The response body of api spec §5.1 for a call the loop finished."""
@@ -434,18 +429,18 @@ class Engine:
         if req.packs:
             response["warnings"] = add_pack_results(req.packs, scored.results, response["warnings"])
         response["usage"] = usage(compiled, scored.decoded)
-        if call.internals:
+        if call.sent.internals:
             response["usage"].update(_engine_counters(response["usage"], scored.ran_tokens))
         response["timing"] = {
             "wall_ms": round(scored.wall_s * 1000),
-            "queue_ms": round(call.queued_s * 1000),
-            "compile_ms": round(call.compile_s * 1000),
+            "queue_ms": round(scored.queued_s * 1000),
+            "compile_ms": round(scored.compile_s * 1000),
             "score_ms": round((scored.wall_s - scored.decode_s) * 1000),
             "gpu_busy_ms": round(scored.busy_s * 1000),
         }
         if any(cq.extracts for ci in compiled.inputs for cq in ci.queries):
             response["timing"]["decode_ms"] = round(scored.decode_s * 1000)
-        if call.internals:
+        if call.sent.internals:
             response["engine"] = self.info()
         if not self._idle_taken:  # the first call's passes allocated what the process keeps (IDLE_SLACK_BYTES)
             self._idle_bytes, self._idle_taken = self.scorer.allocated_bytes() or 0, True

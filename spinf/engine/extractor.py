@@ -12,12 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from spinf.engine.compiler import CompiledInput, Prompt, slot_tokens
+from spinf.engine.compiler import CompiledInput, slot_tokens
 from spinf.engine.extraction.answers import Generated, generated_combination, searched_combination
 from spinf.engine.extraction.decoder import Captured, Decoded, SlotStart, SlotTask, capture_cost, decode
 from spinf.engine.extraction.sampling import GenerateSlot
 from spinf.engine.extraction.search import SearchSlot
 from spinf.engine.extraction.vocab import vocabulary
+from spinf.engine.jobs import Prompt
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.protocol.types import Slot
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from spinf.engine.compiler import CompiledInput, CompiledRequest, Prompt, slot_tokens
+from spinf.engine.compiler import CompiledInput, CompiledRequest, slot_tokens
+from spinf.engine.jobs import Prompt
 
 LOW_MASS_RESIDUAL = 0.9
 # The hosted API bills at least this many prompt tokens per call (api spec §5.7, D10).

@@ -12,7 +12,8 @@ import pytest
 
 from spinf import Engine
 from spinf.engine.compiler import compile_request
-from spinf.engine.loop import Call, EngineLoop, FloorCache
+from spinf.engine.floors import FloorCache
+from spinf.engine.loop import Call, EngineLoop
 from spinf.errors import ApiError
 from tests.engine.test_independence import CONTENT, TARGETS, body, numbers, other_questions
 

@@ -34,7 +34,7 @@ class FakeLoop:
     def new_call(body, request_id, **flags) -> FakeCall:
         return FakeCall(body, request_id)
 
-    def add(self, call: FakeCall) -> None:
+    def add(self, call: FakeCall, parsed=None) -> None:
         self.calls.append(call)
 
     @property

@@ -154,7 +154,7 @@ class RecordingLoop:
         self.made.append((request_id, kwargs["packs"]))
         return request_id
 
-    def add(self, call) -> None:
+    def add(self, call, parsed=None) -> None:
         pass
 
 
