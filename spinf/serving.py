@@ -43,6 +43,8 @@ class ServedEngine(Protocol):
 
     def idle_gib(self) -> float: ...
 
+    def settle(self) -> None: ...  # once warm: the collector stops traversing the model (spinf.engine.hostgc)
+
     loop: Any  # the engine loop: the warm-up takes the passes it ran off its ``pass_log``, as the packer does
 
     # each step may name the ``boot`` field its seconds count in (``part``: ``warmup_s``, the default, or

@@ -19,12 +19,6 @@ from spinf.serving import EngineFacts, ExecJob, Lifecycle, ServedEngine, run_on_
 log = logging.getLogger(__name__)
 
 
-@attrs.frozen
-class LoaderStats:
-    loaded: bool
-    load_s: float | None
-
-
 @attrs.define
 class Loader:
     """**Inbox**: none. **Outbox**: one load job to the executor; the loaded engine, once, on ``loaded``; the
@@ -37,7 +31,6 @@ class Loader:
     loaded: trio.MemorySendChannel[ServedEngine]
     lifecycle: Lifecycle
     load: Callable[[], ServedEngine]
-    _load_s: float | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -50,15 +43,12 @@ class Loader:
                 log.error("the model failed to load: %s: %s", type(exc).__name__, exc)
                 self.lifecycle.fail(exc)
                 return
-            self._load_s = trio.current_time() - started
-            self.lifecycle.loaded(facts, self._load_s)
-            log.info("model loaded in %.1f s", self._load_s)
+            load_s = trio.current_time() - started
+            self.lifecycle.loaded(facts, load_s)
+            log.info("model loaded in %.1f s", load_s)
             await self.loaded.send(engine)
 
     def _load_job(self) -> tuple[ServedEngine, EngineFacts]:
         """In the executor thread: the engine and its facts."""
         engine = self.load()
         return engine, EngineFacts.of(engine)
-
-    def statistics(self) -> LoaderStats:
-        return LoaderStats(self._load_s is not None, self._load_s)

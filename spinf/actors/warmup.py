@@ -7,8 +7,9 @@ step is one executor job, so a shutdown during warm-up is seen between shapes. E
 engine that can extract runs last, api spec §3.1); ``warmup_s`` is reported unless the mode is ``none``,
 ``warmup_extract_s`` only when such a step ran. The passes the steps ran are the
 warm-up's: they are counted here (``spinf_warmup_passes``) and taken off the engine loop's pass log, so the
-serving metrics see served passes only. Once warm, it hands the engine on to the packer (``warmed``) and moves the
-lifecycle to ready, in that order: a call admitted once ready finds the engine already in the packer's hands.
+serving metrics see served passes only. Once warm, the engine settles its heap (`Engine.settle`: the collector stops
+traversing the model), and the warm-up hands the engine on to the packer (``warmed``) and moves the lifecycle to
+ready, in that order: a call admitted once ready finds the engine already in the packer's hands.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 import attrs
 import trio
 
-from spinf.engine import hostgc
 from spinf.serving import ExecJob, Lifecycle, ServedEngine, run_on_executor
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class Warmup:
             warmup_s = round(seconds.get("warmup_s", 0.0), 3) if self.mode != "none" else None
             extract_s = seconds.get("warmup_extract_s")
             warmup_extract_s = round(extract_s, 3) if extract_s is not None else None
-            hostgc.settle()  # the model and libraries leave the collector's scans (spinf.engine.hostgc)
+            engine.settle()  # the model and libraries leave the collector's scans (no torch: the event loop's thread)
             self.warmed.send_nowait(engine)  # buffer 1, sent once: never full
             self.lifecycle.warmed(warmup_s, idle_gib, warmup_extract_s)
             self._warm = True

@@ -485,6 +485,10 @@ class Engine:
         """Device memory held while idle, in GiB (0 on the CPU)."""
         return round((self.scorer.allocated_bytes() or 0) / 2**30, 3)
 
+    def settle(self) -> None:
+        """Once warm: the model and the libraries leave the cyclic collector's scans (`spinf.engine.hostgc`)."""
+        hostgc.settle()
+
     def warmup_bodies(self, mode: str) -> list[dict]:
         """The scoring calls of warm-up ``mode`` (`spinf.engine.warm.bodies`: two small calls unless ``none``)."""
         from spinf.engine import warm

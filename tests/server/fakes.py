@@ -110,6 +110,9 @@ class FakeEngine:
     def idle_gib(self):
         return 0.0
 
+    def settle(self):
+        pass
+
 
 @attrs.define
 class FakeExecutor:
