@@ -14,7 +14,8 @@ import torch
 
 from spinf.engine.compiler import CompiledInput, slot_tokens
 from spinf.engine.extraction.answers import Generated, generated_combination, searched_combination
-from spinf.engine.extraction.decoder import Captured, Decoded, SlotStart, SlotTask, capture_cost, decode
+from spinf.engine.extraction.budget import capture_cost
+from spinf.engine.extraction.decoder import Captured, Decoded, DecodeTally, SlotStart, SlotTask, decode
 from spinf.engine.extraction.sampling import GenerateSlot
 from spinf.engine.extraction.search import SearchSlot
 from spinf.engine.extraction.vocab import vocabulary
@@ -50,6 +51,7 @@ class Extractor:
         # thin that every beam is pruned and every sequence ends at once; with ``full_length`` beams are never
         # pruned and nothing ends before ``max_tokens``, so a slot's full cost can be timed.
         self.full_length = False
+        self.tally = DecodeTally()  # what every decode ran, summed (benchmarks/extraction.py reads it)
         self._masks: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _text_masks(self, stop_text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +101,7 @@ class Extractor:
             kernel_plan=self.kernel_plan,
             context=self.context,
             graphs=self.graphs,
+            tally=self.tally,
             **({"min_p": 0.0, "rel_p": 0.0} if self.full_length else {}),
         )
 

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from spinf.engine.attention import AttentionPlan, Capture, JobSpan
-from spinf.engine.extraction.decoder import Captured, SlotStart, capture_cost
+from spinf.engine.extraction.budget import capture_cost
+from spinf.engine.extraction.decoder import Captured, SlotStart
 from spinf.engine.gemma4.model import HEAD_ROWS, Gemma4Text
 from spinf.engine.layout import PassLayout, build_pass, vision_groups
 from spinf.engine.trie import Job

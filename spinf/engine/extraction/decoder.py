@@ -25,14 +25,9 @@ import attrs
 import torch
 
 from spinf.engine.attention import AttentionPlan, DecodeKV
+from spinf.engine.extraction.budget import capture_cost, chunks
 from spinf.engine.extraction.sampling import GenerateSlot, Generation, stack_generate
 from spinf.engine.extraction.search import BEAM, MIN_P, REL_P, BeamSearch, SearchSlot, stack_slots
-from spinf.errors import ApiError
-
-# Bytes per row and vocabulary entry a step holds besides the buffers: the fp32 log-probs, the masked copy and the
-# int64 sort keys of the deterministic top-k (`search.top`), with room for the sampler's.
-LOGIT_BYTES = 24
-CHECK_EVERY = 4  # on a GPU, how many steps go by between looks at whether any row is still alive
 
 
 @attrs.frozen
@@ -110,99 +105,16 @@ class Decoded:
     steps: int = 0
 
 
-@attrs.frozen
-class CaptureCost:
-    """What the decoder holds per captured or generated token, in bytes, over all layers: a prefix row
-    (``prefix_token``), a template or generated row (``path_token``), and once per prefix (``per_prefix``). A model
-    of attention layers only keeps every row's keys and values alike and nothing per prefix; the Qwen3.5 stack's
-    recurrent layers keep no prefix row but its last ``tail`` (their convolution's reach), and the state after the
-    prefix instead (``per_prefix``), and the pre-convolution rows and recurrence inputs of every path row."""
+@attrs.define
+class DecodeTally:
+    """What decodes ran, summed over them (what benchmarks/extraction.py counts): decodes, chunks, model steps,
+    the rows those steps ran (every row of the chunk) and of those the rows of a live beam or sequence."""
 
-    prefix_token: int
-    path_token: int
-    per_prefix: int = 0
-    tail: int = 0  # the prefix rows a recurrent layer keeps; 0: a model without recurrent layers
-
-    def units(self, prefix_tokens: int, path_tokens: int) -> int:
-        """One prefix and its paths in prefix rows' worth (what the capture budget counts, `capture_tokens`)."""
-        path = -(-path_tokens * self.path_token // self.prefix_token)
-        return prefix_tokens + path + -(-self.per_prefix // self.prefix_token)
-
-
-def capture_cost(model) -> CaptureCost:
-    """The model's `CaptureCost`: its own, or keys and values alike on every row (``kv_bytes_per_token``)."""
-    if hasattr(model, "capture_cost"):
-        return model.capture_cost()
-    per_token = model.kv_bytes_per_token()
-    return CaptureCost(per_token, per_token)
-
-
-def chunk_bytes(tasks: list[SlotTask], cost: CaptureCost, vocab: int) -> int:
-    """The working set of decoding ``tasks`` together: the buffers' rows and the step's log-probs."""
-    size = _ChunkSize(cost, vocab)
-    for task in tasks:
-        size.add(task)
-    return size.bytes
-
-
-class _ChunkSize:
-    """`chunk_bytes` kept as running sums, so packing slots into chunks adds each slot once."""
-
-    def __init__(self, cost: CaptureCost, vocab: int):
-        self.cost, self.vocab = cost, vocab
-        self.groups: set = set()
-        self.prefix = self.paths = self.rows = self.steps = 0
-
-    def add(self, task: SlotTask) -> None:
-        group = (id(task.captured), task.start.prefix)
-        if group not in self.groups:
-            self.groups.add(group)
-            self.prefix += task.start.prefix[1]
-        self.paths += len(task.start.path)
-        self.rows += task.rows
-        self.steps = max(self.steps, task.steps)
-
-    def with_task(self, task: SlotTask) -> int:
-        """The bytes the chunk would take with ``task`` added (nothing is changed)."""
-        group = (id(task.captured), task.start.prefix)
-        new = group not in self.groups
-        prefix = self.prefix + (task.start.prefix[1] if new else 0)
-        rows, steps = self.rows + task.rows, max(self.steps, task.steps)
-        paths = self.paths + len(task.start.path) + rows * steps
-        return self._bytes(len(self.groups) + new, prefix, paths, rows)
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes(len(self.groups), self.prefix, self.paths + self.rows * self.steps, self.rows)
-
-    def _bytes(self, groups: int, prefix: int, paths: int, rows: int) -> int:
-        cost = self.cost
-        buffered = prefix * cost.prefix_token + paths * cost.path_token + groups * cost.per_prefix
-        return buffered + rows * self.vocab * LOGIT_BYTES
-
-
-def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) -> list[list[int]]:
-    """Task indices in chunks whose working set stays within ``budget`` bytes, each group's slots together; a slot
-    over the budget alone is a 413."""
-    order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
-    out: list[list[int]] = []
-    size = _ChunkSize(cost, vocab)
-    for i in order:
-        alone = chunk_bytes([tasks[i]], cost, vocab)
-        if alone > budget:
-            raise ApiError(
-                413,
-                "request_too_large",
-                None,
-                f"an extraction slot needs {alone / 2**30:.2f} GiB to decode; the decoder budget is "
-                f"{budget / 2**30:.2f} GiB",
-            )
-        if not out or size.with_task(tasks[i]) > budget:
-            out.append([])
-            size = _ChunkSize(cost, vocab)
-        out[-1].append(i)
-        size.add(tasks[i])
-    return out
+    decodes: int = 0
+    chunks: int = 0
+    steps: int = 0
+    rows: int = 0
+    live_rows: int = 0
 
 
 def decode(
@@ -216,15 +128,19 @@ def decode(
     min_p: float = MIN_P,
     rel_p: float = REL_P,
     graphs: bool = False,
+    tally: DecodeTally | None = None,
 ) -> tuple[list[Decoded], float]:
     """Decode every task; their outcomes in order and the seconds it took.
 
     ``vocabulary`` (`spinf.engine.extraction.vocab.Vocabulary`) gives number slots their grammar; ``kernel_plan``
     (GPU) builds a step's attention plan for the Triton kernel; ``context`` wraps each step (the CPU's one
-    thread); ``graphs`` replays every decode step after the first two from a CUDA graph (a GPU)."""
+    thread); ``graphs`` replays every decode step after the first two from a CUDA graph (a GPU); ``tally`` counts
+    what ran."""
     began = time.perf_counter()
     if not tasks:
         return [], 0.0
+    tally = DecodeTally() if tally is None else tally
+    tally.decodes += 1
     cost = capture_cost(model)
     vocab = tasks[0].captured.logprobs.shape[1]
     out: list[Decoded | None] = [None] * len(tasks)
@@ -235,7 +151,7 @@ def decode(
         for i in indices:  # a pass's keys and values are let go once the last chunk that reads them has its copy
             if last.get(id(tasks[i].captured)) == c:
                 tasks[i].captured.release()
-        found = chunk.run(context, graphs)
+        found = chunk.run(context, graphs, tally)
         for i, decoded in zip(indices, found, strict=True):
             out[i] = decoded
     return out, time.perf_counter() - began
@@ -390,28 +306,33 @@ class _Chunk:
         g = self.gather[kind]
         return lp.index_select(0, g.reshape(-1)).view(g.shape[0], BEAM, -1)
 
-    def run(self, context: Callable | None, graphs: bool = False) -> list[Decoded]:
-        """Decode the chunk: ``total`` bodies (choose on the last log-probs, feed the choices, read the next ones),
-        then a last choice. With ``graphs`` (a GPU) the first body runs eagerly (kernels compile, tile tables are
-        made), the second is captured in a CUDA graph and every later one replays it: the state lives in tensors
-        updated in place, the step counter included, so a replay needs nothing from the host."""
+    def run(self, context: Callable | None, graphs: bool, tally: DecodeTally) -> list[Decoded]:
+        """Decode the chunk: a choice on the step-0 log-probs, then bodies (feed the last choices, read the next
+        log-probs, choose on them) while any row is alive, ``total`` at most. Whether one is alive is read on the host
+        before every body, so no model step runs after every beam was pruned and every sequence ended (on a GPU
+        the read waits for the step before, a few microseconds against the step's milliseconds). With ``graphs`` (a
+        GPU) the first body runs eagerly (kernels compile, tile tables are made), the second is captured in a CUDA
+        graph and every later one replays it: the state lives in tensors updated in place, the step counter
+        included, so a replay needs nothing from the host."""
         tasks, device = self.tasks, self.device
         first = torch.stack([t.captured.logprobs[t.start.row] for t in tasks])  # [slots, V]
         self.lp = first.index_select(0, self.first_rows)  # every row starts from its slot's step 0
-        self.u = torch.zeros((), dtype=torch.long, device=device)  # bodies run so far
+        self.u = torch.zeros((), dtype=torch.long, device=device)  # bodies run so far: the read chosen on
+        self.parent = torch.arange(self.num_rows, device=device)  # the last choice: each row's parent and token
+        self.tokens = torch.zeros_like(self.parent)
         searched = self.search.num_steps - 1 if self.search else 0
         generated = self.generation.num_steps - 1 if self.generation else 0
-        total = max(searched, generated)
         self.searched_steps = searched
         # per searched slot, the decode steps in which it still had a live beam (usage's decode_tokens)
         self.live = torch.zeros(len(self.searched), dtype=torch.long, device=device)
+        self.fed = torch.zeros((), dtype=torch.long, device=device)  # live rows fed, summed over the steps
+        with context() if context else contextlib.nullcontext():
+            self._choose()
         graph = None
-        for u in range(total + 1):
-            if u and (device.type != "cuda" or u % CHECK_EVERY == 0) and not self._alive(u - 1):
-                break  # nothing was alive after the last choice: no later step records or proposes anything
-            if u == total:
-                self._choose()
-                break
+        for u in range(max(searched, generated)):
+            if not self._alive(u):
+                break  # nothing is alive after the last choice: no later step records or proposes anything
+            tally.steps, tally.rows = tally.steps + 1, tally.rows + self.num_rows
             if graphs and u == 1:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
@@ -422,6 +343,7 @@ class _Chunk:
             with context() if context else contextlib.nullcontext():
                 self._body()
         steps = self.live.tolist()
+        tally.chunks, tally.live_rows = tally.chunks + 1, tally.live_rows + int(self.fed)
         answers = self.search.answers() if self.search else []
         sequences = self.generation.sequences() if self.generation else []
         out: list[Decoded] = []
@@ -443,16 +365,18 @@ class _Chunk:
         return bool(torch.stack(alive).any()) if alive else False
 
     def _body(self) -> None:
-        """One choice and one model step, all in place: what a CUDA graph holds."""
-        parent, tokens = self._choose()
-        if self.search is not None:
-            self.live += self.search.alive.any(-1) & (self.u < self.searched_steps)
-        self._feed(parent, tokens)
+        """One model step and one choice, all in place: what a CUDA graph holds."""
+        for chooser in (self.search, self.generation):
+            if chooser is not None:
+                self.fed += chooser.alive.sum()
+        self._feed(self.parent, self.tokens)
         self.u += 1
+        self._choose()
 
-    def _choose(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both choosers on the current log-probs, their state updated in place: each row's parent row and new
-        token (global rows). A chooser past its own steps changes nothing (its rows are dead and record nothing)."""
+    def _choose(self) -> None:
+        """Both choosers on the current log-probs (read ``u``), their state updated in place, and each row's parent
+        row and new token (global rows) into ``parent`` and ``tokens``. A chooser past its own steps changes nothing
+        (its rows are dead and record nothing)."""
         rows = torch.arange(self.num_rows, device=self.device)
         parent, tokens = rows, torch.zeros_like(rows)
         if self.search is not None:
@@ -460,10 +384,12 @@ class _Chunk:
             first_row = self.gather["search"][:, :1]  # a searched slot's BEAM rows are consecutive
             parent = parent.index_put((self.rows["search"],), (first_row + p).reshape(-1))
             tokens = tokens.index_put((self.rows["search"],), tok.reshape(-1))
+            self.live += self.search.alive.any(-1) & (self.u < self.searched_steps)
         if self.generation is not None:
             tok = self.generation.step(self._slot_logprobs(self.lp, "generate"))
             tokens = tokens.index_put((self.rows["generate"],), tok.reshape(-1).index_select(0, self.real["generate"]))
-        return parent, tokens
+        self.parent.copy_(parent)
+        self.tokens.copy_(tokens)
 
     def _feed(self, parent: torch.Tensor, tokens: torch.Tensor) -> None:
         """Feed every row its next token (its path follows its parent's) and read the next log-probs into

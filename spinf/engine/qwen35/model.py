@@ -720,10 +720,10 @@ class Qwen35Text(nn.Module):
         return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
 
     def capture_cost(self):
-        """What the decoder holds (`spinf.engine.extraction.decoder.CaptureCost`): a prefix row only in the attention
+        """What the decoder holds (`spinf.engine.extraction.budget.CaptureCost`): a prefix row only in the attention
         layers; per prefix, each recurrent layer's fp32 state and its last ``kernel - 1`` rows (the convolution's
         reach); a path row in every layer."""
-        from spinf.engine.extraction.decoder import CaptureCost
+        from spinf.engine.extraction.budget import CaptureCost
 
         cfg, size = self.cfg, self.embed.element_size()
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
