@@ -288,7 +288,7 @@ def profiled_call(call, model, device, trace: Path) -> tuple[float, int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from benchmarks.results import RESULTS
     from benchmarks.shapes import SHAPES
-    from spinf.engine.engine import DEFAULT_TOKEN_BUDGET
+    from spinf.settings.table import DEFAULT_TOKEN_BUDGET
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", default="J1,J2", help="comma-separated job sets; each one's first body is profiled")

@@ -57,7 +57,8 @@ from benchmarks.gpu_probe import timed  # noqa: E402
 from benchmarks.invariance import invariance_lines  # noqa: E402
 from benchmarks.shapes import SHAPE_HELP, SHAPES, model_config, model_vision  # noqa: E402
 from spinf.engine import hostgc  # noqa: E402
-from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
+from spinf.engine.engine import Engine  # noqa: E402
+from spinf.settings.table import DEFAULT_TOKEN_BUDGET  # noqa: E402
 
 
 def fp8_peak_tflops(device: torch.device) -> float | None:

@@ -41,10 +41,11 @@ from benchmarks.checkpoint import Folder, free_memory, open_engine, text_state, 
 from benchmarks.gemma12b import build_random_transformers_model, decoder_linear_params  # noqa: E402
 from benchmarks.results import RESULTS, revision  # noqa: E402
 from benchmarks.shapes import SHAPE_HELP, SHAPES, model_config, model_title, model_vision  # noqa: E402
-from spinf.engine.engine import DEFAULT_TOKEN_BUDGET, Engine  # noqa: E402
+from spinf.engine.engine import Engine  # noqa: E402
 from spinf.engine.tokenizer import TextTokenizer  # noqa: E402
 from spinf.errors import SpinfError  # noqa: E402
 from spinf.protocol.request import parse_score_request  # noqa: E402
+from spinf.settings.table import DEFAULT_TOKEN_BUDGET  # noqa: E402
 
 MAX_ROUNDS = 50  # short jobs repeat until --min-seconds are measured, up to this many rounds
 LATENCY_ROUNDS = {"J3": 100}  # j3 is the latency job: 100 calls of one body (benchmarks/jobsets.py)

@@ -172,12 +172,13 @@ def _serve(args: argparse.Namespace) -> int:
     from spinf.supervisor import ServerOptions, bind_sockets, run
 
     sockets = bind_sockets(ServerOptions.from_settings(settings))  # an address in use: one line, before any load
+    from spinf.catalog import resolve_model
     from spinf.catalog.checkpoint import check_findable
     from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
 
     engine = settings.engine
     resolved, _ = check_before_lookup(
-        engine.model,
+        resolve_model(engine.model),
         device=engine.device,
         quant=engine.quant,
         model_dir=engine.model_dir,
@@ -270,7 +271,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _parity(args: argparse.Namespace) -> int:
     """JSON on stdout (api spec §10, engine B.15). With ``--reference``, two lines on stderr: both platforms, then
-    the verdict (`spinf.engine.parity.judge`); exit 1 when it failed."""
+    the verdict (`spinf.engine.verdict.judge`); exit 1 when it failed."""
     from spinf.settings import load_settings
 
     flags = {"device": args.device} if args.device else {}

@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from spinf.errors import ConfigError
+from spinf.settings.table import DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_BUDGET
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ PROMPT_STYLES = ("default", "decider")
 MEDIA_KINDS = ("image", "audio", "video")
 IMAGE_SCHEMES = ("gemma", "qwen")
 DETAIL_LEVELS = ("low", "auto", "high")
-DEFAULT_TOKEN_BUDGET = 16_384
-DEFAULT_MAX_TOKENS = 65_536
 
 FP8_SCHEMES = ("fp8s", "fp8", "fp8row")
 GEMMA_SCHEMES = (*FP8_SCHEMES, "w8a16", "w8a8", "bf16")

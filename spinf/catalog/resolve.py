@@ -18,10 +18,10 @@ import attrs
 
 from spinf.catalog.manifest import CAPABILITIES, MEDIA_KINDS, Catalog, Manifest, load_catalog
 from spinf.errors import ModelError
+from spinf.settings.table import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "spinf/gemma-4-12b-fp8"
 REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # config.json model_type -> family. Only the architectures the engine implements: the Gemma 4 variants with or

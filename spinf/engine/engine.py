@@ -1,6 +1,8 @@
 """The library entry point: ``Engine(model, device).score(body)`` answers a ``/v1/score`` body in-process.
 
-It ties the pieces together in straight-line order: parse the body (`spinf.protocol`), compile it against the
+It opens the model in one place (`spinf.engine.opening.open_model`: the checks, the checkpoint, the scheme, the
+stack and its embedders), then assembles the runner in a straight line (tokenizer, scorer, extractor, shape, loop).
+A call goes through it in straight-line order: parse the body (`spinf.protocol`), compile it against the
 tokenizer (`spinf.engine.compiler`), run the jobs (`spinf.engine.scorer`), and assemble the response
 (`spinf.engine.results`). Request problems raise `ApiError` with the spec's status, code and param; running out of
 memory during a call's passes is one of them (413 ``request_too_large``, api spec §4.9), after which the engine
@@ -9,10 +11,7 @@ either is back at its idle memory or says it is ``degraded`` (§3.2).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
 import traceback
 from pathlib import Path
@@ -21,42 +20,33 @@ import attrs
 import torch
 
 from spinf._version import __version__
-from spinf.engine import hostgc
+from spinf.catalog import ResolvedModel, resolve_model
+from spinf.engine import hostgc, identity, warm
 from spinf.engine.compiler import EngineShape
-from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB, DEFAULT_DECODER_BUDGET_GIB, Extractor, cpu_context
-from spinf.engine.gemma4 import fp8_static
-from spinf.engine.gemma4.embedders import load_embedders, read_media_config
-from spinf.engine.gemma4.loading import load_gemma4_text
+from spinf.engine.extractor import Extractor, cpu_context
 from spinf.engine.gemma4.tiny import TINY_MODEL_ID
-from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.loop import EngineLoop
-from spinf.engine.opening import RUNNABLE_SCHEMES, open_checkpoint
-from spinf.engine.qwen35.loading import load_for_engine as load_qwen35_for_engine
-from spinf.engine.qwen35.media import load_qwen_embedders, read_qwen_media
-from spinf.engine.qwen35.readout import has_readout
+from spinf.engine.opening import engine_settings, eos_ids, open_model
 from spinf.engine.results import usage
-from spinf.engine.scales import (
-    CALIBRATE_COMMAND,
-    ScaleTableMismatch,
-    read_scale_table,
-)
+from spinf.engine.scales import CALIBRATE_COMMAND
 from spinf.engine.scorer import Scorer, is_out_of_memory
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.engine.work import Call, Parsed, Scored, Sent
-from spinf.errors import ApiError, ModelError
+from spinf.errors import ApiError
 from spinf.media.items import decode_media
 from spinf.packs.calls import PackStep
 from spinf.packs.responses import add_pack_results
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import parse_score_request
 from spinf.protocol.types import ScoreRequest
-from spinf.settings import SETTING, Features, Limits
+from spinf.settings import SETTING, SETTINGS, EngineSettings, Features, Limits
 
 log = logging.getLogger(__name__)
-DEFAULT_TOKEN_BUDGET = 16_384
-DEFAULT_MAX_TOKENS = 65_536
-DEFAULT_FLOOR_CACHE = 65_536
-DEFAULT_MAX_PASS_S = 0.5  # the settings table's default: on a CPU; a GPU's passes keep to the token budget unless set
+# The engine settings `Engine` takes by name (api spec §9.2): the engine section's, but the model (its first
+# argument), the warm-up mode (the warm-up actor's) and the reference's settings that have no effect here.
+ENGINE_ARGS = tuple(
+    s.name for s in SETTINGS if s.section == "engine" and not s.no_effect and s.name not in ("model", "warmup")
+)
 # How far over its idle figure device memory may stay after an out-of-memory error before the engine calls itself
 # degraded: what a first call keeps for the life of the process when the error came before any call succeeded
 # (cuBLAS's workspace, 32 MiB on Hopper; the fused path's constants). A leaked pass is far larger.
@@ -82,27 +72,23 @@ def _engine_counters(usage: dict, packed_tokens: int) -> dict:
     }
 
 
-def eos_ids(folder: Path, cfg) -> tuple[int, ...]:
-    """The end-of-sequence ids of a checkpoint: its config's, with its generation config's (Gemma lists its end of
-    turn there)."""
-    ids = list(cfg.eos_token_ids)
-    try:
-        extra = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError):
-        extra = None
-    for i in extra if isinstance(extra, list) else [] if extra is None else [extra]:
-        if i not in ids:
-            ids.append(i)
-    return tuple(ids)
-
-
 def _given(settings, name: str) -> bool:
     """Whether ``name`` was set, in any layer or by building the settings with another value than its default."""
-    return settings.origin(name) != "default" or getattr(settings.engine, name) != SETTING[name].default
+    return settings.origin(name) != "default" or settings.value(name) != SETTING[name].default
 
 
 def round_up(n: int, multiple: int = 128) -> int:
     return -(-n // multiple) * multiple
+
+
+def pass_bound(max_pass_s: float | None, device: torch.device) -> float:
+    """The time bound of a call's pass (spinf.engine.scheduler). Unless given, a CPU's passes keep to the settings
+    table's default: a full pass there takes seconds. A GPU's full pass takes a fraction of a second on the 12B but
+    over one on the Qwen 27B, whose fixed cost per pass would then be paid several times a budget (measured on the
+    H200: 163 ms for a 300-token call), so its passes keep to the token budget only (0)."""
+    if max_pass_s is not None:
+        return max_pass_s
+    return SETTING["max_pass_s"].default if device.type == "cpu" else 0.0
 
 
 class Engine:
@@ -118,129 +104,43 @@ class Engine:
         *,
         device: str = "cpu",
         limits: Limits | None = None,
-        token_budget: int | None = None,
-        max_tokens: int | None = None,
-        quant: str = "",
-        model_dir: str = "",
-        cache_dir: str | Path | None = None,
-        cache_dirs: list[str] | None = None,
-        revision: str = "",
-        served_model: str = "",
-        model_id: str = "",
-        floor_cache: int = DEFAULT_FLOOR_CACHE,
         features: Features | None = None,
-        compile: bool = True,
-        layers: int = 0,
-        lm_head: str = DEFAULT_HEAD,
-        decode_budget_gib: float = DEFAULT_DECODE_BUDGET_GIB,
-        decoder_budget_gib: float = DEFAULT_DECODER_BUDGET_GIB,
-        decode_graphs: bool = True,
+        cache_dir: str | Path | None = None,
         max_pass_s: float | None = None,
+        resolved: ResolvedModel | None = None,
+        **given,
     ):
+        """``model`` as ``spinf-serve serve`` takes it (api spec §9.6), unless ``resolved`` is that model resolved
+        already (the command line resolves it once, for its settings). ``given``: any other engine setting by its
+        name (§9.2: ``quant``, ``token_budget``, ``max_tokens``, ``cache_dirs``, ``layers``, ``compile`` ...); one
+        not given is the model's manifest's, else the settings table's default (`engine_settings`). ``cache_dir``
+        is searched before ``cache_dirs``; ``max_pass_s`` None: by device (`pass_bound`). ``features`` are the
+        server's switches, narrowed here to what the model does."""
         if cache_dir is not None:
-            cache_dirs = [str(cache_dir), *(cache_dirs or [])]
-        resolved, checkpoint, self.quant = open_checkpoint(
-            model,
-            device=device,
-            quant=quant,
-            model_dir=model_dir,
-            cache_dirs=cache_dirs,
-            revision=revision,
-            model_id=model_id,
-        )
-        manifest = resolved.manifest
-        self.resolved = resolved
-        self.folder = checkpoint.folder
-        # the served_model and model_id settings override what the manifest set (api spec §9.2)
-        self.model_id = model_id or resolved.model_id
-        self.served_name = served_model or resolved.served_name
-        self.aliases = tuple(resolved.aliases)
-        self.revision = checkpoint.revision
-        self.weights = checkpoint.weights
-        self.device = torch.device(device)
-        self.limits = limits or Limits()
-        # the server's switches, narrowed to what the model does (api spec §7, §9.5); media kinds the model reads
-        # (its manifest's, and those its checkpoint has embedders for) are checked apart (media_not_supported, then
-        # media_disabled)
-        switches = features or Features()
-        capabilities = resolved.capabilities
+            given["cache_dirs"] = [str(cache_dir), *(given.get("cache_dirs") or ())]
+        resolved = resolved or resolve_model(model)
+        settings = engine_settings(resolved, device, given)
+        opened = open_model(resolved, settings, features or Features())
+        self.resolved, self.quant, self.scale_table = opened.resolved, opened.quant, opened.scale_table
+        self.model, self.embedders = opened.model, opened.embedders
+        self.media, self.features = opened.media, opened.features  # what it reads; the switches narrowed to it
+        checkpoint = opened.checkpoint
+        self.folder, self.revision, self.weights = checkpoint.folder, checkpoint.revision, checkpoint.weights
         self.family = checkpoint.family
-        qwen = self.family == "qwen35"
-        # what the checkpoint reads besides text: Gemma's embedders (or the 31B's tower), or the Qwen vision tower
-        media_config = None if qwen else read_media_config(self.folder)
-        qwen_media = read_qwen_media(self.folder) if qwen else None
-        reads = media_config or qwen_media
-        self.media = frozenset(resolved.media) & (reads.kinds if reads else frozenset())
-        self.image_scheme = "qwen" if qwen else "gemma"  # how images become items (`spinf.media.items.SCHEMES`)
-        decider = qwen and (
-            (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(self.folder)
-        )
-        extraction = switches.extraction and "extract" in capabilities and not decider
-        note = ""  # why extraction is refused, when the model rather than the server's switch refuses it
-        if decider:
-            note = "a decision model scores options only: it has no extraction or generation slots"
-        self.features = Features(  # generation needs extraction on (api spec §4.11, §7)
-            media=switches.media & self.media,
-            extraction=extraction,
-            generation=extraction and switches.generation and "generate" in capabilities,
-            extraction_note=note,
-        )
-        if decider:  # api spec §9.4: the decider forces max_extractions_per_input to 0
+        # the served_model and model_id settings override what the manifest set (api spec §9.2)
+        self.model_id = settings.model_id or self.resolved.model_id
+        self.served_name = settings.served_model or self.resolved.served_name
+        self.aliases = tuple(self.resolved.aliases)
+        self.device = torch.device(device)
+        self.image_scheme = "qwen" if self.family == "qwen35" else "gemma"  # `spinf.media.items.SCHEMES`
+        self.limits = limits or Limits()
+        if opened.decider:  # api spec §9.4: the decider forces max_extractions_per_input to 0
             self.limits = attrs.evolve(self.limits, max_extractions_per_input=0)
-        budget = token_budget or (manifest.token_budget if manifest else DEFAULT_TOKEN_BUDGET)
-        longest = max_tokens or (manifest.max_tokens if manifest else DEFAULT_MAX_TOKENS)
-        self.shape = EngineShape(round_up(budget), round_up(longest))
-        self.tokenizer = TextTokenizer.from_folder(self.folder)
-        # the id of the fp8s scale table, part 8 of the fingerprint (api spec §11); None under the other schemes
-        self.scale_table: str | None = None
-        scales = None
-        if self.quant == "fp8s" and checkpoint.weight_format == fp8_static.FORMAT:
-            self.scale_table = fp8_static.CHECKPOINT_TABLE  # its own fp8 weights and input scales, as they are
-        elif self.quant == "fp8s":  # quantized layer by layer while loading: the bf16 weights never all sit on the GPU
-            path, table, self.scale_table = read_scale_table(
-                self.served_name, self.model_id, self.revision, self.folder
-            )
-            scales = table["scales"]
-        if qwen:
-            self.model = load_qwen35_for_engine(
-                self.folder,
-                scheme=self.quant,
-                device=device,
-                weight_format=checkpoint.weight_format,
-                readout_expected=decider,
-                model_id=self.model_id,
-                revision=self.revision,
-                layers=layers,
-                lm_head=lm_head,
-            )
-        else:
-            self.model = self._load_gemma(device, scales, layers, lm_head, path if scales is not None else None)
         # only a truncated model names its layer count in the fingerprint: its scores are another model's
-        self.layers = layers and len(self.model.layers)
-        # the embedders of the media kinds switched on (--media none loads none: less memory)
-        self.embedders = None
-        if qwen_media is not None and self.features.media:
-            dtype = self.model.embed.dtype
-            self.embedders = load_qwen_embedders(self.folder, device=device, dtype=dtype)
-        if media_config is not None and self.features.media:
-            self.embedders = load_embedders(
-                self.folder,
-                media_config,
-                self.features.media,
-                self.model.cfg.hidden_size,
-                device=device,
-                dtype=self.model.embed.weight.dtype,
-            )
-            self.model.image_attention(media_config.bidirectional)
-        readout = getattr(self.model, "readout", None)
-        self.shape = attrs.evolve(
-            self.shape,
-            answer_codes=frozenset(readout.token_ids) if readout is not None else None,
-            media_tokens=reads.tokens if reads else None,
-            media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
-        )
+        self.layers = settings.layers and len(self.model.layers)
+        self.tokenizer = TextTokenizer.from_folder(self.folder)
         # compile = false (--no-compile): every pass runs eagerly, no CUDA graph is captured (a GPU's only compile)
-        self.scorer = Scorer(self.model, self.device, graphs=compile, embedders=self.embedders)
+        self.scorer = Scorer(self.model, self.device, graphs=settings.compile, embedders=self.embedders)
         self.degraded: str | None = None
         # Device memory while idle: taken here, then once more when the first call succeeds (in the server, the
         # first warm-up shape), since a first pass allocates what the process keeps (see IDLE_SLACK_BYTES).
@@ -266,49 +166,38 @@ class Engine:
         # alongside this; only the gpu-marked tests check it. bf16 and the other GPU schemes are not invariant.
         cpu_fp32 = self.device.type == "cpu" and self.quant == "fp32"
         gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
-        self.batch_invariant = resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
+        self.batch_invariant = self.resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
         log.info("scores are %s", self._invariance_note())
         # extraction slots decode from what their scoring pass kept (spinf.engine.extractor); none when switched off
-        self.extractor = None
-        if self.features.extraction:
-            self.extractor = Extractor(
-                self.model,
-                self.tokenizer,
-                eos_ids(self.folder, self.model.cfg),
-                decode_budget_gib=decode_budget_gib,
-                decoder_budget_gib=decoder_budget_gib,
-                kernel_plan=self.scorer.decode_plan if self.device.type == "cuda" else None,
-                context=cpu_context(self.device),
-                # decode steps replay CUDA graphs unless --no-compile or x_cuda_graphs = false (a graph replays the
-                # same kernels, so this changes speed only)
-                graphs=compile and decode_graphs and self.device.type == "cuda",
-            )
-            self.shape = attrs.evolve(
-                self.shape, capture_tokens=self.extractor.capture_tokens(), capture_cost=self.extractor.cost
-            )
-        # the time bound of a call's pass (spinf.engine.scheduler). Unless given, a CPU's passes keep to
-        # DEFAULT_MAX_PASS_S: a full pass there takes seconds. A GPU's full pass takes a fraction of a second on the
-        # 12B but over one on the Qwen 27B, whose fixed cost per pass would then be paid several times a budget
-        # (measured on the H200: 163 ms for a 300-token call), so its passes keep to the token budget only
-        if max_pass_s is None:
-            max_pass_s = DEFAULT_MAX_PASS_S if self.device.type == "cpu" else 0.0
-        self.max_pass_s = max_pass_s
+        self.extractor = self._extractor(settings) if self.features.extraction else None
+        self.shape = EngineShape(
+            round_up(settings.token_budget),
+            round_up(settings.max_tokens),
+            capture_tokens=self.extractor.capture_tokens() if self.extractor else 0,
+            capture_cost=self.extractor.cost if self.extractor else None,
+            media_tokens=opened.media_tokens,
+            media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
+            # a decision model's answer codes: its readout head's (a Qwen3.5 decider has one, `open_model` checks)
+            answer_codes=frozenset(self.model.readout.token_ids) if opened.decider else None,
+        )
+        self.max_pass_s = pass_bound(max_pass_s, self.device)
         # every caller's work reaches the device through this one loop (spinf.engine.loop)
-        self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=floor_cache)
+        self.loop = self.new_loop(share_passes=self.batch_invariant, floor_cache=settings.floor_cache)
 
-    def _load_gemma(self, device: str, scales, layers: int, lm_head: str, table: Path | None):
-        try:
-            return load_gemma4_text(
-                self.folder,
-                device=device,
-                dtype=RUNNABLE_SCHEMES[self.quant],
-                scales=scales,
-                layers=layers,
-                scheme=self.quant,
-                lm_head=lm_head,
-            )
-        except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
-            raise ModelError(f"{table}: {exc}") from exc
+    def _extractor(self, settings: EngineSettings) -> Extractor:
+        cuda = self.device.type == "cuda"
+        return Extractor(
+            self.model,
+            self.tokenizer,
+            eos_ids(self.folder, self.model.cfg),
+            decode_budget_gib=settings.decode_budget_gib,
+            decoder_budget_gib=settings.decoder_budget_gib,
+            kernel_plan=self.scorer.decode_plan if cuda else None,
+            context=cpu_context(self.device),
+            # decode steps replay CUDA graphs unless --no-compile or x_cuda_graphs = false (a graph replays the
+            # same kernels, so this changes speed only)
+            graphs=settings.compile and settings.x_cuda_graphs and cuda,
+        )
 
     def _invariance_note(self) -> str:
         """What the start-up log says of batch invariance (``/v1/models`` and ``/v0/info`` say it as a boolean)."""
@@ -336,31 +225,14 @@ class Engine:
         )
 
     @classmethod
-    def from_settings(cls, settings) -> Engine:
-        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9)."""
-        engine = settings.engine
-        return cls(
-            engine.model,
-            device=engine.device,
-            limits=settings.limits,
-            token_budget=engine.token_budget,
-            max_tokens=engine.max_tokens,
-            quant=engine.quant,
-            model_dir=engine.model_dir,
-            cache_dirs=list(engine.cache_dirs) or None,
-            revision=engine.revision,
-            served_model=engine.served_model,
-            model_id=engine.model_id,
-            floor_cache=engine.floor_cache,
-            features=settings.features.to_features(),
-            compile=engine.compile,
-            layers=engine.layers,
-            lm_head=engine.lm_head,
-            decode_budget_gib=engine.decode_budget_gib,
-            decoder_budget_gib=engine.decoder_budget_gib,
-            decode_graphs=engine.x_cuda_graphs,
-            max_pass_s=engine.max_pass_s if _given(settings, "max_pass_s") else None,
-        )
+    def from_settings(cls, settings, *, resolved: ResolvedModel | None = None) -> Engine:
+        """The engine a server or ``spinf-serve score`` runs, from the layered settings (api spec §9): each of
+        `ENGINE_ARGS` by its name, ``max_pass_s`` only when given (else by device). ``resolved``: the model the
+        settings name, resolved already (None: resolved here)."""
+        given = {name: settings.value(name) for name in ENGINE_ARGS}
+        given["max_pass_s"] = given["max_pass_s"] if _given(settings, "max_pass_s") else None
+        features = settings.features.to_features()
+        return cls(settings.engine.model, resolved=resolved, limits=settings.limits, features=features, **given)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -368,22 +240,16 @@ class Engine:
         return (self.served_name, *manifest_id, *self.aliases)
 
     def _fingerprint(self) -> str:
-        """``fp_`` + 10 hex digits of sha256 over the parts of api spec §11, in order."""
-        capability = self.capability()
-        parts = [
-            self.model_id,
-            self.revision,
-            self.quant,
-            os.environ.get("GIT_SHA") or "unknown",
-            __version__,
-            capability,
-            self.model.head_precision(),
-        ]
-        if self.quant == "fp8s":
-            parts.append(self.scale_table)
-        if self.layers:  # ours, beyond §11: the first N layers of a checkpoint are not its model
-            parts.append(f"layers {self.layers}")
-        return "fp_" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+        """``fp_`` + 10 hex digits of sha256 over the parts of api spec §11, in order (`identity.fingerprint`)."""
+        return identity.fingerprint(
+            model_id=self.model_id,
+            revision=self.revision,
+            quant=self.quant,
+            device=self.device,
+            head=self.model.head_precision(),
+            scale_table=self.scale_table,
+            layers=self.layers,
+        )
 
     def parse(self, body: object, *, chat: bool = False, trusted: bool = False, packs: object = None) -> ScoreRequest:
         """The checked request of a body (api spec §4), or `ApiError`; ``packs`` the pack catalog (None: off)."""
@@ -447,21 +313,13 @@ class Engine:
         return response
 
     def capability(self) -> str:
-        if self.device.type != "cuda":
-            return "cpu"
-        major, minor = torch.cuda.get_device_capability(self.device)
-        return f"{major}.{minor}"
+        return identity.capability(self.device)
 
     def info(self) -> dict:
-        """The engine object of ``/v0/info`` (api spec §3.6)."""
-        import platform
-
-        import transformers
-
-        cuda = self.device.type == "cuda"
+        """The engine object of ``/v0/info`` (api spec §3.6): the model's fields, then the platform's."""
         return {
             "engine": __version__,
-            "image": os.environ.get("GIT_SHA") or "unknown",
+            "image": identity.image(),
             "model": self.model_id,
             "revision": self.revision,
             "quant": self.quant,
@@ -472,13 +330,7 @@ class Engine:
             "max_tokens": self.shape.max_tokens,
             "layers": len(self.model.layers),  # ours, beyond §3.6, as the next
             "cuda_graphs": self.scorer.graphs is not None,
-            "gpu": torch.cuda.get_device_name(self.device) if cuda else "cpu",
-            "capability": self.capability(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda if cuda else None,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            **stack_versions(),  # ours, beyond §3.6: the rest of the numerics stack (constraints/*.txt pin it)
+            **identity.platform_info(self.device),
         }
 
     def idle_gib(self) -> float:
@@ -489,17 +341,9 @@ class Engine:
         """Once warm: the model and the libraries leave the cyclic collector's scans (`spinf.engine.hostgc`)."""
         hostgc.settle()
 
-    def warmup_bodies(self, mode: str) -> list[dict]:
-        """The scoring calls of warm-up ``mode`` (`spinf.engine.warm.bodies`: two small calls unless ``none``)."""
-        from spinf.engine import warm
-
-        return warm.bodies(mode)
-
-    def warmup_steps(self, mode: str) -> list:
-        """The warm-up of ``mode`` as zero-argument steps, run one after another: `warmup_bodies` scored, then under
+    def warmup_steps(self, mode: str) -> list[warm.Step]:
+        """The warm-up of ``mode`` as zero-argument steps, run one after another: its scoring calls, then under
         ``full`` one built pass per CUDA-graph bucket and one of the whole token budget (`spinf.engine.warm`)."""
-        from spinf.engine import warm
-
         return warm.steps(self, mode)
 
     def score(self, body: object, *, debug: bool = False, trusted: bool = False, packs: object = None) -> dict:
@@ -537,25 +381,3 @@ class Engine:
         if held > IDLE_SLACK_BYTES and self.degraded is None:
             self.degraded = f"{held / 2**30:.2f} GiB still held after an out-of-memory error"
             log.error("engine degraded: %s", self.degraded)
-
-
-# The numerics stack beside torch and transformers, by distribution: the kernels (triton; fla-core for the Qwen
-# stack's linear attention), the tokenizer, the checkpoint reader and numpy, whose versions decide the scores.
-_STACK = {"triton": "triton", "tokenizers": "tokenizers", "safetensors": "safetensors", "numpy": "numpy"}
-_OPTIONAL_STACK = {"fla": "fla-core"}
-
-
-def stack_versions() -> dict[str, str | None]:
-    """The installed versions of `_STACK` (None for one not installed: triton off Linux) and of `_OPTIONAL_STACK`
-    where installed, read from the distributions' metadata without importing them."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(distribution: str) -> str | None:
-        try:
-            return version(distribution)
-        except PackageNotFoundError:
-            return None
-
-    versions = {key: installed(distribution) for key, distribution in _STACK.items()}
-    optional = {key: installed(distribution) for key, distribution in _OPTIONAL_STACK.items()}
-    return versions | {key: found for key, found in optional.items() if found is not None}

@@ -1,21 +1,32 @@
-"""Opening a model (api spec §9.6–9.8): resolve the name, refuse what cannot run, find the checkpoint, choose the
-scheme, in that order, before a weight is read.
+"""Opening a model (api spec §9.6–9.8), the one place an engine's model is opened: given the model resolved once
+(`spinf.catalog.resolve_model`; ``spinf-serve`` resolves it for its settings and hands it down), refuse what cannot
+run, find the checkpoint, choose the scheme, in that order, before a weight is read; then load its stack and its
+media embedders (`open_model`).
 
 `check_before_lookup` makes every refusal that the manifest, the settings and the device decide (the family, the
 device, the scheme, the memory for the manifest's size) before any lookup or download: ``spinf-serve serve`` calls
 it before the server starts, and `open_checkpoint` before it looks for the files. What needs the files (their
 format, their exact size, a scale table shipped with them) comes after the lookup. `RUNNABLE_SCHEMES` is what the
 Gemma stack runs, with the dtype a checkpoint loads in (the Qwen stack's loader chooses its own).
+
+`engine_settings` layers a library caller's keyword arguments over the model's manifest and the settings table's
+defaults, as the settings layering does for the server (api spec §9.2); `model_features` narrows the server's
+switches to what the model does.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import attrs
 import torch
 
-from spinf.catalog import Checkpoint, ResolvedModel, resolve_model
+from spinf.catalog import Checkpoint, ResolvedModel
 from spinf.catalog.manifest import FAMILIES, INT4_MODES
 from spinf.engine.gemma4 import fp8_static
+from spinf.engine.gemma4.embedders import MediaConfig, load_embedders, read_media_config
+from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.engine.gemma4.tiny import find_or_generate
 from spinf.engine.hardware import (
     INT4_PREFIX,
@@ -26,10 +37,13 @@ from spinf.engine.hardware import (
     device_facts,
     settled_quant,
 )
-from spinf.engine.qwen35.loading import FLOAT_SCHEMES
-from spinf.engine.scales import find_table, missing_table_error, stored_table
+from spinf.engine.qwen35.loading import FLOAT_SCHEMES, load_for_engine
+from spinf.engine.qwen35.media import QwenMedia, load_qwen_embedders, read_qwen_media
+from spinf.engine.qwen35.readout import has_readout
+from spinf.engine.scales import ScaleTableMismatch, find_table, missing_table_error, read_scale_table, stored_table
 from spinf.engine.schemes import SCHEMES
 from spinf.errors import ModelError
+from spinf.settings import EngineSettings, Features
 
 # The schemes this build runs, with the dtype the checkpoint loads in: fp8s loads bf16 and quantizes every decoder
 # linear with the revision's scale table (spinf.engine.scales); fp8, fp8row, w8a16 and w8a8 load bf16 and quantize
@@ -43,10 +57,155 @@ RUNNABLE_SCHEMES = {
     **dict.fromkeys(SCHEMES, torch.bfloat16),
 }
 QWEN_FLOAT_SCHEMES = tuple(FLOAT_SCHEMES)  # a Qwen3.5 float checkpoint's (`spinf.engine.qwen35.loading`)
+_ENGINE_FIELDS = frozenset(field.name for field in attrs.fields(EngineSettings))
+_DECIDER_NOTE = "a decision model scores options only: it has no extraction or generation slots"
+
+
+@attrs.frozen
+class OpenedModel:
+    """A model opened for an engine: the model resolved (at the ``revision`` setting), its checkpoint, the scheme,
+    the stack's model with the embedders of the media kinds switched on (None: none, or none asked), what the model
+    does (``features``: the switches narrowed, `model_features`), whether it is a decision model (a readout head),
+    the media kinds and tokens its checkpoint reads (``media_tokens`` None: none), and under fp8s the scale table's
+    id (part 8 of the fingerprint, api spec §11)."""
+
+    resolved: ResolvedModel
+    checkpoint: Checkpoint
+    quant: str
+    model: object
+    embedders: object | None
+    features: Features
+    decider: bool
+    media: frozenset[str]
+    media_tokens: object | None
+    scale_table: str | None
+
+
+def engine_settings(resolved: ResolvedModel, device: str, given: dict) -> EngineSettings:
+    """The engine settings of a library caller (`Engine` without ``from_settings``): ``given`` (by setting name;
+    None counts as not given) over the engine settings ``resolved``'s manifest sets, over the table's defaults."""
+    manifest = {name: value for name, value in resolved.engine_defaults().items() if name in _ENGINE_FIELDS}
+    chosen = {**manifest, **{name: value for name, value in given.items() if value is not None}}
+    chosen["cache_dirs"] = tuple(chosen.get("cache_dirs", ()))
+    return attrs.evolve(EngineSettings(model=resolved.served_name, device=device), **chosen)
+
+
+def open_model(resolved: ResolvedModel, settings: EngineSettings, switches: Features) -> OpenedModel:
+    """The model ``resolved`` opened under the engine ``settings``: the checks and the lookup (`open_checkpoint`),
+    then its stack loaded with the embedders of the media kinds ``switches`` leave on."""
+    resolved, checkpoint, quant = open_checkpoint(
+        resolved,
+        device=settings.device,
+        quant=settings.quant,
+        model_dir=settings.model_dir,
+        cache_dirs=list(settings.cache_dirs) or None,
+        revision=settings.revision,
+        model_id=settings.model_id,
+    )
+    if checkpoint.family == "qwen35":
+        return _open_qwen(resolved, checkpoint, quant, settings, switches)
+    return _open_gemma(resolved, checkpoint, quant, settings, switches)
+
+
+def _open_gemma(
+    resolved: ResolvedModel, checkpoint: Checkpoint, quant: str, settings: EngineSettings, switches: Features
+) -> OpenedModel:
+    folder = checkpoint.folder
+    media_config = read_media_config(folder)  # the unified layouts' embedders, or the 31B's tower
+    media = _media(resolved, media_config)
+    features = model_features(switches, resolved, media, decider=False)
+    scales = path = scale_table = None
+    if quant == "fp8s" and checkpoint.weight_format == fp8_static.FORMAT:
+        scale_table = fp8_static.CHECKPOINT_TABLE  # its own fp8 weights and input scales, as they are
+    elif quant == "fp8s":  # quantized layer by layer while loading: the bf16 weights never all sit on the GPU
+        name, model_id = settings.served_model or resolved.served_name, settings.model_id or resolved.model_id
+        path, table, scale_table = read_scale_table(name, model_id, checkpoint.revision, folder)
+        scales = table["scales"]
+    try:
+        model = load_gemma4_text(
+            folder,
+            device=settings.device,
+            dtype=RUNNABLE_SCHEMES[quant],
+            scales=scales,
+            layers=settings.layers,
+            scheme=quant,
+            lm_head=settings.lm_head,
+        )
+    except ScaleTableMismatch as exc:  # name the table; a damaged shard names its own file
+        raise ModelError(f"{path}: {exc}") from exc
+    embedders = None
+    if media_config is not None and features.media:  # --media none loads none: less memory
+        dtype = model.embed.weight.dtype
+        hidden = model.cfg.hidden_size
+        embedders = load_embedders(folder, media_config, features.media, hidden, device=settings.device, dtype=dtype)
+        model.image_attention(media_config.bidirectional)
+    tokens = media_config.tokens if media_config else None
+    return OpenedModel(resolved, checkpoint, quant, model, embedders, features, False, media, tokens, scale_table)
+
+
+def _open_qwen(
+    resolved: ResolvedModel, checkpoint: Checkpoint, quant: str, settings: EngineSettings, switches: Features
+) -> OpenedModel:
+    folder = checkpoint.folder
+    reads = read_qwen_media(folder)  # its vision tower
+    media = _media(resolved, reads)
+    decider = (resolved.manifest is not None and resolved.manifest.head == "readout") or has_readout(folder)
+    features = model_features(switches, resolved, media, decider=decider)
+    model = load_for_engine(
+        folder,
+        scheme=quant,
+        device=settings.device,
+        weight_format=checkpoint.weight_format,
+        readout_expected=decider,
+        model_id=settings.model_id or resolved.model_id,
+        revision=checkpoint.revision,
+        layers=settings.layers,
+        lm_head=settings.lm_head,
+    )
+    embedders = None
+    if reads is not None and features.media:  # --media none loads none: less memory
+        embedders = load_qwen_embedders(folder, device=settings.device, dtype=model.embed.dtype)
+    tokens = reads.tokens if reads else None
+    return OpenedModel(resolved, checkpoint, quant, model, embedders, features, decider, media, tokens, None)
+
+
+def _media(resolved: ResolvedModel, reads: MediaConfig | QwenMedia | None) -> frozenset[str]:
+    """The media kinds the model reads: its manifest's (every kind without one), those its checkpoint has
+    embedders for."""
+    return frozenset(resolved.media) & (reads.kinds if reads else frozenset())
+
+
+def model_features(switches: Features, resolved: ResolvedModel, media: frozenset[str], *, decider: bool) -> Features:
+    """The server's switches narrowed to what the model does (api spec §7, §9.5): the media kinds it reads, extraction
+    where its capabilities have it and it is no decision model, generation only with extraction (§4.11). Media
+    kinds the model reads are checked apart (media_not_supported, then media_disabled); ``extraction_note`` says
+    why extraction is refused when the model rather than the server's switch refuses it."""
+    capabilities = resolved.capabilities
+    extraction = switches.extraction and "extract" in capabilities and not decider
+    return Features(
+        media=switches.media & media,
+        extraction=extraction,
+        generation=extraction and switches.generation and "generate" in capabilities,
+        extraction_note=_DECIDER_NOTE if decider else "",
+    )
+
+
+def eos_ids(folder: Path, cfg) -> tuple[int, ...]:
+    """The end-of-sequence ids of a checkpoint: its config's, with its generation config's (Gemma lists its end of
+    turn there)."""
+    ids = list(cfg.eos_token_ids)
+    try:
+        extra = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        extra = None
+    for i in extra if isinstance(extra, list) else [] if extra is None else [extra]:
+        if i not in ids:
+            ids.append(i)
+    return tuple(ids)
 
 
 def open_checkpoint(
-    model: str | None,
+    resolved: ResolvedModel,
     *,
     device: str,
     quant: str = "",
@@ -55,7 +214,8 @@ def open_checkpoint(
     revision: str = "",
     model_id: str = "",
 ) -> tuple[ResolvedModel, Checkpoint, str]:
-    """Resolve the model (api spec §9.6), find its weights (§9.7), choose and check the scheme (§9.8).
+    """The model ``resolved`` (api spec §9.6) at ``revision``, its weights found (§9.7), and the scheme chosen and
+    checked (§9.8).
 
     ``revision`` (the ``revision`` setting) replaces the manifest's pin when given; ``model_id`` (the setting)
     replaces the checkpoint repo that keys the scale-table store. Every refusal that needs no checkpoint comes
@@ -63,7 +223,7 @@ def open_checkpoint(
     the files found (their format and exact size, a scale table shipped with them), before a weight is read.
     """
     resolved, facts = check_before_lookup(
-        model, device=device, quant=quant, model_dir=model_dir, revision=revision, model_id=model_id
+        resolved, device=device, quant=quant, model_dir=model_dir, revision=revision, model_id=model_id
     )
     checkpoint = find_or_generate(resolved, model_dir=model_dir, cache_dirs=cache_dirs)
     model_id = model_id or resolved.model_id
@@ -88,7 +248,7 @@ def open_checkpoint(
 
 
 def check_before_lookup(
-    model: str | None,
+    resolved: ResolvedModel,
     *,
     device: str,
     quant: str = "",
@@ -96,10 +256,11 @@ def check_before_lookup(
     revision: str = "",
     model_id: str = "",
 ) -> tuple[ResolvedModel, DeviceFacts]:
-    """The model resolved as `open_checkpoint` resolves it, and the device's facts, after every refusal that needs
-    no checkpoint and no network: what the manifest (family, format, schemes, size), the settings (quant, device)
-    and the device (there at all, its compute capability, its free memory) decide. `open_checkpoint` calls it before
-    the lookup, ``spinf-serve serve`` before the server starts: a refused start downloads nothing.
+    """``resolved`` at ``revision`` (which replaces the manifest's pin when given) and the device's facts, after
+    every refusal that needs no checkpoint and no network: what the manifest (family, format, schemes, size), the
+    settings (quant, device) and the device (there at all, its compute capability, its free memory) decide.
+    `open_checkpoint` calls it before the lookup, ``spinf-serve serve`` before the server starts: a refused start
+    downloads nothing.
 
     In order: the family; the catalog model's need of a GPU; the scheme (`settled_quant`: the automatic choice
     when the lookup cannot change it) against the manifest's schemes, the compute capability, and the free memory
@@ -107,7 +268,6 @@ def check_before_lookup(
     outside the catalog only what holds whatever its format is checked (`check_requested`). A folder given (the
     model or ``model_dir``) is never fetched: beyond the device, its checks wait for its files.
     """
-    resolved = resolve_model(model)
     if revision and revision != resolved.revision:
         resolved = attrs.evolve(resolved, revision=revision)
     facts = device_facts(device)

@@ -69,6 +69,9 @@ SECTIONS = ("engine", "server", "features", "limits")
 # The issue names a [packs] section while the spec puts these keys in [features]; a file may use either.
 PACK_KEYS = frozenset({"packs", "official_packs", "packs_allow_namespace", "packs_refresh", "packs_official"})
 DEFAULT_MODEL = "spinf/gemma-4-12b-fp8"
+# named, as the model is, for the manifests that leave them out (`spinf.catalog.manifest`) and the benchmarks
+DEFAULT_TOKEN_BUDGET = 16_384
+DEFAULT_MAX_TOKENS = 65_536
 _NOT_A_VALUE = object()
 
 
@@ -178,8 +181,10 @@ SETTINGS: tuple[Setting, ...] = (
     _row("device", _E, _DEVICE, "cuda:0", "the torch device", "--device"),
     _row("quant", _E, _QUANT, "", "the quantization scheme ('' or auto = automatic)", "--quant"),
     _row("model_dir", _E, Text(), "", "a checkpoint folder, loaded as it is ('' = search)", "--model-dir"),
-    _row("token_budget", _E, Integer(1, multiple=128), 16_384, "most tokens in one pass", "--token-budget"),
-    _row("max_tokens", _E, Integer(1, multiple=128), 65_536, "the engine's largest input", "--max-tokens"),
+    _row(
+        "token_budget", _E, Integer(1, multiple=128), DEFAULT_TOKEN_BUDGET, "most tokens in one pass", "--token-budget"
+    ),
+    _row("max_tokens", _E, Integer(1, multiple=128), DEFAULT_MAX_TOKENS, "the engine's largest input", "--max-tokens"),
     _row("floor_cache", _E, Integer(0), 65_536, "floor reads kept across requests (0 = none)", "--floor-cache"),
     _row(
         "max_pass_s",

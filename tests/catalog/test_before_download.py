@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spinf.catalog import load_catalog
+from spinf.catalog import load_catalog, resolve_model
 from spinf.engine import opening as engine_module
 from spinf.engine.gemma4.tiny import TINY_REVISION, snapshot_files
 from spinf.engine.hardware import GIB, DeviceFacts
@@ -67,7 +67,7 @@ def on_gpu(monkeypatch, capability=(9, 0), free_gib=80.0) -> None:
 
 
 def start(model: str | None, device: str = "cuda:0", **settings):
-    return engine_module.open_checkpoint(model, device=device, **settings)
+    return engine_module.open_checkpoint(resolve_model(model), device=device, **settings)
 
 
 def test_the_default_model_on_the_cpu(hub):

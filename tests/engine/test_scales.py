@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from spinf import Engine, __version__
+from spinf.catalog import resolve_model
 from spinf.cli import main
 from spinf.engine import opening as engine_module
 from spinf.engine.calibrate import calibrate
@@ -73,7 +74,7 @@ def on_gpu(monkeypatch):
 
 def open_bf16(root, quant=""):
     resolved, checkpoint, scheme = engine_module.open_checkpoint(
-        "acme/tiny-bf16", device="cuda:0", quant=quant, cache_dirs=[str(root)]
+        resolve_model("acme/tiny-bf16"), device="cuda:0", quant=quant, cache_dirs=[str(root)]
     )
     return scheme
 
@@ -118,7 +119,7 @@ def test_a_table_is_looked_up_under_the_model_id_setting(catalog_bf16, on_gpu):
     write_table(some_table("acme/renamed"), store_path("acme/renamed", REVISION))
     assert open_bf16(catalog_bf16) == "fp8"  # not under the checkpoint's own repo
     _, _, scheme = engine_module.open_checkpoint(
-        "acme/tiny-bf16", device="cuda:0", cache_dirs=[str(catalog_bf16)], model_id="acme/renamed"
+        resolve_model("acme/tiny-bf16"), device="cuda:0", cache_dirs=[str(catalog_bf16)], model_id="acme/renamed"
     )
     assert scheme == "fp8s"
 
@@ -144,7 +145,7 @@ def test_a_pre_quantized_fp8_checkpoint_needs_no_scale_table(tmp_path, on_gpu):
     write_snapshot(root, "spinf/gemma-4-12b-fp8", "a689df2c5f611e3bfaa4569b8190f97db5018569")
     for quant, scheme in (("", "fp8s"), ("bf16", "bf16"), ("fp8", "fp8")):
         _, checkpoint, chosen = engine_module.open_checkpoint(
-            "spinf-12b", device="cuda:0", quant=quant, cache_dirs=[str(root)]
+            resolve_model("spinf-12b"), device="cuda:0", quant=quant, cache_dirs=[str(root)]
         )
         assert (checkpoint.weight_format, chosen) == ("fp8-static", scheme)
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from spinf import Engine
-from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.int4 import int4_linears
 from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
@@ -205,6 +205,7 @@ def test_the_catalog_finds_its_qwen_checkpoints_in_a_hub_cache(tmp_path, monkeyp
     """Locally made checkpoints in the published layout (GPTQ int4 v1, the decider's readout beside it) at the
     manifests' pinned revisions under a Hub cache root: the catalog names resolve to them on a GPU, int4-i8 by
     default, with nothing downloaded. (Serving them needs a CUDA GPU: on the CPU the catalog refuses them.)"""
+    from spinf.catalog import resolve_model
     from spinf.engine import opening
     from spinf.engine.hardware import GIB, DeviceFacts
 
@@ -214,7 +215,9 @@ def test_the_catalog_finds_its_qwen_checkpoints_in_a_hub_cache(tmp_path, monkeyp
     facts = DeviceFacts(device="cuda:0", name="fake GPU", capability=(9, 0), free_bytes=80 * GIB)
     monkeypatch.setattr(opening, "device_facts", lambda device: facts)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    resolved, checkpoint, scheme = opening.open_checkpoint(name, device="cuda:0", cache_dirs=[str(tmp_path / "hub")])
+    resolved, checkpoint, scheme = opening.open_checkpoint(
+        resolve_model(name), device="cuda:0", cache_dirs=[str(tmp_path / "hub")]
+    )
     assert (resolved.served_name, checkpoint.folder, checkpoint.revision) == (repo, snapshot, revision)
     assert (checkpoint.family, checkpoint.weight_format, scheme) == ("qwen35", "gptq-int4-g32", "int4-i8")
 
