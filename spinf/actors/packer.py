@@ -198,9 +198,7 @@ class Packer:
         passes, engine.loop.pass_log[:] = tuple(engine.loop.pass_log), []
         if passes:
             loop = engine.loop.statistics()
-            scorer = getattr(engine, "scorer", None)
-            held = scorer.allocated_bytes() if scorer is not None else None
-            self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries, held))
+            self.on_run(PassRun(passes, loop.floor_hits, loop.floor_misses, loop.floor_entries, loop.device_bytes))
         if engine.degraded:
             self.status.degrade(engine.degraded)
 

@@ -89,6 +89,12 @@ class Floors:
                     floors.waiting -= 1
                     handed(call)
 
+    @staticmethod
+    def left(read: FloorRead) -> bool:
+        """A call waiting on ``read`` left the loop; True when no call waits on it any more (it is not run)."""
+        read.live -= 1
+        return not read.live
+
     def forget(self, read: FloorRead) -> None:
         """``read`` ended: its keys are no longer under way."""
         for prompt in read.prompts:

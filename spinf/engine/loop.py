@@ -163,8 +163,8 @@ class EngineLoop:
             return done
 
     def statistics(self) -> LoopStats:
-        floors = self.floors
-        return LoopStats(self._passes, self._tokens, self._busy_s, floors.hits, floors.misses, len(floors))
+        floors, held = self.floors, self.scorer.allocated_bytes()
+        return LoopStats(self._passes, self._tokens, self._busy_s, floors.hits, floors.misses, len(floors), held)
 
     # adding: a call waits to be compiled; other work's jobs wait for a pass at once
 
@@ -432,10 +432,8 @@ class EngineLoop:
         if call in self._compiling:
             self._compiling.remove(call)
         for read in state.floors.reads:  # a read nobody waits for any more is not run
-            if not read.finished:
-                read.live -= 1
-                if not read.live:
-                    self._end(read)
+            if not read.finished and self.floors.left(read):
+                self._end(read)
         call.values = {}  # what its passes read leaves with its state
 
     def _end_floor_read(self, read: FloorRead) -> None:

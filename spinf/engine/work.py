@@ -3,7 +3,7 @@
 Three kinds (`Kind`): a `Call` is a ``/v1/score`` (or chat) body and leaves as its response; `RawJobs` are jobs a
 caller built (parity's whole prompts) and leave as their values; a floor read (`spinf.engine.floors.FloorRead`) is
 the loop's own read of floor keys for every call that waits on them. A work object is the caller's handle: the
-caller writes ``abandoned`` and nothing else, the loop the rest.
+caller writes ``abandoned`` (and the jobs of `RawJobs`, before adding them), the loop the rest.
 
 A call's state is split by writer. `Sent` is what the caller sent (frozen, made with the call). `Parsed` is what
 the parser made of it, the request or its refusal (frozen: made once, by `Engine.prepare` in a worker thread or by
@@ -227,3 +227,4 @@ class LoopStats:
     floor_hits: int  # floor keys served from the cache or from a read already under way
     floor_misses: int  # floor keys read in passes
     floor_entries: int
+    device_bytes: int | None = None  # device memory the engine holds now; None on the CPU, where it is not measured
