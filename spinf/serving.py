@@ -32,6 +32,15 @@ import trio
 from spinf.admission import Slot
 
 
+class WarmupStep(Protocol):
+    """One warm-up step (`spinf.engine.warm.Step`): call it to run it; ``part`` is the ``boot`` field its seconds
+    count in (``warmup_s`` or ``warmup_extract_s``)."""
+
+    part: str
+
+    def __call__(self) -> object: ...
+
+
 class ServedEngine(Protocol):
     """What the server's loader and warm-up use of `spinf.engine.Engine` (this module never imports the engine)."""
 
@@ -47,9 +56,7 @@ class ServedEngine(Protocol):
 
     loop: Any  # the engine loop: the warm-up takes the passes it ran off its ``pass_log``, as the packer does
 
-    # each step may name the ``boot`` field its seconds count in (``part``: ``warmup_s``, the default, or
-    # ``warmup_extract_s``; spinf.engine.warm.Step)
-    def warmup_steps(self, mode: str) -> list[Callable[[], object]]: ...
+    def warmup_steps(self, mode: str) -> list[WarmupStep]: ...
 
     def score(self, body: object) -> dict: ...
 

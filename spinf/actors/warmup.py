@@ -63,7 +63,7 @@ class Warmup:
                 for step in engine.warmup_steps(self.mode):
                     begun = trio.current_time()
                     await run_on_executor(self.executor, step)
-                    part = getattr(step, "part", "warmup_s")
+                    part = step.part
                     seconds[part] = seconds.get(part, 0.0) + trio.current_time() - begun
                     self._done += 1
                     self._passes += self._take_passes(engine)

@@ -8,6 +8,7 @@ import trio
 
 from spinf.actors.packer import Packer
 from spinf.engine.loop import LoopStats
+from spinf.engine.warm import Step
 from spinf.errors import ApiError
 from spinf.supervisor import ServerOptions
 
@@ -99,7 +100,7 @@ class FakeEngine:
         self.loop = FakeLoop(self)
 
     def warmup_steps(self, mode):
-        return [] if mode == "none" else [lambda: self.score({"messages": [{"content": "warm"}]})]
+        return [] if mode == "none" else [Step(lambda: self.score({"messages": [{"content": "warm"}]}))]
 
     def score(self, body):
         return {}
