@@ -10,7 +10,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from spinf.engine.gemma4.model import rms_norm, row_stable_mm
+from spinf.engine.gemm import row_stable_mm
+from spinf.engine.norm import rms_norm
 
 
 def same_rows(fn, a: torch.Tensor, b: torch.Tensor, keep: int) -> bool:

@@ -12,13 +12,16 @@ The attention of a branch token is computed as two partial softmaxes merged by l
 
 Neither part reads anything from another question, another job or the token's place in the stream, which is what
 makes a question's scores independent of whatever else shares the pass. This module is the plain torch version
-(CPU and reference); the GPU kernels must compute the same thing.
+(CPU and reference); the GPU kernels must compute the same thing. `attention_plan` turns a pass layout into the
+plan both stacks' layers read; `apply_rope` is the rotate-half rope of the Gemma decoder and of the vision towers.
 """
 
 from __future__ import annotations
 
 import attrs
 import torch
+
+from spinf.engine.layout import PassLayout, vision_groups
 
 NEG_INF = float("-inf")
 
@@ -66,6 +69,34 @@ class AttentionPlan:
             path_index=empty,
             path_mask=empty.bool(),
         )
+
+
+def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
+    """Tensors of a pass layout; paths padded to the deepest branch token of the pass."""
+    depth = max((len(p) for p in layout.paths), default=1)
+    index = [p + [0] * (depth - len(p)) for p in layout.paths]
+    mask = [[True] * len(p) + [False] * (depth - len(p)) for p in layout.paths]
+
+    def as_tensor(data, dtype, shape=None):
+        t = torch.tensor(data, dtype=dtype)
+        return (t.reshape(shape) if shape else t).to(device)
+
+    groups = vision_groups(layout)
+    return AttentionPlan(
+        positions=as_tensor(layout.positions, torch.long),
+        jobs=tuple(JobSpan(*span) for span in layout.spans),
+        branch_rows=as_tensor(layout.branch_rows, torch.long),
+        path_index=as_tensor(index, torch.long, (len(index), depth)),
+        path_mask=as_tensor(mask, torch.bool, (len(mask), depth)),
+        groups=None if groups is None else torch.from_numpy(groups).to(device),
+    )
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rope. x [N, heads, d]; cos, sin [N, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 @attrs.define(eq=False)

@@ -79,7 +79,7 @@ class EngineShape:
     max_tokens: int
     capture_tokens: int = 0  # the most prefix rows' worth one input's extraction slots may keep (0: no bound)
     capture_cost: object = None  # the decoder's `CaptureCost` (what a row and a prefix hold); None: rows alike
-    media_tokens: object = None  # the checkpoint's `spinf.engine.gemma4.embedders.MediaTokens`; None: no media
+    media_tokens: object = None  # the checkpoint's `spinf.engine.stack.MediaTokens`; None: it reads no media
     media_kinds: frozenset[str] = frozenset()  # the kinds whose embedders are loaded
     answer_codes: frozenset[int] | None = None  # a decision model's answer codes (A.15); None: any option
 

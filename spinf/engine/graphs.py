@@ -23,7 +23,7 @@ can check that it does.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import numpy as np
@@ -60,10 +60,20 @@ class _Graph:
     out: torch.Tensor  # [B, hidden]
 
 
+class Graphed(Protocol):
+    """A model whose fused passes a graph holds (the Gemma stack's)."""
+
+    def __call__(self, token_ids: torch.Tensor, plan: AttentionPlan) -> torch.Tensor: ...
+
+    def weights_key(self) -> tuple:
+        """What identifies the weights a graph reads: a new key drops the graphs captured on the old weights."""
+        ...
+
+
 class PassGraphs:
     """One captured stack per bucket; `run` replays one for a pass, or returns None (run it eagerly)."""
 
-    def __init__(self, model, device: torch.device, tile_sizes):
+    def __init__(self, model: Graphed, device: torch.device, tile_sizes):
         self.model, self.device, self.tile_sizes = model, device, sorted(set(tile_sizes))
         self._graphs: dict[int, _Graph] = {}
         self._pool = None
@@ -108,11 +118,8 @@ class PassGraphs:
         return bucket
 
     def _weights(self) -> tuple:
-        """What identifies the weights a graph reads: the tensors' addresses and types."""
-        model = self.model
-        layers = (model.layers[0], model.layers[-1])
-        fp8 = tuple(id(weight) for layer in layers for weight in layer.stored_weights())
-        return (model.embed.weight.data_ptr(), model.embed.weight.dtype, fp8, layers[-1].input_norm.data_ptr())
+        """What identifies the weights a graph reads (the model's `Graphed.weights_key`)."""
+        return self.model.weights_key()
 
     def _capture(self, bucket: int) -> _Graph:
         from spinf.engine.kernels.attention import KernelPlan

@@ -1,5 +1,6 @@
 """The LM head's precision modes (engine spec B.7, ``--lm-head``): which dtypes the tied-embedding product reads and
-writes. The head itself (chunking, soft-capping, log-sum-exp) is `Gemma4Text.option_logprobs` and ``read_logprobs``.
+writes. The head itself (chunking, soft-capping, log-sum-exp) is each stack's ``option_logprobs``, ``full_logprobs``
+and ``read_logprobs`` (`spinf.engine.stack.TextStack`); on a GPU both run read rows in chunks of `HEAD_ROWS`.
 
 | mode | operands | logits |
 |---|---|---|
@@ -20,6 +21,7 @@ from spinf.engine.gemm import row_stable_mm
 
 HEAD_MODES = ("f32out", "bf16", "fp32")
 DEFAULT_HEAD = "f32out"
+HEAD_ROWS = 128  # the GPU head runs read rows in chunks of exactly this many (one shape per product and reduction)
 
 
 def check_mode(mode: str) -> str:

@@ -33,7 +33,6 @@ import os
 import re
 from pathlib import Path
 
-from spinf.engine.gemma4.fp8_static import FUSED_PROJECTIONS, VALUES_PROJECTION
 from spinf.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,16 @@ CALIBRATE_COMMAND = "spinf-serve calibrate --corpus FILE"
 _COMMON_KEYS = ("revision", "scheme", "headroom", "created", "corpus", "amax", "amax_from", "scales")
 OUR_KEYS = frozenset(("format", "model", "environment", *_COMMON_KEYS))
 REFERENCE_KEYS = frozenset(("model_id", "calibrated_with", *_COMMON_KEYS))
+# The Gemma decoder's fused linears (what a table names) and the checkpoint projections each is made of, in order
+# (`spinf.engine.gemma4.fp8_static` reads a pre-quantized checkpoint by them); a layer whose keys serve as values has
+# no VALUES_PROJECTION.
+FUSED_PROJECTIONS = {
+    "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "wo": ("self_attn.o_proj",),
+    "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "w_down": ("mlp.down_proj",),
+}
+VALUES_PROJECTION = "self_attn.v_proj"
 # A checkpoint projection's name in the reference's tables (``layers.<i>.<projection>``) -> the engine's fused linear
 # it is part of.
 _LAYER_PART = re.compile(r"^(layers\.\d+)\.(.+)$")

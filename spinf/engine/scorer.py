@@ -20,15 +20,14 @@ import attrs
 import numpy as np
 import torch
 
-from spinf.engine.attention import AttentionPlan, Capture, JobSpan
-from spinf.engine.extraction.budget import capture_cost
+from spinf.engine.attention import AttentionPlan, Capture, attention_plan
 from spinf.engine.extraction.decoder import Captured, SlotStart
-from spinf.engine.gemma4.model import HEAD_ROWS, Gemma4Text
-from spinf.engine.layout import PassLayout, build_pass, vision_groups
+from spinf.engine.head import HEAD_ROWS
+from spinf.engine.layout import PassLayout, build_pass
 from spinf.engine.trie import Job
 
 if TYPE_CHECKING:
-    from spinf.engine.qwen35.model import Qwen35Text
+    from spinf.engine.stack import Embedders, TextStack
 
 # How running out of memory reads when torch raises a plain RuntimeError: the CPU allocator ("DefaultCPUAllocator:
 # can't allocate memory"), a CUDA call outside the caching allocator ("CUDA error: out of memory"), cuBLAS.
@@ -41,27 +40,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _OUT_OF_MEMORY)
-
-
-def attention_plan(layout: PassLayout, device: torch.device) -> AttentionPlan:
-    """Tensors of a pass layout; paths padded to the deepest branch token of the pass."""
-    depth = max((len(p) for p in layout.paths), default=1)
-    index = [p + [0] * (depth - len(p)) for p in layout.paths]
-    mask = [[True] * len(p) + [False] * (depth - len(p)) for p in layout.paths]
-
-    def as_tensor(data, dtype, shape=None):
-        t = torch.tensor(data, dtype=dtype)
-        return (t.reshape(shape) if shape else t).to(device)
-
-    groups = vision_groups(layout)
-    return AttentionPlan(
-        positions=as_tensor(layout.positions, torch.long),
-        jobs=tuple(JobSpan(*span) for span in layout.spans),
-        branch_rows=as_tensor(layout.branch_rows, torch.long),
-        path_index=as_tensor(index, torch.long, (len(index), depth)),
-        path_mask=as_tensor(mask, torch.bool, (len(mask), depth)),
-        groups=None if groups is None else torch.from_numpy(groups).to(device),
-    )
 
 
 @contextlib.contextmanager
@@ -87,9 +65,11 @@ def one_cpu_thread(device: torch.device):
 class Scorer:
     """Runs jobs on one model; single-threaded by design (the executor owns it)."""
 
-    def __init__(self, model: Gemma4Text | Qwen35Text, device: torch.device, *, graphs: bool = True, embedders=None):
+    def __init__(
+        self, model: TextStack, device: torch.device, *, graphs: bool = True, embedders: Embedders | None = None
+    ):
         """``graphs`` False: every pass runs eagerly, no CUDA graph is captured (the ``compile`` setting);
-        ``embedders`` the loaded `spinf.engine.gemma4.embedders.MediaEmbedders` (None: no media)."""
+        ``embedders`` the stack's loaded media embedders (None: no media)."""
         self.model = model
         self.device = device
         self.embedders = embedders
@@ -97,14 +77,11 @@ class Scorer:
         self._tile_rows: set[int] = set()
         self._decode_tiles: dict = {}  # a decode chunk's kernel tile tables, by its groups (`decode_plan`)
         # the prefix rows a recurrent layer keeps for the decoder (`CaptureCost.tail`); 0: every captured row
-        self._capture_tail = capture_cost(model).tail
+        self._capture_tail = model.capture_cost().tail
         self.graphs = None  # small passes replay CUDA graphs on a GPU (spinf.engine.graphs), unless not ``graphs``
         if device.type == "cuda":
-            from spinf.engine.graphs import PassGraphs
-
             self._tile_rows = model.tile_rows()
-            graphable = getattr(model, "graphable", True)  # the Qwen stack replays no graph yet
-            self.graphs = PassGraphs(model, device, self._tile_rows) if graphs and graphable else None
+            self.graphs = model.pass_graphs(device, self._tile_rows) if graphs else None
 
     def allocated_bytes(self) -> int | None:
         """Device memory held by live tensors; None on the CPU, where it is not measured."""

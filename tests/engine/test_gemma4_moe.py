@@ -24,9 +24,9 @@ from spinf.engine.attention import AttentionPlan
 from spinf.engine.gemma4 import fp8_static
 from spinf.engine.gemma4.config import read_text_config
 from spinf.engine.gemma4.loading import load_gemma4_text
-from spinf.engine.gemma4.tiny import tokenizer_files
 from spinf.engine.quant import AmaxRecorder
 from spinf.engine.scales import ScaleTableMismatch
+from spinf.engine.tiny_tokenizer import tokenizer_files
 from spinf.errors import ModelError
 from tests.engine import test_gemma4_31b as gemma31b
 from tests.engine import test_gemma4_small as small

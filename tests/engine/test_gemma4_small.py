@@ -30,8 +30,8 @@ from spinf.engine.attention import AttentionPlan
 from spinf.engine.gemma4 import fp8_static
 from spinf.engine.gemma4.config import parse_text_config, read_text_config
 from spinf.engine.gemma4.loading import load_gemma4_text
-from spinf.engine.gemma4.tiny import tokenizer_files
 from spinf.engine.loop import Call
+from spinf.engine.tiny_tokenizer import tokenizer_files
 from spinf.errors import ModelError
 from tests.engine import test_gemma4_31b as gemma31b
 from tests.engine import test_independence as independence

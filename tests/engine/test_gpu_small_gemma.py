@@ -28,10 +28,9 @@ import pytest
 import torch
 
 from spinf import Engine
-from spinf.engine.attention import AttentionPlan
+from spinf.engine.attention import AttentionPlan, attention_plan
 from spinf.engine.gemma4.loading import load_gemma4_text
 from spinf.engine.layout import build_pass
-from spinf.engine.scorer import attention_plan
 from spinf.engine.trie import Job
 from tests.engine import test_gpu_extraction as gpu_extraction
 from tests.engine import test_gpu_graphs as gpu_graphs

@@ -16,12 +16,18 @@ import torch
 triton = pytest.importorskip("triton")
 
 from spinf.engine import kernels  # noqa: E402
-from spinf.engine.attention import BIDIRECTIONAL_IN_WINDOW, BIDIRECTIONAL_OR, tree_attention  # noqa: E402
+from spinf.engine.attention import (  # noqa: E402
+    BIDIRECTIONAL_IN_WINDOW,
+    BIDIRECTIONAL_OR,
+    apply_rope,
+    attention_plan,
+    tree_attention,
+)
 from spinf.engine.gemma4.config import LayerSpec  # noqa: E402
-from spinf.engine.gemma4.model import apply_rope, rms_norm, rope_inv_freq  # noqa: E402
+from spinf.engine.gemma4.model import rope_inv_freq  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
+from spinf.engine.norm import rms_norm  # noqa: E402
 from spinf.engine.quant import quantize  # noqa: E402
-from spinf.engine.scorer import attention_plan  # noqa: E402
 from spinf.engine.trie import Job  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

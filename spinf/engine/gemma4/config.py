@@ -17,20 +17,19 @@ is refused by name rather than silently run without.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import attrs
 
 from spinf.catalog.resolve import read_config
+from spinf.engine.folder import check_sizes, config_in_file
 from spinf.errors import ModelError
 
 GEMMA4_TEXT_TYPES = ("gemma4_unified_text", "gemma4_text")
 GEMMA4_TYPES = ("gemma4_unified", "gemma4")
 # transformers' defaults where a key is absent (gemma4_text turns per-layer embeddings on by default)
 DEFAULTS = {"gemma4_text": {"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144}}
-T = TypeVar("T")
 
 
 @attrs.frozen
@@ -101,28 +100,6 @@ def _text_config(raw: dict) -> tuple[TextConfig, str]:
         if config[0].top_k_experts > config[0].num_experts:
             raise ModelError(f"top_k_experts = {config[0].top_k_experts} is more than num_experts")
     return config
-
-
-def config_in_file(path: Path, parse: Callable[[dict], T], raw: dict) -> T:
-    """``parse(raw)``, with any problem of the file's content a `ModelError` that names ``path``: a missing key or
-    a value of the wrong type otherwise surfaced as a bare ``KeyError 'hidden_size'`` or a torch error while the
-    model was built, with no word of which file was wrong."""
-    try:
-        return parse(raw)
-    except ModelError as exc:
-        raise ModelError(f"{path}: {exc}") from exc
-    except KeyError as exc:
-        raise ModelError(f"{path}: the key {exc.args[0]!r} is missing") from exc
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise ModelError(f"{path}: a value has the wrong type or form ({type(exc).__name__}: {exc})") from exc
-
-
-def check_sizes(config: object, names: Sequence[str]) -> None:
-    """`ModelError` for the first of ``names`` whose value is not a positive integer."""
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ModelError(f"{name} must be a positive integer, not {value!r}")
 
 
 def parse_text_config(raw: dict) -> TextConfig:

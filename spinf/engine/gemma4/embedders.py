@@ -29,6 +29,7 @@ from torch import nn
 
 from spinf.engine.attention import BIDIRECTIONAL_IN_WINDOW, BIDIRECTIONAL_NONE, BIDIRECTIONAL_OR
 from spinf.engine.gemm import stable_mm
+from spinf.engine.stack import MediaTokens
 from spinf.errors import ModelError
 
 LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which the vision embedder's three LayerNorms keep
@@ -42,19 +43,6 @@ DEFAULT_TOKENS = {
     "eoa_token_index": 258_883,
     "audio_token_id": 258_881,
 }
-
-
-@attrs.frozen
-class MediaTokens:
-    """The token ids around and inside a media item (A.14.1): start marker, placeholder, end marker."""
-
-    boi: int
-    eoi: int
-    image: int
-    video: int
-    boa: int | None = None
-    eoa: int | None = None
-    audio: int | None = None
 
 
 @attrs.frozen
@@ -161,7 +149,7 @@ def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """The scale-free RMSNorm before a multimodal projection, in fp32."""
-    from spinf.engine.gemma4.model import rms_norm
+    from spinf.engine.norm import rms_norm
 
     return rms_norm(x, None, eps)
 
@@ -220,7 +208,7 @@ def load_embedders(
 ) -> MediaEmbedders | None:
     """The embedders of the ``kinds`` asked (those the checkpoint has), their weights read from ``folder``; None
     when no kind is asked."""
-    from spinf.engine.gemma4.loading import read_tensors
+    from spinf.engine.folder import read_tensors
 
     want_vision = bool({"image", "video"} & kinds & config.kinds)
     want_audio = "audio" in kinds & config.kinds

@@ -30,6 +30,7 @@ import torch
 
 from spinf.engine.gemma4.config import GEMMA4_TYPES, LayerSpec, parse_text_config
 from spinf.engine.quant import Fp8Weight
+from spinf.engine.scales import FUSED_PROJECTIONS, VALUES_PROJECTION
 from spinf.errors import ModelError
 
 FORMAT = "fp8-static"
@@ -44,17 +45,6 @@ _ARGS = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True
 # inferred: neither is the layout unless written); for the last two a null means the default, as the reference reads it
 _DEFAULTS = {"num_bits": 8, "symmetric": True, "dynamic": False}
 _NULL_MEANS_DEFAULT = ("symmetric", "dynamic")
-
-
-# The engine's fused linears and the checkpoint projections each is made of, in order; a layer whose keys serve as
-# values has no VALUES_PROJECTION.
-FUSED_PROJECTIONS = {
-    "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "wo": ("self_attn.o_proj",),
-    "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    "w_down": ("mlp.down_proj",),
-}
-VALUES_PROJECTION = "self_attn.v_proj"
 
 
 def projections(spec: LayerSpec) -> dict[str, tuple[str, ...]]:

@@ -11,15 +11,14 @@ same: as transformers' loader does, this one leaves them unread).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from spinf.engine.folder import read_tensors
 from spinf.engine.gemma4 import fp8_static
 from spinf.engine.gemma4.config import LayerSpec, read_text_config
 from spinf.engine.gemma4.model import Gemma4Text
@@ -27,35 +26,6 @@ from spinf.engine.gemma4.moe import checkpoint_state
 from spinf.engine.head import DEFAULT_HEAD, check_mode
 from spinf.engine.schemes import SCHEMES
 from spinf.errors import ModelError
-
-
-def _open_shards(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"{index}: not a readable shard index ({type(exc).__name__}: {exc})") from exc
-        return [folder / n for n in names]
-    single = folder / "model.safetensors"
-    if not single.exists():
-        raise ModelError(f"{folder} holds no model.safetensors (nor a sharded index)")
-    return [single]
-
-
-def read_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under ``prefix``, memory-mapped; a shard safetensors refuses is a `ModelError` naming it (the
-    catalog's completeness check catches most before this, but not a file changed since or a folder given here)."""
-    tensors = {}
-    for shard in _open_shards(folder):
-        try:
-            with safe_open(str(shard), framework="pt") as f:
-                for key in f.keys():
-                    if key.startswith(prefix):
-                        tensors[key[len(prefix) :]] = f.get_tensor(key)
-        except (SafetensorError, OSError) as exc:
-            raise ModelError(f"{shard}: not a readable safetensors file ({exc})") from exc
-    return tensors
 
 
 def _layer_state(
@@ -172,16 +142,3 @@ def _load_per_layer(model: Gemma4Text, state: dict[str, torch.Tensor]) -> None:
     model.embed_per_layer.load_state_dict({"weight": state["embed_per_layer.weight"]}, assign=True)
     model.per_layer_model_proj.load_state_dict({"weight": state["per_layer_model_proj.weight"]}, assign=True)
     model.per_layer_proj_norm = nn.Parameter(state["per_layer_proj_norm"], requires_grad=False)
-
-
-def check_tower_weights(folder: Path, raw: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> None:
-    """A vision tower's weights ``raw`` (full names) against the ``shapes`` it is built from: a weight missing, of
-    another shape, or one this build does not read is a `ModelError` naming it."""
-    for name, shape in shapes.items():
-        if name not in raw:
-            raise ModelError(f"{folder}: the checkpoint lacks the vision tower weight {name!r}")
-        if tuple(raw[name].shape) != shape:
-            raise ModelError(f"{folder}: the vision tower weight {name!r} is {tuple(raw[name].shape)}, not {shape}")
-    unread = sorted(set(raw) - set(shapes))
-    if unread:
-        raise ModelError(f"{folder}: the checkpoint has a vision tower weight this build does not read, {unread[0]!r}")

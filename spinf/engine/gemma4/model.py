@@ -29,13 +29,16 @@ from spinf.engine.attention import (
     BIDIRECTIONAL_NONE,
     BIDIRECTIONAL_OR,
     AttentionPlan,
+    apply_rope,
     decode_attention,
     tree_attention,
 )
+from spinf.engine.extraction.budget import CaptureCost
 from spinf.engine.gemm import gpu_mm, row_stable_mm, stable_mm
 from spinf.engine.gemma4.config import LayerSpec, TextConfig
 from spinf.engine.gemma4.moe import MoeBlock
-from spinf.engine.head import DEFAULT_HEAD, head_logits, head_precision, head_rows, head_weight
+from spinf.engine.graphs import PassGraphs
+from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, head_logits, head_precision, head_rows, head_weight
 from spinf.engine.norm import rms_norm
 from spinf.engine.quant import Fp8Weight, fp8_matmul, quantize
 from spinf.engine.scales import ScaleTableMismatch
@@ -59,13 +62,6 @@ def rope_inv_freq(spec: LayerSpec) -> torch.Tensor:
     return torch.cat([inv, torch.zeros(half - rotated)])
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rope. x [N, heads, d]; cos, sin [N, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 def _plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` whose rows do not depend on the other rows, on either device: on a GPU in blocks of one
     fixed row count (`stable_mm`), since the row-count rule of `gpu_mm` was measured on the dense layers' shapes
@@ -74,7 +70,6 @@ def _plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
-HEAD_ROWS = 128  # the GPU head runs read rows in chunks of exactly this many (`Gemma4Text.option_logprobs`)
 
 
 class DecoderLayer(nn.Module):
@@ -416,6 +411,22 @@ class Gemma4Text(nn.Module):
     def pass_plan(self, layout, plan: AttentionPlan) -> AttentionPlan:
         """The plan the forward takes for ``layout``: the scorer's tree-attention plan, as it is."""
         return plan
+
+    def capture_cost(self) -> CaptureCost:
+        """What the decoder holds: every row's keys and values alike, nothing per prefix."""
+        per_token = self.kv_bytes_per_token()
+        return CaptureCost(per_token, per_token)
+
+    def pass_graphs(self, device: torch.device, tile_rows: set[int]) -> PassGraphs:
+        """The CUDA graphs of this model's small fused passes (`spinf.engine.graphs`)."""
+        return PassGraphs(self, device, tile_rows)
+
+    def weights_key(self) -> tuple:
+        """What identifies the weights a graph reads: the tensors' addresses and types (the first and last layers'
+        stored weights stand for all: a scheme applied after loading replaces every layer's)."""
+        layers = (self.layers[0], self.layers[-1])
+        fp8 = tuple(id(weight) for layer in layers for weight in layer.stored_weights())
+        return (self.embed.weight.data_ptr(), self.embed.weight.dtype, fp8, layers[-1].input_norm.data_ptr())
 
     def runs_fused(self) -> bool:
         """Whether a pass with a kernel plan takes the fused GPU path: bf16 activations, no calibration observer

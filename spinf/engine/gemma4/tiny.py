@@ -14,14 +14,12 @@ initialisers.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from huggingface_hub import constants as hub_constants
 from safetensors.torch import save as save_safetensors
 
 from spinf.catalog import Checkpoint, ResolvedModel, TinySnapshotMissing, find_checkpoint, generated_checkpoint
+from spinf.engine.tiny_tokenizer import json_bytes, tokenizer_bytes, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -120,25 +119,7 @@ _EMBEDDING_STD = 0.35
 # Gemma 4 norms multiply by the weight itself (not 1 + weight), so the weights sit around 1.
 _NORM_STD = 0.1
 
-_SPECIAL_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
-# No add_bos_token: the <bos> comes from the template in tokenizer.json, and the flag would make transformers
-# rebuild that template its own way.
-_TOKENIZER_CONFIG = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    **_SPECIAL_TOKENS,
-    "clean_up_tokenization_spaces": False,
-    "model_max_length": 131072,
-}
 _GENERATION_CONFIG = {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
-
-
-def _json_bytes(value: Mapping[str, Any]) -> bytes:
-    return (json.dumps(value, indent=2) + "\n").encode("utf-8")
-
-
-def _tokenizer_bytes() -> bytes:
-    """The packaged tokenizer.json (trained by contrib/train_tiny_tokenizer.py)."""
-    return (resources.files("spinf.catalog") / "tiny_gemma4" / "tokenizer.json").read_bytes()
 
 
 def _revision(config_json: bytes, tokenizer_json: bytes) -> str:
@@ -150,7 +131,7 @@ def _revision(config_json: bytes, tokenizer_json: bytes) -> str:
     return digest.hexdigest()
 
 
-TINY_REVISION = _revision(_json_bytes(SNAPSHOT_CONFIG), _tokenizer_bytes())
+TINY_REVISION = _revision(json_bytes(SNAPSHOT_CONFIG), tokenizer_bytes())
 
 
 def tiny_weight_shapes(config: Mapping[str, Any] = TINY_CONFIG) -> dict[str, tuple[int, ...]]:
@@ -310,20 +291,11 @@ def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch
     return normal / math.sqrt(shape[1])
 
 
-def tokenizer_files() -> dict[str, bytes]:
-    """The snapshot's tokenizer files, by name (the tiny Qwen3.5 twin ships the same ones)."""
-    return {
-        "special_tokens_map.json": _json_bytes(_SPECIAL_TOKENS),
-        "tokenizer.json": _tokenizer_bytes(),
-        "tokenizer_config.json": _json_bytes(_TOKENIZER_CONFIG),
-    }
-
-
 def snapshot_files() -> dict[str, bytes]:
     """Every file of the snapshot, by name; the same bytes on every call."""
     return {
-        "config.json": _json_bytes(SNAPSHOT_CONFIG),
-        "generation_config.json": _json_bytes(_GENERATION_CONFIG),
+        "config.json": json_bytes(SNAPSHOT_CONFIG),
+        "generation_config.json": json_bytes(_GENERATION_CONFIG),
         "model.safetensors": save_safetensors(snapshot_state_dict(), metadata={"format": "pt"}),
         **tokenizer_files(),
     }

@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spinf.engine.attention import apply_rope
+from spinf.engine.folder import check_tower_weights, read_tensors
 from spinf.engine.gemm import stable_mm
-from spinf.engine.gemma4.loading import check_tower_weights, read_tensors
-from spinf.engine.gemma4.model import apply_rope, rms_norm
+from spinf.engine.norm import rms_norm
 from spinf.errors import ModelError
 
 BLOCK = 48  # the side of a `VisionItem` block (spinf.media.tokens.BLOCK; the engine does not import spinf.media)

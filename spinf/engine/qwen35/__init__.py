@@ -7,5 +7,5 @@ and reads the i8 mode's outlier table (ours or spinf-serve 0.1.1's), `int4_write
 the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine; `tiny` writes the
 tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
 `chunked` runs a long fixed prefix through flash-linear-attention's chunked delta rule. Extraction's decode
-steps replay CUDA graphs; the scoring passes do not yet (`graphable` is off), and there is no fused GPU path.
+steps replay CUDA graphs; the scoring passes do not yet (`Qwen35Text.pass_graphs`), and there is no fused GPU path.
 """

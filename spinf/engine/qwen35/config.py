@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.gemma4.config import check_sizes, config_in_file
+from spinf.engine.folder import check_sizes, config_in_file
 from spinf.errors import ModelError
 
 QWEN35_TYPES = {"qwen3_5": "model.language_model.", "qwen3_5_text": "model."}  # model type -> text weight prefix

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
 from spinf.engine.qwen35.int4 import BITS, GROUP, STORED_ZEROS, WHOLE_ROW, ZERO

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spinf.catalog.resolve import read_config
-from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.folder import read_tensors
 from spinf.engine.hardware import INT4_FORMAT, INT4_PREFIX
 from spinf.engine.head import DEFAULT_HEAD
 from spinf.engine.qwen35 import readout

@@ -13,8 +13,8 @@ from pathlib import Path
 import attrs
 import torch
 
-from spinf.engine.gemma4.embedders import MediaTokens
 from spinf.engine.qwen35.vision import QwenVisionTower, load_vision_tower, read_vision_config
+from spinf.engine.stack import MediaTokens
 
 KINDS = frozenset({"image", "video"})
 
@@ -41,7 +41,7 @@ def read_qwen_media(folder: str | Path) -> QwenMedia | None:
 
 @attrs.define
 class QwenEmbedders:
-    """The loaded vision tower, in the scorer's embedders' place (`spinf.engine.gemma4.embedders.MediaEmbedders`)."""
+    """The loaded vision tower, in the scorer's embedders' place (`spinf.engine.stack.Embedders`)."""
 
     tower: QwenVisionTower
     kinds: frozenset[str] = KINDS

@@ -42,15 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spinf.engine.attention import AttentionPlan, DecodeKV, decode_attention, tree_attention
+from spinf.engine.attention import AttentionPlan, DecodeKV, attention_plan, decode_attention, tree_attention
+from spinf.engine.folder import read_tensors
 from spinf.engine.gemm import stable_mm
-from spinf.engine.gemma4.loading import read_tensors
-from spinf.engine.gemma4.model import HEAD_ROWS
-from spinf.engine.head import DEFAULT_HEAD, check_mode, head_logits, head_precision, head_weight
+from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, check_mode, head_logits, head_precision, head_weight
 from spinf.engine.layout import PassLayout
 from spinf.engine.qwen35.chunked import cut_rows, fixed_segments, plan_calls, run_chunked
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
-from spinf.engine.scorer import attention_plan
 from spinf.errors import ModelError
 
 # Elementwise exp/sigmoid/softplus/cos run vectorised in blocks and finish a tensor's last elements with scalar code
@@ -714,10 +712,12 @@ class Qwen35Text(nn.Module):
             return "readout fp32"
         return f"lm_head {head_precision(self.head_mode, self.lm_head.dtype)}"
 
-    graphable = False  # no CUDA graphs on this stack yet (the scorer builds none)
-
     def runs_fused(self) -> bool:
-        return False  # no fused GPU path and no CUDA graphs on this stack yet: every pass runs eagerly
+        return False  # no fused GPU path on this stack yet
+
+    def pass_graphs(self, device: torch.device, tile_rows: set[int]) -> None:
+        """None: no CUDA graphs replay this stack's scoring passes yet (every pass runs eagerly)."""
+        return None
 
     def capture_cost(self):
         """What the decoder holds (`spinf.engine.extraction.budget.CaptureCost`): a prefix row only in the attention

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from spinf.engine.gemma4.tiny import tokenizer_files
+from spinf.engine.tiny_tokenizer import tokenizer_files
 
 TINY_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3_5_text",

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.catalog.resolve import read_config
+from spinf.engine.attention import apply_rope
+from spinf.engine.folder import check_tower_weights, read_tensors
 from spinf.engine.gemm import stable_mm
-from spinf.engine.gemma4.loading import check_tower_weights, read_tensors
-from spinf.engine.gemma4.model import apply_rope
 from spinf.errors import ModelError
 
 VISUAL_PREFIX = "model.visual."

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-from spinf.engine.gemma4.tiny import tokenizer_files
+from spinf.engine.tiny_tokenizer import tokenizer_files
 from tests.engine.oracle import Oracle
 from tests.engine.test_oracle import check_combination, chosen_queries
 

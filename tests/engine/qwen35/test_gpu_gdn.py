@@ -373,10 +373,9 @@ def test_a_sequence_gets_the_same_bits_from_fla_whatever_shares_its_call():
 
 @pytest.mark.gpu
 def test_the_tree_attention_kernel_runs_the_27b_attention_shape():
-    from spinf.engine.attention import tree_attention
+    from spinf.engine.attention import attention_plan, tree_attention
     from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel
     from spinf.engine.qwen35.model import Attention
-    from spinf.engine.scorer import attention_plan
 
     layout = build_pass(several_jobs(300))
     n, config = layout.num_tokens, Attention.kernel_config(256, 6)

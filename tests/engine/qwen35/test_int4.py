@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.int4 import (
     ACT_BLOCK,

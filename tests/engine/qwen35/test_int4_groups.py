@@ -17,8 +17,7 @@ import torch
 
 from contrib.loadtest.harness import ServerProcess
 from spinf import Engine
-from spinf.engine.gemma4.loading import read_tensors
-from spinf.engine.gemma4.tiny import tokenizer_files
+from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.config import read_qwen35_config
 from spinf.engine.qwen35.int4 import MODES, GptqConfig, int4_linears, read_gptq_config, unpack_gptq
@@ -26,6 +25,7 @@ from spinf.engine.qwen35.int4_write import quantized_names, write_gptq_checkpoin
 from spinf.engine.qwen35.model import load_qwen35
 from spinf.engine.qwen35.outliers import read_outliers
 from spinf.engine.scorer import one_cpu_thread
+from spinf.engine.tiny_tokenizer import tokenizer_files
 from spinf.errors import ModelError
 from tests.engine.qwen35.hf_checkpoint import check_scores, oracle_of, write_transformers_qwen35
 from tests.engine.qwen35.test_int4 import gptq_formula, job, write_dequantized

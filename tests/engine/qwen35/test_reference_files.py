@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spinf import Engine
-from spinf.engine.gemma4.loading import read_tensors
+from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.int4 import int4_linears
 from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
