@@ -15,10 +15,10 @@ from spinf.catalog.checkpoint import (
     download_model,
     find_checkpoint,
     generated_checkpoint,
-    snapshot_problem,
 )
 from spinf.catalog.manifest import Catalog, ImageSpec, Manifest, Source, load_catalog
 from spinf.catalog.resolve import DEFAULT_MODEL, ResolvedModel, detect_family, resolve_model
+from spinf.catalog.snapshot import snapshot_problem
 
 __all__ = [
     "DEFAULT_MODEL",

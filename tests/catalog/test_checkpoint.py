@@ -22,7 +22,7 @@ from spinf.catalog import (
     generated_checkpoint,
     resolve_model,
 )
-from spinf.catalog.checkpoint import safetensors_problem, snapshot_problem
+from spinf.catalog.snapshot import safetensors_problem, snapshot_problem
 from spinf.errors import ModelError
 
 from .hub import LLAMA_CONFIG, QWEN_CONFIG, rewrite_header, truncate, write_checkpoint, write_local_dir, write_snapshot
