@@ -21,10 +21,10 @@ import torch
 
 from spinf._version import __version__
 from spinf.catalog import ResolvedModel, resolve_model
+from spinf.catalog.manifest import TINY_REPO
 from spinf.engine import hostgc, identity, warm
 from spinf.engine.compiler import EngineShape
 from spinf.engine.extractor import Extractor, cpu_context
-from spinf.engine.gemma4.tiny import TINY_MODEL_ID
 from spinf.engine.loop import EngineLoop
 from spinf.engine.opening import engine_settings, eos_ids, open_model
 from spinf.engine.results import usage
@@ -100,7 +100,7 @@ class Engine:
 
     def __init__(
         self,
-        model: str | None = TINY_MODEL_ID,
+        model: str | None = TINY_REPO,
         *,
         device: str = "cpu",
         limits: Limits | None = None,
@@ -177,8 +177,7 @@ class Engine:
             capture_cost=self.extractor.cost if self.extractor else None,
             media_tokens=opened.media_tokens,
             media_kinds=self.features.media & self.embedders.kinds if self.embedders else frozenset(),
-            # a decision model's answer codes: its readout head's (a Qwen3.5 decider has one, `open_model` checks)
-            answer_codes=frozenset(self.model.readout.token_ids) if opened.decider else None,
+            answer_codes=opened.answer_codes,
         )
         self.max_pass_s = pass_bound(max_pass_s, self.device)
         # every caller's work reaches the device through this one loop (spinf.engine.loop)

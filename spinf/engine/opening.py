@@ -42,6 +42,7 @@ from spinf.engine.qwen35.media import QwenMedia, load_qwen_embedders, read_qwen_
 from spinf.engine.qwen35.readout import has_readout
 from spinf.engine.scales import ScaleTableMismatch, find_table, missing_table_error, read_scale_table, stored_table
 from spinf.engine.schemes import SCHEMES
+from spinf.engine.stack import Embedders, MediaTokens, TextStack
 from spinf.errors import ModelError
 from spinf.settings import EngineSettings, Features
 
@@ -66,19 +67,21 @@ class OpenedModel:
     """A model opened for an engine: the model resolved (at the ``revision`` setting), its checkpoint, the scheme,
     the stack's model with the embedders of the media kinds switched on (None: none, or none asked), what the model
     does (``features``: the switches narrowed, `model_features`), whether it is a decision model (a readout head),
-    the media kinds and tokens its checkpoint reads (``media_tokens`` None: none), and under fp8s the scale table's
-    id (part 8 of the fingerprint, api spec §11)."""
+    the media kinds and tokens its checkpoint reads (``media_tokens`` None: none), under fp8s the scale table's id
+    (part 8 of the fingerprint, api spec §11), and a decision model's answer codes, its readout head's (None: any
+    option)."""
 
     resolved: ResolvedModel
     checkpoint: Checkpoint
     quant: str
-    model: object
-    embedders: object | None
+    model: TextStack
+    embedders: Embedders | None
     features: Features
     decider: bool
     media: frozenset[str]
-    media_tokens: object | None
+    media_tokens: MediaTokens | None
     scale_table: str | None
+    answer_codes: frozenset[int] | None = None
 
 
 def engine_settings(resolved: ResolvedModel, device: str, given: dict) -> EngineSettings:
@@ -166,7 +169,9 @@ def _open_qwen(
     if reads is not None and features.media:  # --media none loads none: less memory
         embedders = load_qwen_embedders(folder, device=settings.device, dtype=model.embed.dtype)
     tokens = reads.tokens if reads else None
-    return OpenedModel(resolved, checkpoint, quant, model, embedders, features, decider, media, tokens, None)
+    # a decider has a readout head: `load_for_engine` refuses one without
+    codes = frozenset(model.readout.token_ids) if decider else None
+    return OpenedModel(resolved, checkpoint, quant, model, embedders, features, decider, media, tokens, None, codes)
 
 
 def _media(resolved: ResolvedModel, reads: MediaConfig | QwenMedia | None) -> frozenset[str]:
