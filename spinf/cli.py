@@ -1,7 +1,7 @@
 """The ``spinf-serve`` command (also ``python -m spinf``): argument parsing and dispatch; no logic of its own.
 
-Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.supervisor``, after refusing an address it cannot listen on,
-``spinf.supervisor.bind_sockets``, what the manifest, the settings and the device decide,
+Commands: ``serve [MODEL]`` (the HTTP server, ``spinf.server.supervisor``, after refusing an address it cannot
+listen on, ``spinf.server.supervisor.bind_sockets``, what the manifest, the settings and the device decide,
 ``spinf.engine.opening.check_before_lookup``, and a model name that resolves to nothing,
 ``spinf.catalog.checkpoint.check_findable``), ``score REQUEST [MODEL]`` (``spinf.bulk``), ``config`` (the
 effective settings with their origins, or ``--toml`` for a config file that reproduces them), ``download MODEL``
@@ -24,9 +24,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from spinf import start_signals
 from spinf._version import __version__
 from spinf.errors import SpinfError
+from spinf.server import start_signals
 
 if TYPE_CHECKING:
     from spinf.settings import Settings
@@ -164,14 +164,14 @@ def _serve(args: argparse.Namespace) -> int:
     key outside its section, a reference setting with no effect here) is logged first, once."""
     settings = _settings(args)
     if settings.notes:
-        from spinf.logs import configure
+        from spinf.server.logs import configure
         from spinf.settings import log_notes
 
         configure(settings.server.log_format)
         log_notes(settings)
-    from spinf.supervisor import ServerOptions, bind_sockets, run
+    from spinf.server.supervisor import bind_sockets, run
 
-    sockets = bind_sockets(ServerOptions.from_settings(settings))  # an address in use: one line, before any load
+    sockets = bind_sockets(settings.server)  # an address in use: one line, before any load
     from spinf.catalog import resolve_model
     from spinf.catalog.checkpoint import check_findable
     from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
@@ -324,7 +324,7 @@ _COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     # first, before the heavy imports: a SIGHUP or SIGTERM while `serve` starts must not end it without a word
-    # (spinf.start_signals). Only `serve`: a hang-up still ends `score` as any terminal command.
+    # (spinf.server.start_signals). Only `serve`: a hang-up still ends `score` as any terminal command.
     words = sys.argv[1:] if argv is None else argv
     handled = words[:1] == ["serve"] and start_signals.install()
     try:

@@ -1,4 +1,4 @@
-"""Admission slots and paced refusals (spinf.admission), under the mock clock: exact turns, hand-offs in arrival
+"""Admission slots and paced refusals (spinf.server.admission), under the mock clock: exact turns, hand-offs in arrival
 order, shares by caller, cancels."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from spinf.admission import COST_BYTES, GRACE_S, PATIENCE_S, Admission
+from spinf.server.admission import COST_BYTES, GRACE_S, PATIENCE_S, Admission
 
 
 async def refuse_all(admission: Admission, count: int, body_bytes: int = 0) -> list[tuple[int, float, object]]:

@@ -16,17 +16,17 @@ import pytest
 import spinf.bulk
 import spinf.catalog
 import spinf.cli
-import spinf.logs
-import spinf.supervisor
+import spinf.server.logs
+import spinf.server.supervisor
 from spinf._version import __version__
 from spinf.cli import main
 from spinf.errors import ConfigError, ModelError
-from spinf.settings import SETTING, SETTINGS, load_settings
+from spinf.settings import SETTING, SETTINGS, ServerSettings, load_settings
 from tests.settings_samples import SAMPLES, flag_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MANIFEST_DEFAULTS = spinf.cli._manifest_defaults
-BIND_SOCKETS = spinf.supervisor.bind_sockets  # the real one; the fixture below replaces it
+BIND_SOCKETS = spinf.server.supervisor.bind_sockets  # the real one; the fixture below replaces it
 MANIFEST = {
     "served_model": "acme/served",
     "model_id": "acme/repo",
@@ -44,9 +44,10 @@ def hermetic(monkeypatch):
     for name in [name for name in os.environ if name.startswith("SPINF_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(spinf.cli, "_manifest_defaults", lambda model: MANIFEST)
-    monkeypatch.setattr(spinf.logs, "configure", lambda log_format: None)  # `serve` with notes: pytest's handlers stay
+    # `serve` with notes: pytest's handlers stay
+    monkeypatch.setattr(spinf.server.logs, "configure", lambda log_format: None)
     # `serve` in-process binds no port (the default 8000 may be anyone's); the subprocess tests bind for real
-    monkeypatch.setattr(spinf.supervisor, "bind_sockets", lambda options: None)
+    monkeypatch.setattr(spinf.server.supervisor, "bind_sockets", lambda options: None)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -206,11 +207,13 @@ def test_config_shows_the_reference_settings_with_no_effect_and_warns_of_those_g
 
 
 def test_serve_logs_the_notes_once_before_the_server_starts(capsys, monkeypatch, caplog):
-    import spinf.supervisor
+    import spinf.server.supervisor
 
     formats, started = [], []
-    monkeypatch.setattr(spinf.logs, "configure", formats.append)  # the log set-up the server would make
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: started.append(list(caplog.messages)) or 0)
+    monkeypatch.setattr(spinf.server.logs, "configure", formats.append)  # the log set-up the server would make
+    monkeypatch.setattr(
+        spinf.server.supervisor, "run", lambda settings, **_: started.append(list(caplog.messages)) or 0
+    )
     monkeypatch.setenv("SPINF_PREFETCH", "6")
     monkeypatch.setenv("SPINF_X_BEAM", "6")
     with caplog.at_level(logging.WARNING, logger="spinf.settings"):
@@ -247,10 +250,10 @@ def test_a_model_error_is_one_line_and_status_2(capsys, monkeypatch):
 
 
 def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
-    import spinf.supervisor
+    import spinf.server.supervisor
 
     calls = []
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, reload_settings, sockets: calls.append(
+    monkeypatch.setattr(spinf.server.supervisor, "run", lambda settings, reload_settings, sockets: calls.append(
         (settings, reload_settings)) or 0)  # fmt: skip
     code, out, err = run(capsys, "serve", "tiny", "--device", "cpu", "--port", "9001", "--debug")
     assert (code, out, err) == (0, "", "")
@@ -265,10 +268,10 @@ def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypat
     """The default device is cuda:0: without a GPU the start is refused at once, not by a server whose load fails."""
     import torch
 
-    import spinf.supervisor
+    import spinf.server.supervisor
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
+    monkeypatch.setattr(spinf.server.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
     code, out, err = run(capsys, "serve", "tiny", "--port", "9001")
     assert (code, out) == (2, "")
     assert err == (
@@ -278,9 +281,9 @@ def test_serve_refuses_what_the_device_decides_before_starting(capsys, monkeypat
 
 
 def test_serve_refuses_bad_settings_before_starting(capsys, monkeypatch):
-    import spinf.supervisor
+    import spinf.server.supervisor
 
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
+    monkeypatch.setattr(spinf.server.supervisor, "run", lambda settings, **_: pytest.fail("the server must not start"))
     code, out, err = run(capsys, "serve", "--port", "http")
     assert (code, out) == (2, "")
     assert err.startswith("spinf-serve: server.port (flag --port): ") and err.count("\n") == 1
@@ -454,12 +457,12 @@ def test_python_m_spinf_exits_with_status_2_and_one_line_on_a_bad_setting(tmp_pa
 
 
 def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(capsys, monkeypatch):
-    import spinf.supervisor
+    import spinf.server.supervisor
 
     def interrupted(settings, **_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(spinf.supervisor, "run", interrupted)
+    monkeypatch.setattr(spinf.server.supervisor, "run", interrupted)
     assert main(["serve", "tiny", "--device", "cpu"]) == 130
     assert capsys.readouterr().err == "spinf-serve: interrupted\n"
 
@@ -481,11 +484,11 @@ def test_model_id_with_no_model_selects_the_checkpoint_through_the_catalog(capsy
 
 
 def test_serve_serves_the_model_id_when_no_model_is_named(capsys, monkeypatch):
-    import spinf.supervisor
+    import spinf.server.supervisor
 
     monkeypatch.setattr(spinf.cli, "_manifest_defaults", REAL_MANIFEST_DEFAULTS)
     calls = []
-    monkeypatch.setattr(spinf.supervisor, "run", lambda settings, **_: calls.append(settings) or 0)
+    monkeypatch.setattr(spinf.server.supervisor, "run", lambda settings, **_: calls.append(settings) or 0)
     monkeypatch.setenv("SPINF_MODEL_ID", "tiny")
     assert run(capsys, "serve", "--device", "cpu") == (0, "", "")
     ((settings,),) = [calls]
@@ -573,12 +576,12 @@ def test_of_two_starts_bound_to_one_port_the_second_to_listen_is_refused_in_one_
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    options = spinf.supervisor.ServerOptions(host="127.0.0.1", port=port)
+    options = ServerSettings(host="127.0.0.1", port=port)
     first, second = BIND_SOCKETS(options), BIND_SOCKETS(options)
     try:
-        spinf.supervisor.start_listening(options, first)
+        spinf.server.supervisor.start_listening(options, first)
         with pytest.raises(ConfigError, match=rf"^cannot listen on 127\.0\.0\.1:{port}: address already in use "):
-            spinf.supervisor.start_listening(options, second)
+            spinf.server.supervisor.start_listening(options, second)
     finally:
         for sock in (*first.insecure_sockets, *second.insecure_sockets):
             sock.close()

@@ -28,7 +28,7 @@ from referencing.jsonschema import DRAFT202012
 import spinf
 from contrib.loadtest.harness import ServerProcess, tiny_cache
 from spinf.decisions import plan_decisions
-from spinf.openapi import openapi_document
+from spinf.server.openapi import openapi_document
 from tests.media.fixtures import b64, image_bytes, noise_image
 
 TOKEN = "tok"

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from spinf.catalog import resolve_model
-from spinf.supervisor import serve
+from spinf.server.supervisor import serve
 from tests.server.fakes import models_entry, options
 
 BODY = {"model": "tiny", "input": "Refund me.", "questions": [{"type": "predicate", "instructions": "A refund."}]}

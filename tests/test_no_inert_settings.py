@@ -1,14 +1,13 @@
 """No setting is accepted and then ignored (issue 12 item 6): each one changes what ``spinf-serve serve`` builds.
 
-`spinf.supervisor.run` is run for real up to the point where it would serve, with the server, the log set-up, the
-engine class and the pack catalog's reader replaced by recorders: what it hands the server (`ServerOptions`, the
+`spinf.server.supervisor.run` is run for real up to the point where it would serve, with the server, the log set-up,
+the engine class and the pack catalog's reader replaced by recorders: what it hands the server (`ServerOptions`, the
 ``/v1/models`` entry), the keyword arguments the engine is built with (`Engine.from_settings`), the log format, the
-start-up log lines and the arguments the pack catalog is read with (at start, and on a reload). A
-setting whose first sample (tests/settings_samples.py) changes none of these is inert. A setting whose feature is
-not built yet takes only its default (tests/test_settings.py), so no value of it can be ignored. A setting of the
-reference that this engine has no knob for (`Setting.no_effect`, api spec §9.1) must change none of these, and must
-be reported instead: given in any layer, it gets a start-up line saying it has no effect here, and why (`serve` logs
-it: tests/test_cli.py).
+start-up log lines and the arguments the pack catalog is read with (at start, and on a reload). A setting whose first
+sample (tests/settings_samples.py) changes none of these is inert. A setting whose feature is not built yet takes only
+its default (tests/test_settings.py), so no value of it can be ignored. A setting of the reference that this engine has
+no knob for (`Setting.no_effect`, api spec §9.1) must change none of these, and must be reported instead: given in any
+layer, it gets a start-up line saying it has no effect here, and why (`serve` logs it: tests/test_cli.py).
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ import logging
 import attrs
 import pytest
 
+import spinf.actors.pack_syncer
 import spinf.engine.engine
-import spinf.logs
-import spinf.supervisor
+import spinf.server.logs
+import spinf.server.supervisor
 from spinf.packs.catalog import Catalog
 from spinf.settings import SETTING, SETTINGS, Settings, load_settings
 from tests.settings_samples import SAMPLES, env_text
@@ -55,14 +55,15 @@ def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
         handed.update(options=options, engine=load().kwargs, models_entry=attrs.evolve(models_entry, created=0))
         return 0
 
-    monkeypatch.setattr(spinf.logs, "configure", lambda log_format: handed.update(log_format=log_format))
+    monkeypatch.setattr(spinf.server.logs, "configure", lambda log_format: handed.update(log_format=log_format))
     monkeypatch.setattr(spinf.engine.engine, "Engine", EngineRecorder)
-    monkeypatch.setattr(spinf.supervisor.trio, "run", fake_run)
-    monkeypatch.setattr(spinf.supervisor, "read_catalog", fake_read_catalog)
+    monkeypatch.setattr(spinf.server.supervisor.trio, "run", fake_run)
+    monkeypatch.setattr(spinf.actors.pack_syncer, "read_catalog", fake_read_catalog)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="spinf.supervisor"):
-        assert spinf.supervisor.run(settings) == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "spinf.supervisor"]
+    with caplog.at_level(logging.INFO, logger="spinf"):
+        assert spinf.server.supervisor.run(settings) == 0
+    starts = ("spinf.server.supervisor", "spinf.actors.pack_syncer")  # the pack catalog's start is the syncer's
+    lines = [r.getMessage() for r in caplog.records if r.name in starts]
     reads = [(args, {k: v for k, v in kwargs.items() if k != "environ"}) for args, kwargs in catalog_reads]
     return handed["options"], handed["engine"], handed["models_entry"], handed["log_format"], lines, reads
 

@@ -1,4 +1,5 @@
-"""Signals during a start (issue 33 item 1), sent to a real ``spinf-serve serve`` process (`spinf.start_signals`).
+"""Signals during a start (issue 33 item 1), sent to a real ``spinf-serve serve`` process
+(`spinf.server.start_signals`).
 
 The handlers exist from the first line of ``main``; before that only the interpreter itself runs (about 50 ms), and
 a signal then still gets Python's default. Each test therefore waits until the process catches SIGHUP (its

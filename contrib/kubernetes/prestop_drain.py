@@ -31,7 +31,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from spinf.serving import set_draining
+from spinf.server.drain_marker import set_draining
 
 POLL_S = 0.25
 PROBES = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})  # answered to the orchestrator, not to callers

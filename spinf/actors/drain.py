@@ -6,7 +6,7 @@ Shutdown is this actor's, under **one deadline** (``shutdown_s``) from the first
 moves the lifecycle to stopping (scoring calls get 503 with ``Retry-After``, ``/readyz`` answers 503, every answer
 closes its connection, a request body still arriving is answered at once), answers the refusals still waiting their
 turn (``on_stop``), waits until no call is in flight, then sets ``shutdown`` so the HTTP server closes its listener
-and its idle connections (`spinf.http11.serve`). No wait here has a timer of its own: a call still waiting
+and its idle connections (`spinf.server.http11.serve`). No wait here has a timer of its own: a call still waiting
 `answer_s` before the deadline is answered 503 (`Lifecycle.until_answer_due`), so it gets an answer rather than
 nothing, and when the deadline passes the scope cancels whatever is left.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from spinf.serving import InFlight, Lifecycle
+from spinf.server.lifecycle import InFlight, Lifecycle
 
 log = logging.getLogger(__name__)
 EXIT_DEGRADED = 70
@@ -35,12 +35,6 @@ def answer_s(deadline_s: float) -> float:
     """How long before the shutdown's deadline the calls still waiting are answered: `ANSWER_S`, or a tenth of a
     shorter deadline."""
     return min(ANSWER_S, deadline_s / 10)
-
-
-@attrs.frozen
-class DrainStats:
-    stopping: bool
-    in_flight: int
 
 
 @attrs.define
@@ -55,7 +49,7 @@ class DrainController:
     in_flight: InFlight
     shutdown: trio.Event
     deadline: trio.CancelScope  # the one shutdown deadline; the supervisor enters it, `stop` sets it
-    deadline_s: float = 30.0
+    deadline_s: float  # the settings' shutdown_s
     exit_on_leak: bool = True
     on_stop: Callable[[], None] = lambda: None
     exit_code: int = 0
@@ -102,6 +96,3 @@ class DrainController:
     def cut(self) -> bool:
         """The shutdown's deadline has passed: what was still running then was cancelled (read once it is over)."""
         return trio.current_time() >= self.deadline.deadline
-
-    def statistics(self) -> DrainStats:
-        return DrainStats(self.lifecycle.is_stopping, self.in_flight.count)

@@ -13,7 +13,7 @@ import attrs
 import outcome
 import trio
 
-from spinf.serving import ExecJob
+from spinf.server.messages import ExecJob
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,9 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from spinf.serving import EngineFacts, ExecJob, Lifecycle, ServedEngine, run_on_executor
+from spinf.server.lifecycle import Lifecycle
+from spinf.server.messages import ExecJob, run_on_executor
+from spinf.server.served import EngineFacts, ServedEngine
 
 log = logging.getLogger(__name__)
 

@@ -12,24 +12,32 @@ reload, and one missing then and still missing is no reason to refuse it.
 Reloads run one at a time. A request that arrives while one runs waits, and every request waiting when it ends is
 answered by one next reload (it reads the sources after all of them asked, so each sees its edit): they are
 coalesced, and each reply counts the requests it answered. In the server a reload reads the pack settings again
-first (`spinf.supervisor.start_packs`): a config file edited since the start may add, remove or change sources, or
+first (`start_packs`): a config file edited since the start may add, remove or change sources, or
 turn packs off or on; flags and the environment are fixed for the life of the process. A reload uses the cached
 commits of GitHub tags unless ``--packs-refresh`` is on or a request of the group asks for ``refresh``; branches are
 resolved again every time.
+
+The catalog's start is here too (`start_packs`, packs spec §4.5): the supervisor's ``run`` builds it before the
+model loads, so that a catalog error ends the start with exit status 1 without loading it, and hands it to the
+syncer with the way to read the settings and the sources again (`PackCatalogs`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
 
+from spinf.errors import SpinfError
 from spinf.packs.catalog import Catalog, log_lines
-from spinf.serving import PackReload, Reloaded
+from spinf.packs.listing import read_catalog
+from spinf.server.messages import PackReload, Reloaded
+from spinf.settings import FeatureSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,86 @@ class SyncerStats:
     reloads: int  # reloads run (each may answer several requests)
     applied: int
     refused: int
+
+
+@attrs.frozen
+class PackCatalogs:
+    """The pack catalog built at start (packs spec §4.5), None when packs are off, and how the pack syncer reads the
+    settings and sources again (None: never; in-process servers of the tests). ``hangups``: SIGHUP reloads too (only
+    where a signal can be received)."""
+
+    catalog: Catalog | None = None
+    reread: Callable[[bool], Catalog | None] | None = None  # the argument: refresh; None back: packs now off
+    hangups: bool = False
+    refresh: bool = False
+
+
+def pack_sources(features: FeatureSettings) -> str:
+    """The start-up line's pack sources: ``off`` when there is none, ``official`` when it is on, then the specs."""
+    return ", ".join((["official"] if features.official_packs else []) + list(features.packs)) or "off"
+
+
+def start_packs(
+    features: FeatureSettings,
+    model: str,
+    environ: Mapping[str, str],
+    reload_features: Callable[[], FeatureSettings] | None = None,
+) -> PackCatalogs | None:
+    """The catalog at start, before the model loads, with §4.5's log lines; None when a catalog error refuses the
+    start. A reload reads the sources again; ``packs_refresh`` resolves the tags again at start and at every reload
+    (a reload may also ask for it). ``reload_features``, when given, gives the ``[features]`` settings again (the
+    layers re-read: a config file edited since the start changes the pack settings a reload uses, so a source can
+    be added or removed without a restart; flags and the environment are fixed for the life of the process)."""
+    # without reload_features a reload reads the same settings: the sources again, or no source (still answered)
+    reread = functools.partial(_reread_settings, reload_features or (lambda: features), model, environ)
+    if not _packs_on(features):
+        return PackCatalogs(None, reread, hangups=can_listen_for_hangups())
+    catalog = _reader(features, model, environ)(refresh=features.packs_refresh)
+    for level, message in log_lines(catalog):
+        log.log(level, message)
+    if catalog.errors:
+        count = len(catalog.errors)
+        log.error(
+            "not starting: the pack catalog has %d error%s: %s",
+            count,
+            "" if count == 1 else "s",
+            "; ".join(catalog.errors),
+        )
+        return None
+    return PackCatalogs(catalog, reread, hangups=can_listen_for_hangups(), refresh=features.packs_refresh)
+
+
+def _reader(features: FeatureSettings, model: str, environ: Mapping[str, str]) -> Callable[..., Catalog]:
+    """The catalog of the pack settings in ``features`` (call it with ``refresh``)."""
+    return functools.partial(
+        read_catalog,
+        features.packs,
+        model=model,
+        official_on=features.official_packs,
+        official=features.packs_official,
+        allowed=features.packs_allow_namespace,
+        environ=environ,
+    )
+
+
+def _packs_on(features: FeatureSettings) -> bool:
+    """Packs are on when a ``--packs`` source is given or the official source is on (packs spec §4.5)."""
+    return bool(features.packs) or features.official_packs
+
+
+def _reread_settings(
+    reload_features: Callable[[], FeatureSettings], model: str, environ: Mapping[str, str], refresh: bool
+) -> Catalog | None:
+    """A reload's catalog from the settings as they are now: the pack settings read again (a settings error is a
+    catalog error, so the catalog in use stays); None when they now turn packs off."""
+    try:
+        features = reload_features()
+    except (SpinfError, OSError) as error:  # a ConfigError, or the model no longer resolving
+        return Catalog(errors=(f"the settings could not be read again: {error}",))
+    if not _packs_on(features):
+        return None
+    log.info("pack reload: pack sources %s", pack_sources(features))
+    return _reader(features, model, environ)(refresh=refresh or features.packs_refresh)
 
 
 def can_listen_for_hangups() -> bool:

@@ -28,7 +28,7 @@ import trio
 
 from spinf.errors import ApiError
 from spinf.protocol.request import body_has_media
-from spinf.serving import ExecJob, ScoreWork, run_on_executor
+from spinf.server.messages import ExecJob, ScoreWork, run_on_executor
 
 log = logging.getLogger(__name__)
 

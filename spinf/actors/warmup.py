@@ -19,7 +19,9 @@ import logging
 import attrs
 import trio
 
-from spinf.serving import ExecJob, Lifecycle, ServedEngine, run_on_executor
+from spinf.server.lifecycle import Lifecycle
+from spinf.server.messages import ExecJob, run_on_executor
+from spinf.server.served import ServedEngine
 
 log = logging.getLogger(__name__)
 

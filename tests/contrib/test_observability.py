@@ -1,7 +1,7 @@
 """contrib/observability: the Prometheus scrape configuration and the Grafana dashboard.
 
 The dashboard must be valid JSON that names only metrics the server exports: every PromQL expression's metric names
-are checked against the names `spinf.metrics.Metrics` registers (as the text format writes them: ``_total`` for
+are checked against the names `spinf.server.metrics.Metrics` registers (as the text format writes them: ``_total`` for
 counters, ``_bucket``, ``_sum`` and ``_count`` for histograms) and, in the slow run, against a running tiny
 server's ``/metrics``. The one exception is GPU memory, which the server does not export: it comes from NVIDIA's
 dcgm-exporter, and only the names listed in `DCGM_METRICS` may be used, from the job the scrape configuration has.
@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from contrib.loadtest.harness import ServerProcess, score_body
-from spinf.metrics import Metrics
+from spinf.server.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "contrib" / "observability"

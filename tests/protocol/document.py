@@ -12,7 +12,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 import spinf
-from spinf.openapi import openapi_document
+from spinf.server.openapi import openapi_document
 
 URI = "urn:spinf:openapi"
 LOCAL = "#/components/schemas/"

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spinf.errors import ApiError
-from spinf.openapi import ERROR_CODES
 from spinf.protocol.request import decode_json_body
+from spinf.server.openapi import ERROR_CODES
 from spinf.settings import Features, Limits
 from spinf.settings.kinds import MEDIA_KINDS
 from tests.protocol.bodies import FIXED, refusal

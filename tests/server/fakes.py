@@ -10,7 +10,8 @@ from spinf.actors.packer import Packer
 from spinf.engine.loop import LoopStats
 from spinf.engine.warm import Step
 from spinf.errors import ApiError
-from spinf.supervisor import ServerOptions
+from spinf.server.supervisor import ServerOptions
+from spinf.settings import ServerSettings
 
 
 @attrs.define(eq=False)
@@ -94,6 +95,7 @@ class FakeEngine:
     fail_on: str | None = None  # an input id whose run raises (an engine bug in one call)
     oom_on: str | None = None  # an input id whose run runs out of device memory (the loop's 413, freed)
     degraded: str | None = None  # as Engine.degraded: memory not freed after an out-of-memory error
+    features: None = None  # its media kinds and switches are not said (`EngineFacts` leaves them None)
     loop: FakeLoop = attrs.field(default=None)
 
     def __attrs_post_init__(self):
@@ -133,7 +135,7 @@ InlinePacker = Packer  # the packer compiles nothing itself any more (the loop d
 
 
 class FakeModelsEntry:
-    """The served model's entries (`spinf.serving.ModelsEntry`) of a model named ``fake``."""
+    """The served model's entries (`spinf.server.models_entry.ModelsEntry`) of a model named ``fake``."""
 
     def __call__(self, lifecycle):
         return {"id": "fake", "status": "available" if lifecycle.is_warm else "loading"}
@@ -148,8 +150,11 @@ class FakeModelsEntry:
 models_entry = FakeModelsEntry()
 
 
-def options(**changes) -> ServerOptions:
-    return ServerOptions(**{"host": "127.0.0.1", "port": 0, "warmup": "short", **changes})
+def options(warmup: str = "short", **changes) -> ServerOptions:
+    """The server's options on ``127.0.0.1``, port 0: the ``[server]`` settings named in ``changes`` and the other
+    fields of `ServerOptions` (``exit_on_leak``, ``prompt_style``)."""
+    server = {name: changes.pop(name) for name in list(changes) if name in attrs.fields_dict(ServerSettings)}
+    return ServerOptions(ServerSettings(**{"host": "127.0.0.1", "port": 0, **server}), warmup, **changes)
 
 
 def body(*ids: str) -> dict:

@@ -17,8 +17,8 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from spinf.errors import ApiError
-from spinf.openapi import ERROR_CODES
 from spinf.protocol.request import decode_json_body
+from spinf.server.openapi import ERROR_CODES
 from tests.protocol.document import Strict
 
 TRUSTED = "Bearer boss"  # the trusted token test_schemathesis starts the server with

@@ -1,6 +1,6 @@
 """Nothing lost at shutdown, abandoned calls dropped at once (issue 33 items 3 and 4).
 
-First `spinf.http11.serve` on real loopback sockets with an app that answers every request: what happens to the
+First `spinf.server.http11.serve` on real loopback sockets with an app that answers every request: what happens to the
 connections around the moment the listener closes. Then the real ``spinf-serve serve`` process
 (`contrib.loadtest.shutdown`): calls whose clients left, and (in the ``slow`` run) a shutdown under many clients.
 A call cut by the deadline is tests/test_system.py's.
@@ -17,7 +17,7 @@ from hypercorn.config import Config
 from hypercorn.utils import wrap_app
 
 from contrib.loadtest import shutdown
-from spinf import http11
+from spinf.server import http11
 
 REQUEST = b"GET /ok HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from spinf.supervisor import running_actors
-from spinf.web import create_app
+from spinf.server.app import create_app
+from spinf.server.supervisor import running_actors
 from tests.server.fakes import FakeEngine, FakeExecutor, InlinePacker, body, models_entry, options
 
 

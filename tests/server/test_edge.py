@@ -1,4 +1,4 @@
-"""The connection layer over raw sockets: what a hostile or sloppy client sends, byte for byte (spinf.http11).
+"""The connection layer over raw sockets: what a hostile or sloppy client sends, byte for byte (spinf.server.http11).
 
 A real server (Hypercorn, the app, the actors, a fake engine) on a random loopback port; each test writes bytes
 and reads what comes back until the server closes the connection or a short wait passes.
@@ -13,7 +13,7 @@ import re
 import pytest
 import trio
 
-from spinf.supervisor import serve
+from spinf.server.supervisor import serve
 from tests.server.fakes import FakeEngine, models_entry, options
 
 READY = b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"

@@ -18,9 +18,10 @@ import trio
 
 from spinf.catalog import resolve_model
 from spinf.cli import _parser
+from spinf.server.models_entry import models_entry_for
+from spinf.server.supervisor import serve
 from spinf.settings import load_settings
 from spinf.settings.flags import flags_from_args
-from spinf.supervisor import models_entry_for, serve
 from tests.protocol.bodies import AUDIO, IMAGE
 from tests.server.fakes import options
 

@@ -20,8 +20,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spinf.openapi import ERROR_CODES
-from spinf.supervisor import serve
+from spinf.server.openapi import ERROR_CODES
+from spinf.server.supervisor import serve
 from tests.server.fakes import models_entry, options
 
 MAX_BODY_BYTES = 65536

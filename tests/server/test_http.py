@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 
-from spinf.supervisor import running_actors, serve
+from spinf.server.supervisor import running_actors, serve
 from tests.server.fakes import models_entry, options
 
 SCORE_BODY = {
@@ -154,7 +154,7 @@ async def test_a_failed_load_answers_503_with_the_reason(tmp_path, monkeypatch):
         raise OSError("no such checkpoint")
 
     async with running_actors(options(), broken, models_entry) as running:
-        from spinf.web import create_app
+        from spinf.server.app import create_app
 
         client = create_app(running.services).test_client()
         with trio.fail_after(10):

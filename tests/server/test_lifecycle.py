@@ -1,5 +1,5 @@
-"""The server's owned state (spinf.serving): the lifecycle's legal and illegal moves, the waits a shutdown ends,
-the calls in flight, and the frozen facts and narrow status the actors hand the web layer and the packer."""
+"""The server's owned state (spinf.server.lifecycle): the lifecycle's legal and illegal moves, the waits a shutdown
+ends, the calls in flight, and the frozen facts and narrow status the actors hand the web layer and the packer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from spinf.serving import EngineFacts, EngineStatus, IllegalTransition, InFlight, Lifecycle, Phase
+from spinf.server.lifecycle import EngineStatus, IllegalTransition, InFlight, Lifecycle, Phase
+from spinf.server.served import EngineFacts
 from tests.server.fakes import FakeEngine
 
 FACTS = EngineFacts({"engine": "fake"}, batch_invariant=True, weights="generated")

@@ -1,8 +1,8 @@
-"""The ``/v1/models`` entry (api spec §7) as `spinf.supervisor.models_entry_for` builds it from the layered settings:
-capabilities are the manifest's minus what the switches turn off, the features follow them (``--no-extraction``
-turns generation off too), and media is the model's kinds that ``--media`` keeps (the manifest's until the engine
-is loaded, then the engine's). The served entry over a real socket is checked in tests/server/test_openapi.py,
-tests/test_extraction_client.py and tests/test_media_client.py."""
+"""The ``/v1/models`` entry (api spec §7) as `spinf.server.models_entry.models_entry_for` builds it from the layered
+settings: capabilities are the manifest's minus what the switches turn off, the features follow them
+(``--no-extraction`` turns generation off too), and media is the model's kinds that ``--media`` keeps (the manifest's
+until the engine is loaded, then the engine's). The served entry over a real socket is checked in
+tests/server/test_openapi.py, tests/test_extraction_client.py and tests/test_media_client.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 
 from spinf.catalog import resolve_model
 from spinf.cli import _parser
-from spinf.serving import Lifecycle
+from spinf.server.lifecycle import Lifecycle
+from spinf.server.models_entry import models_entry_for
 from spinf.settings import load_settings
 from spinf.settings.flags import flags_from_args
-from spinf.supervisor import models_entry_for
 
 
 def settings_for(model: str, *flags: str, **env: str):

@@ -22,13 +22,15 @@ import spinf
 from spinf.catalog import resolve_model
 from spinf.decisions import plan_decisions
 from spinf.errors import ApiError
-from spinf.openapi import DECISION_RULES, ERROR_CODES, RULES_IN_WORDS, openapi_document
 from spinf.protocol.request import parse_score_request
 from spinf.protocol.templates import parse_template
-from spinf.serving import Lifecycle
+from spinf.server.app import SERVED, WebServices, create_app
+from spinf.server.lifecycle import Lifecycle
+from spinf.server.models_entry import models_entry_for
+from spinf.server.openapi import ERROR_CODES, openapi_document
+from spinf.server.schemas import DECISION_RULES, RULES_IN_WORDS
+from spinf.server.supervisor import running_actors, serve
 from spinf.settings import Limits
-from spinf.supervisor import models_entry_for, running_actors, serve
-from spinf.web import SERVED, WebServices, create_app
 from tests.protocol.bodies import FIXED
 from tests.server.fakes import options
 

@@ -13,7 +13,7 @@ import trio.testing
 from spinf.actors.pack_syncer import CATALOG_ERRORS, NO_SOURCE, OFFICIAL_LOST, PackSyncer
 from spinf.actors.packer import Packer
 from spinf.packs.catalog import Catalog
-from spinf.serving import PackReload, Reloaded, ScoreWork
+from spinf.server.messages import PackReload, Reloaded, ScoreWork
 
 
 def catalog(*sources: str, errors: tuple[str, ...] = (), official_error: str | None = None) -> Catalog:

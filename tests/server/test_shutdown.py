@@ -1,4 +1,5 @@
-"""Shutdown under one deadline, and every actor's end, under a mock clock (spinf.supervisor, spinf.actors.drain).
+"""Shutdown under one deadline, and every actor's end, under a mock clock (`spinf.server.supervisor`,
+`spinf.actors.drain`).
 
 The executor here behaves like the real one at its edges: a job takes ``cost`` seconds, a reply nobody waits for any
 more is dropped, its loop ends when the last sender has closed its inbox, and a cancel abandons it at once (the
@@ -18,9 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from spinf.serving import Phase
-from spinf.supervisor import running_actors
-from spinf.web import create_app
+from spinf.server.app import create_app
+from spinf.server.lifecycle import Phase
+from spinf.server.supervisor import running_actors
 from tests.server.fakes import FakeEngine, body, models_entry, options
 
 

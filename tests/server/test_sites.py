@@ -1,4 +1,4 @@
-"""Host and Origin checks and JSON bodies (issue 33 item 5; `spinf.gate.Sites`, docs/deployment.md "Security
+"""Host and Origin checks and JSON bodies (issue 33 item 5; `spinf.server.gate.Sites`, docs/deployment.md "Security
 defaults"), against real server processes on loopback spoken to over raw sockets, and with the real clients.
 
 A loopback server refuses a foreign Host (DNS rebinding) except on the probes, and any Origin it was not told to
@@ -16,8 +16,9 @@ import pytest
 from spinf_client import SpinfClient, answers, query, text
 
 from contrib.loadtest.harness import ServerProcess, tiny_cache
-from spinf.gate import Sites, host_name, is_loopback_name
-from spinf.supervisor import ServerOptions, _bound_to_loopback, bind_sockets
+from spinf.server.gate import Sites, host_name, is_loopback_name
+from spinf.server.supervisor import _bound_to_loopback, bind_sockets
+from spinf.settings import ServerSettings
 
 QUERY = {"id": "refund", "template": "\n\nDoes the customer ask for a refund? Answer:{?}", "options": [" yes", " no"]}
 BODY = json.dumps({"messages": [{"role": "user", "content": "Please refund me."}], "scoring": {"queries": [QUERY]}})
@@ -184,7 +185,7 @@ def test_host_names_and_the_loopback_binding():
         False,
         False,
     ]
-    sockets = bind_sockets(ServerOptions(host="127.0.0.1", port=0))
+    sockets = bind_sockets(ServerSettings(host="127.0.0.1", port=0))
     try:
         assert _bound_to_loopback(sockets)
     finally:

@@ -9,7 +9,8 @@ import trio
 
 from spinf.actors.warmup import Warmup
 from spinf.engine.warm import Step
-from spinf.serving import EngineFacts, Lifecycle, Phase
+from spinf.server.lifecycle import Lifecycle, Phase
+from spinf.server.served import EngineFacts
 from tests.server.fakes import FakeEngine, FakeExecutor
 
 FACTS = EngineFacts({"engine": "fake"}, batch_invariant=True, weights="generated")

@@ -1,7 +1,8 @@
 """The HTTP edge: a Quart-Trio app with the routes of api spec §1, JSON in and out, errors in the envelope.
 
-It never imports torch. The scoring POSTs pass `spinf.gate.Gate` first (body, token, readiness and an admission
-slot of `spinf.admission.Admission`, refusals answered there cheaply and paced); an admitted call reaches its route
+It never imports torch. The scoring POSTs pass `spinf.server.gate.Gate` first (body, token, readiness and an
+admission slot of `spinf.server.admission.Admission`, refusals answered there cheaply and paced); an admitted call
+reaches its route
 here and goes to the packer actor as `ScoreWork` over a channel. Every response carries ``X-Request-Id``; every
 error, 404 and 405 included, is the envelope of §2.5. Once the server is stopping every answer carries
 ``Connection: close``, so no client sends another request on a connection about to close.
@@ -27,16 +28,20 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from spinf.admission import Admission, Slot
 from spinf.decisions import DEFAULT_STYLE, plan_decisions
 from spinf.errors import ApiError
-from spinf.gate import ADMITTED, PROBES, Gate, Sites, caller, check_ready, log_access, must_close, shutting_down
-from spinf.http11 import PROTOCOL_CODE, HTTPConnection
-from spinf.metrics import Metrics
 from spinf.packs.catalog import Catalog, Refused
 from spinf.packs.entries import listing, pack_file
 from spinf.protocol.ids import new_request_id
-from spinf.serving import InFlight, Lifecycle, ModelsEntry, PackReload, ScoreWork, is_draining, set_draining
+from spinf.server.admission import Admission, Slot
+from spinf.server.drain_marker import is_draining, set_draining
+from spinf.server.gate import ADMITTED, PROBES, Gate, Sites, caller, check_ready, log_access, must_close, shutting_down
+from spinf.server.http11 import PROTOCOL_CODE, HTTPConnection
+from spinf.server.lifecycle import InFlight, Lifecycle
+from spinf.server.messages import PackReload, ScoreWork
+from spinf.server.metrics import Metrics
+from spinf.server.models_entry import ModelsEntry
+from spinf.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +53,26 @@ _NAMED_ROUTES = ("/v1/packs/", "/v1/models/")
 
 @attrs.define
 class WebServices:
-    """What the app needs from the supervisor: it reads the lifecycle, counts its calls in flight, and sends
-    admitted calls to the packer (the supervisor closes that channel once the HTTP server has closed)."""
+    """What the app needs from the supervisor: it reads the lifecycle and the ``[server]`` settings, counts its calls
+    in flight, and sends admitted calls to the packer (the supervisor closes that channel once the HTTP server has
+    closed)."""
 
     lifecycle: Lifecycle
     packer: trio.MemorySendChannel[ScoreWork]
     admission: Admission
     models_entry: ModelsEntry  # the one /v1/models entry for the lifecycle now, and OpenAI's beside it
     in_flight: InFlight = attrs.field(factory=InFlight)
-    token: str = ""
-    trusted_token: str = ""
-    max_body_bytes: int = 2_097_152
-    body_timeout_s: float = 60.0
-    debug: bool = False
-    log_probes: bool = False
+    server: ServerSettings = attrs.Factory(ServerSettings)  # the tokens, the body's limits, debug, log_probes
     metrics: Metrics | None = None
     openapi: Callable[[], dict] = dict
     packs: Callable[[], Catalog | None] = lambda: None  # the pack syncer's snapshot now (None: packs off)
     pack_reloads: trio.MemorySendChannel[PackReload] | None = None  # to the pack syncer
     prompt_style: str = DEFAULT_STYLE.name  # the served model's manifest's, for /v1/decisions (docs/decisions.md)
-    sites: Sites = attrs.field(factory=Sites)  # the Host and Origin a request may carry (spinf.gate, every route)
+    sites: Sites = attrs.field(factory=Sites)  # the Host and Origin a request may carry (the gate, every route)
 
 
 class SpinfApp(QuartTrio):
-    """The Quart-Trio app, with responses that always finish (`spinf.http11.HTTPConnection`)."""
+    """The Quart-Trio app, with responses that always finish (`spinf.server.http11.HTTPConnection`)."""
 
     asgi_http_class = HTTPConnection
 
@@ -108,9 +109,9 @@ def error_response(exc: ApiError) -> Response:
 def create_app(services: WebServices) -> QuartTrio:
     app = SpinfApp(__name__, static_folder=None)  # no default /static route: unknown paths are 404s
     # no route reads a body (the gate reads the scoring ones): this only bounds what Quart buffers of one unread
-    app.config["MAX_CONTENT_LENGTH"] = services.max_body_bytes
+    app.config["MAX_CONTENT_LENGTH"] = services.server.max_body_bytes
     app.url_map.strict_slashes = False
-    app.asgi_app = Gate(app.asgi_app, services)  # the scoring POSTs' first checks, in raw ASGI (spinf.gate)
+    app.asgi_app = Gate(app.asgi_app, services)  # the scoring POSTs' first checks, in raw ASGI (spinf.server.gate)
 
     @app.before_request
     async def _start() -> Response | None:
@@ -135,7 +136,7 @@ def create_app(services: WebServices) -> QuartTrio:
         route = _template(request.url_rule.rule) if request.url_rule is not None else "unmatched"
         if services.metrics is not None:
             services.metrics.request(route, response.status_code)
-        if route not in PROBES or services.log_probes:
+        if route not in PROBES or services.server.log_probes:
             log_access(g.request_id, request.method, route, response.status_code, g.started, g.get("summary", ""))
         return response
 
@@ -191,7 +192,8 @@ def _methods_for(app: QuartTrio, path: str) -> set[str]:
 
 
 def _authorise(services: WebServices, *, trusted_only: bool = False) -> None:
-    authorised, trusted = caller(services.token, services.trusted_token, request.headers.get("Authorization"))
+    server = services.server
+    authorised, trusted = caller(server.token, server.trusted_token, request.headers.get("Authorization"))
     g.trusted = trusted
     if not authorised:
         raise ApiError(401, "invalid_token", None, "a valid bearer token is required")
@@ -279,7 +281,7 @@ def _register_probes(app: QuartTrio, services: WebServices) -> None:
     @app.post("/v0/packs/reload", provide_automatic_options=False)
     async def reload_packs() -> Response:
         """Re-read the pack sources now (trusted; SIGHUP does the same). It waits for a reload at work, and the
-        requests waiting together share the next one. 200 with `spinf.serving.Reloaded`: ``applied``, ``reason``
+        requests waiting together share the next one. 200 with `messages.Reloaded`: ``applied``, ``reason``
         (``no_source``, ``catalog_errors``, ``official_lost``, or null), ``errors``, ``official_error``, then the
         ``sources``, ``packs`` (ids), ``versions`` and ``skipped`` of the catalog in use afterwards, and
         ``requests`` (how many requests that reload answered). ``?refresh=true`` resolves the GitHub tags again
@@ -318,7 +320,7 @@ def _register_scoring(app: QuartTrio, services: WebServices) -> None:
 
 
 async def _score(services: WebServices, *, chat: bool) -> Response:
-    """An admitted call (`spinf.gate.Gate` ran the checks of api spec §2.6 up to admission): score it."""
+    """An admitted call (`spinf.server.gate.Gate` ran the checks of api spec §2.6 up to admission): score it."""
     admitted = request.scope[ADMITTED]
     response = await _hand_to_packer(services, admitted.body, chat, admitted.slot)
     if chat:
@@ -350,7 +352,7 @@ async def _hand_to_packer(
     services: WebServices, body: object, chat: bool, slot: Slot, *, internals: bool | None = None
 ) -> dict:
     reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
-    internals = g.trusted or services.debug if internals is None else internals
+    internals = g.trusted or services.server.debug if internals is None else internals
     work = ScoreWork(body, g.request_id, chat, g.trusted, internals, reply_send, slot, trio.current_time())
     try:
         with services.in_flight.track(), reply_recv, services.lifecycle.until_answer_due() as due:

@@ -25,7 +25,7 @@ What this module owns, beside that:
 
 - **A client that leaves is heard.** The end of input while a request is answered is passed on at once, even when
   bytes of a next request are buffered (h11 would hold it until the answer is sent), so the app gets
-  ``http.disconnect`` and the call is cancelled (spinf.gate's 499).
+  ``http.disconnect`` and the call is cancelled (spinf.server.gate's 499).
 - **A shutdown loses no request** (`serve`, in place of Hypercorn's ``worker_serve``). Hypercorn stops accepting by
   cancelling its accept loop and leaves the socket listening until the process exits, so the connections the
   kernel accepted meanwhile were reset with their requests sent, and its idle task closed every connection without a
@@ -112,7 +112,7 @@ class Http11Protocol(H11Protocol):
             # the client closed while its request is answered. With bytes of a next request buffered (a pipelining
             # client), h11 holds the end of input (PAUSED) until the answer is sent, so the app would not hear of
             # it and the call would run on; the reader's Closed comes next and tells the app (http.disconnect),
-            # which cancels the call (spinf.gate logs it 499, as nginx does)
+            # which cancels the call (spinf.server.gate logs it 499, as nginx does)
             return
         await super().handle(event)
 

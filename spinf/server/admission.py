@@ -39,7 +39,7 @@ import trio
 
 COST_BYTES = 65_536  # a refused body costs one more turn per this many bytes
 BURST_S = 0.1  # refusals answered at once before pacing starts: a tenth of a second's worth
-PATIENCE_S = 2.0  # how long a caller under its share waits for a slot: the Retry-After of its 429 (spinf.gate)
+PATIENCE_S = 2.0  # how long a caller under its share waits for a slot: the Retry-After of its 429 (spinf.server.gate)
 GRACE_S = 0.5  # how long a slot freed by a caller under its share is kept from callers over theirs
 _NOBODY = object()  # no caller waits (None is a caller: a peer without an address)
 

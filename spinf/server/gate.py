@@ -2,7 +2,7 @@
 
 ``POST /v1/score``, ``POST /v1/chat/completions`` and ``POST /v1/decisions`` are where floods land, so their refusals
 must cost almost nothing: `Gate` reads the body (413 ``body_too_large`` as soon as it is over ``max_body_bytes``, 408
-``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`spinf.admission`, which
+``body_timeout`` after ``body_timeout_s``), takes an admission slot or waits its paced turn (`admission`, which
 shares the slots by the peer's address), then checks, in the spec's order, the JSON (400 ``invalid_json``), the token
 (401), readiness (503) and the slot (429), and answers any refusal itself, without building a Quart request. A body
 still arriving when the shutdown begins is not waited for: it is answered 503 at once, so it cannot hold the shutdown
@@ -18,7 +18,7 @@ send one on every cross-site POST; curl, spinf-client and the openai SDK send no
 can send without asking first). These refusals come before the body is read; the spec has no code for them (its
 §2.5 names 403 codes only as the hosted API's, for other causes), so they are ours.
 
-It also owns what every answer shares, here and in `spinf.web`: the caller's rights (§2.3), the readiness errors,
+It also owns what every answer shares, here and in `app`: the caller's rights (§2.3), the readiness errors,
 the access-log line (no content, probes only with ``log_probes``) and when a connection is closed after its answer.
 An admitted call whose client goes away before its answer begins (quart-trio cancels its route, and the packer drops
 its call) gets an access-log line too, with status 499 as nginx logs it, and counts in
@@ -37,11 +37,11 @@ from typing import Any
 import attrs
 import trio
 
-from spinf.admission import Slot
 from spinf.errors import ApiError
 from spinf.protocol.ids import new_request_id
 from spinf.protocol.request import decode_json_body
-from spinf.serving import Lifecycle, Phase
+from spinf.server.admission import Slot
+from spinf.server.lifecycle import Lifecycle, Phase
 
 access_log = logging.getLogger("spinf.access")
 RETRY_WARMING, RETRY_UNAVAILABLE, RETRY_BUSY, RETRY_STOPPING = 10, 60, 2, 10
@@ -205,7 +205,7 @@ def must_close(lifecycle: Lifecycle, *, has_body: bool, body_read: bool) -> bool
 
 
 def caller_address(scope) -> str | None:
-    """Who a call is counted against for its admission share (`spinf.admission`): the peer's address, port left
+    """Who a call is counted against for its admission share (`spinf.server.admission`): the peer's address, port left
     out. Not the bearer token: an open server ignores the header (api spec §2.3), so a flood could name a new
     caller per request, and a closed one has at most two tokens, which would make every client one caller."""
     client = scope.get("client")
@@ -227,7 +227,7 @@ class Gate:
     """ASGI middleware (``app.asgi_app = Gate(app.asgi_app, services)``): scoring POSTs pass here first."""
 
     app: Any
-    services: Any  # spinf.web.WebServices
+    services: Any  # spinf.server.app.WebServices (which imports this module)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and (refusal := self.services.sites.refusal(scope)) is not None:
@@ -246,9 +246,9 @@ class Gate:
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
         # who calls is known from the headers: a trusted caller gets ``rejected`` on the body's 413 and 400 too,
         # although the token is enforced only after them (api spec §2.4, §2.6)
-        # the first one, as the routes read it; the connection layer refuses a request with two (spinf.http11)
+        # the first one, as the routes read it; the connection layer refuses a request with two (spinf.server.http11)
         authorisation = next((v for n, v in scope["headers"] if n == b"authorization"), b"").decode("latin-1")
-        authorised, trusted = caller(services.token, services.trusted_token, authorisation)
+        authorised, trusted = caller(services.server.token, services.server.trusted_token, authorisation)
         body_read, slot = False, None
         try:
             with lifecycle.until_stopping() as stopping:
@@ -277,13 +277,13 @@ class Gate:
         finally:
             if not slot.handed:  # the call never reached the packer (its client left before the route ran)
                 slot.release()
-        if exchange.abandoned:  # quart-trio cancelled the route: its call is dropped (spinf.serving.ScoreWork)
+        if exchange.abandoned:  # quart-trio cancelled the route: its call is dropped (spinf.server.messages.ScoreWork)
             if self.services.metrics is not None:
                 self.services.metrics.abandoned(scope["path"])
             log_access(request_id, scope["method"], scope["path"], CLIENT_GONE, started)
 
     async def _read_body(self, receive, headers: dict) -> bytes:
-        limit, timeout_s = self.services.max_body_bytes, self.services.body_timeout_s
+        limit, timeout_s = self.services.server.max_body_bytes, self.services.server.body_timeout_s
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > limit:
             raise body_too_large(limit)

@@ -1,16 +1,11 @@
-"""What the server's actors and the web layer share: the messages on their channels and the server's lifecycle.
-
-Messages hand ownership to the receiver. A request carries a one-shot reply channel (buffer 1) and its admission
-slot (`spinf.admission.Slot`), released by whoever ends the call. The engine itself is never shared: it travels
-over channels (loader -> warm-up -> packer) and only the executor thread runs its torch work. The web layer knows
-it through `EngineFacts`, a frozen snapshot the loader takes in the executor thread.
+"""The server's owned state: its lifecycle, the facts its boot published, and the calls in flight.
 
 `Lifecycle` is the server's phase (loading, warming, ready, failed, stopping) and the facts each step published.
 It changes only through its transition methods, each legal from named phases and raising `IllegalTransition`
 otherwise (httpx's ``ClientState`` is the model): the loader moves it to warming or failed, the warm-up to ready or
 failed, the drain controller to stopping; the packer may only mark the engine degraded, through `EngineStatus`.
-Draining is not a phase: it is the marker file (api spec §3.4), which outlives the process and only makes
-``/readyz`` answer 503 while every phase's work goes on. Nothing here imports torch.
+Draining is not a phase: it is the marker file (`spinf.server.drain_marker`). `InFlight` counts the scoring calls
+whose callers wait for their answer. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -18,168 +13,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import os
-import tempfile
-import types
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Iterator
 
 import attrs
-import outcome
 import trio
 
-from spinf.admission import Slot
-
-
-class WarmupStep(Protocol):
-    """One warm-up step (`spinf.engine.warm.Step`): call it to run it; ``part`` is the ``boot`` field its seconds
-    count in (``warmup_s`` or ``warmup_extract_s``)."""
-
-    part: str
-
-    def __call__(self) -> object: ...
-
-
-class ServedEngine(Protocol):
-    """What the server's loader and warm-up use of `spinf.engine.Engine` (this module never imports the engine)."""
-
-    batch_invariant: bool
-    degraded: str | None  # device memory not freed after an out-of-memory error (api spec §3.2)
-    weights: str
-
-    def info(self) -> dict: ...
-
-    def idle_gib(self) -> float: ...
-
-    def settle(self) -> None: ...  # once warm: the collector stops traversing the model (spinf.engine.hostgc)
-
-    loop: Any  # the engine loop: the warm-up takes the passes it ran off its ``pass_log``, as the packer does
-
-    def warmup_steps(self, mode: str) -> list[WarmupStep]: ...
-
-    def score(self, body: object) -> dict: ...
-
-
-@attrs.frozen(eq=False)
-class ExecJob:
-    """Work for the GPU thread: ``fn`` runs there and returns CPU data; the outcome goes back on ``reply``."""
-
-    fn: Callable[[], object]
-    reply: trio.MemorySendChannel[outcome.Outcome]
-
-
-@attrs.define(eq=False)
-class ScoreWork:
-    """One admitted scoring call on its way through the packer; ``abandoned`` is set when its caller went away.
-
-    The packer owns it, and its ``slot``, once received (`take`): `finish` answers it and frees the slot, `drop`
-    frees the slot of a call nobody waits for any more. A caller that goes away (`abandon`) frees the slot at once
-    when the packer has taken the call: the packer's inbox holds only calls not yet taken, so it still never holds
-    more calls than there are slots; a call still in the inbox frees its slot when the packer takes it.
-    """
-
-    body: object
-    request_id: str
-    chat: bool
-    trusted: bool
-    internals: bool
-    reply: trio.MemorySendChannel[outcome.Outcome]
-    slot: Slot
-    admitted_at: float = 0.0
-    abandoned: bool = False
-    taken: bool = False
-
-    def take(self) -> bool:
-        """The packer takes the call from its inbox: False (its slot freed) when its caller went away already."""
-        self.taken = True
-        if self.abandoned:
-            self.slot.release()
-        return not self.abandoned
-
-    def abandon(self) -> None:
-        """The caller went away: the packer drops the call before its next step; its slot is free now if the
-        packer has taken it (else when it does)."""
-        self.abandoned = True
-        if self.taken:
-            self.slot.release()
-
-    def finish(self, result: outcome.Outcome) -> None:
-        try:
-            self.reply.send_nowait(result)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the caller went away; nothing is waiting for this answer
-        self.slot.release()
-
-    def drop(self) -> None:
-        self.slot.release()
-
-
-@attrs.frozen(eq=False)
-class PackReload:
-    """A request to re-read the pack sources (``POST /v0/packs/reload`` or SIGHUP): ``by`` names who asked;
-    ``reply`` (buffer 1, None for a signal) gets the `Reloaded` of the reload that served it; ``refresh``: resolve
-    the GitHub tags again rather than use the cached commits (``?refresh=true``)."""
-
-    by: str
-    reply: trio.MemorySendChannel[Reloaded] | None = None
-    refresh: bool = False
-
-    def answer(self, reloaded: Reloaded) -> None:
-        if self.reply is None:
-            return
-        with self.reply:
-            try:
-                self.reply.send_nowait(reloaded)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the caller went away
-
-
-@attrs.frozen
-class Reloaded:
-    """What one reload did (the body of ``POST /v0/packs/reload``): whether the new catalog was swapped in, why
-    not (``reason``: ``no_source``, ``catalog_errors`` or ``official_lost``; None when applied), the problems
-    found (the catalog errors, or the official source's failure that would have dropped it), the official error
-    of what was read, and the source labels and counts of the catalog in use after it (the old one when not
-    applied). ``requests``: how many waiting requests this one reload answered."""
-
-    applied: bool
-    reason: str | None
-    errors: tuple[str, ...]
-    official_error: str | None
-    sources: tuple[str, ...]
-    packs: int
-    versions: int
-    skipped: int
-    requests: int = 1
-
-    def as_dict(self) -> dict:
-        body = attrs.asdict(self, recurse=False)
-        return {**body, "errors": list(self.errors), "sources": list(self.sources)}
-
-
-@attrs.frozen
-class EngineFacts:
-    """What the web layer knows of the loaded engine: ``/v0/info``'s engine object (api spec §3.6), whether it is
-    batch-invariant (``/v1/models``) and where its weights came from (``boot.weights``)."""
-
-    info: Mapping[str, object] = attrs.field(converter=lambda info: types.MappingProxyType(dict(info)))
-    batch_invariant: bool
-    weights: str
-    media: frozenset[str] | None = None  # the media kinds it reads (its embedders, --media); None: not said
-    # whether its extraction and generation are on (the switches and what its stack runs); None: not said
-    extraction: bool | None = None
-    generation: bool | None = None
-
-    @classmethod
-    def of(cls, engine: ServedEngine) -> EngineFacts:
-        """The facts of ``engine``; call it in the executor thread (``engine.info()`` reads torch)."""
-        features = getattr(engine, "features", None)
-        media = frozenset(features.media) if features is not None else None
-        extraction = features.extraction if features is not None else None
-        generation = features.generation if features is not None else None
-        weights = getattr(engine, "weights", "config")
-        return cls(engine.info(), bool(engine.batch_invariant), weights, media, extraction, generation)
+from spinf.server.served import EngineFacts
 
 
 @attrs.frozen
@@ -208,18 +47,6 @@ class Phase(enum.Enum):
     READY = "ready"  # warm: scoring is admitted, /readyz answers 200 (unless degraded or draining)
     FAILED = "failed"  # the load or the warm-up failed: 503 with the reason, never ready
     STOPPING = "stopping"  # the shutdown began: nothing new is admitted, the calls in flight finish
-
-
-class ModelsEntry(Protocol):
-    """What the web layer reads of the served model (`spinf.supervisor.ModelEntry`): the ``/v1/models`` entry of api
-    spec §7 for the lifecycle now, and OpenAI's entry beside it, which ``GET /v1/models/{id}`` answers for a name
-    the model ``answers_to`` (its id or an alias, case-insensitively, as requests name it: §9.6)."""
-
-    def __call__(self, lifecycle: Lifecycle) -> dict: ...
-
-    def openai(self) -> dict: ...
-
-    def answers_to(self, name: str) -> bool: ...
 
 
 class IllegalTransition(RuntimeError):
@@ -393,33 +220,3 @@ class InFlight:
 def _set(event: trio.Event) -> trio.Event:
     event.set()
     return event
-
-
-async def run_on_executor(executor: trio.MemorySendChannel[ExecJob], fn: Callable[[], object]) -> object:
-    """Run ``fn`` on the executor thread and return its value (or raise its exception).
-
-    **Cancellation**: cancelling the caller abandons the reply; a job already handed over still runs.
-    """
-    reply_send, reply_recv = trio.open_memory_channel(1)  # one-shot reply
-    with reply_recv:
-        await executor.send(ExecJob(fn, reply_send))
-        result = await reply_recv.receive()
-    return result.unwrap()
-
-
-def drain_file() -> Path:
-    """The drain marker (api spec §3.4): ``SPINF_DRAIN_FILE``, else ``spinf-drain`` in the temporary folder."""
-    return Path(os.environ.get("SPINF_DRAIN_FILE") or Path(tempfile.gettempdir()) / "spinf-drain")
-
-
-def is_draining() -> bool:
-    return drain_file().exists()
-
-
-def set_draining(on: bool) -> None:
-    """Create (empty) or remove the drain marker; the state outlives the request and the process."""
-    path = drain_file()
-    if on:
-        path.write_bytes(b"")
-    else:
-        path.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from spinf.serving import InFlight, Lifecycle
+from spinf.server.lifecycle import InFlight, Lifecycle
 
 
 class Metrics:
