@@ -173,7 +173,7 @@ async def running_actors(
     exec_send, exec_recv = trio.open_memory_channel(0)
     loaded_send, loaded_recv = trio.open_memory_channel(1)  # the loaded engine, handed over once
     warmed_send, warmed_recv = trio.open_memory_channel(1)  # the warm engine, handed over once
-    # a place per admission slot (queue + 1): a slot is freed only after the packer took its call (spinf.admission)
+    # a place per admission slot (queue + 1): a slot is freed only after the packer took its call (admission.py)
     packer_send, packer_recv = trio.open_memory_channel(server.queue + 1)
     shutdown, deadline = trio.Event(), trio.CancelScope()
     admission = Admission(server.queue + 1, server.reject_rate)
@@ -253,7 +253,7 @@ def _bound_to_loopback(sockets: Sockets) -> bool:
 
 def _stop_if_asked_while_starting(drain: DrainController) -> None:
     """A SIGTERM or SIGINT that came after the event loop started and before the drain controller listened
-    (`spinf.start_signals`) shuts down as one that comes later does."""
+    (`start_signals`) shuts down as one that comes later does."""
     signum = start_signals.take_stop()
     if signum is not None:
         log.info("received %s while starting: stopping", signal.Signals(signum).name)
@@ -261,7 +261,7 @@ def _stop_if_asked_while_starting(drain: DrainController) -> None:
 
 
 async def _replay_hangups(early_reloads: trio.MemorySendChannel[PackReload]) -> None:
-    """The SIGHUPs that came before the pack syncer listened (`spinf.start_signals`), as one reload: the start may
+    """The SIGHUPs that came before the pack syncer listened (`start_signals`), as one reload: the start may
     have read the config file before the edit they announce."""
     with early_reloads:
         count = start_signals.take_hangups()
