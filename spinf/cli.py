@@ -161,7 +161,8 @@ def _serve(args: argparse.Namespace) -> int:
     """Refuses, before anything starts or is fetched, a start that cannot work: a listening address that cannot be
     bound (`bind_sockets`), what the manifest, the settings and the device decide (`check_before_lookup`), then a
     Hub repo id that is neither cached nor on the Hub (api spec §9.6, which asks the Hub). What the settings note (a
-    key outside its section, a reference setting with no effect here) is logged first, once."""
+    key outside its section, a reference setting with no effect here) is logged first, once. The model is resolved
+    here once, beside the settings' manifest layer, and handed down to the checks, the server and its engine."""
     settings = _settings(args)
     if settings.notes:
         from spinf.server.logs import configure
@@ -177,8 +178,9 @@ def _serve(args: argparse.Namespace) -> int:
     from spinf.engine.opening import check_before_lookup  # torch, for the device's facts
 
     engine = settings.engine
+    model = resolve_model(engine.model)
     resolved, _ = check_before_lookup(
-        resolve_model(engine.model),
+        model,
         device=engine.device,
         quant=engine.quant,
         model_dir=engine.model_dir,
@@ -192,7 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
         cache_dirs=list(engine.cache_dirs) or None,
     )
     # a pack reload reads the layers again: the config file may have changed the pack settings since the start
-    return run(settings, reload_settings=lambda: _settings(args), sockets=sockets)
+    return run(settings, resolved=model, reload_settings=lambda: _settings(args), sockets=sockets)
 
 
 def _score(args: argparse.Namespace) -> int:

@@ -253,8 +253,12 @@ def test_serve_hands_the_layered_settings_to_the_server(capsys, monkeypatch):
     import spinf.server.supervisor
 
     calls = []
-    monkeypatch.setattr(spinf.server.supervisor, "run", lambda settings, reload_settings, sockets: calls.append(
-        (settings, reload_settings)) or 0)  # fmt: skip
+
+    def recorded(settings, resolved, reload_settings, sockets):
+        calls.append((settings, reload_settings))
+        return 0
+
+    monkeypatch.setattr(spinf.server.supervisor, "run", recorded)
     code, out, err = run(capsys, "serve", "tiny", "--device", "cpu", "--port", "9001", "--debug")
     assert (code, out, err) == (0, "", "")
     ((settings, reload_settings),) = calls

@@ -21,6 +21,7 @@ import spinf.actors.pack_syncer
 import spinf.engine.engine
 import spinf.server.logs
 import spinf.server.supervisor
+from spinf.catalog import resolve_model
 from spinf.packs.catalog import Catalog
 from spinf.settings import SETTING, SETTINGS, Settings, load_settings
 from tests.settings_samples import SAMPLES, env_text
@@ -61,7 +62,7 @@ def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
     monkeypatch.setattr(spinf.actors.pack_syncer, "read_catalog", fake_read_catalog)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="spinf"):
-        assert spinf.server.supervisor.run(settings) == 0
+        assert spinf.server.supervisor.run(settings, resolve_model(settings.engine.model)) == 0
     starts = ("spinf.server.supervisor", "spinf.actors.pack_syncer")  # the pack catalog's start is the syncer's
     lines = [r.getMessage() for r in caplog.records if r.name in starts]
     reads = [(args, {k: v for k, v in kwargs.items() if k != "environ"}) for args, kwargs in catalog_reads]

@@ -41,6 +41,7 @@ from spinf.actors.loader import Loader
 from spinf.actors.pack_syncer import PackCatalogs, PackSyncer, pack_sources, start_packs
 from spinf.actors.packer import Packer
 from spinf.actors.warmup import Warmup
+from spinf.catalog import ResolvedModel
 from spinf.decisions import DEFAULT_STYLE
 from spinf.errors import ConfigError
 from spinf.server import http11, start_signals
@@ -315,19 +316,22 @@ def _exit_now(code: int) -> None:
 
 
 def run(
-    settings: Settings, reload_settings: Callable[[], Settings] | None = None, sockets: Sockets | None = None
+    settings: Settings,
+    resolved: ResolvedModel,
+    reload_settings: Callable[[], Settings] | None = None,
+    sockets: Sockets | None = None,
 ) -> int:
-    """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT. ``reload_settings``
+    """``spinf-serve serve``: the server for the layered ``settings``, until SIGTERM or SIGINT. ``resolved`` is the
+    model they name, resolved once by the command (`spinf.catalog.resolve_model`): the ``/v1/models`` entry and the
+    engine take it as it is. ``reload_settings``
     gives the layered settings again; a pack reload takes its pack settings from them. ``sockets``: the address
     bound already (`bind_sockets`, which the command calls before its checks); None binds it here, before the
     pack catalog and the model."""
     from spinf._version import __version__
-    from spinf.catalog import resolve_model
     from spinf.server.logs import configure
     from spinf.server.openapi import openapi_document
 
     configure(settings.server.log_format)
-    resolved = resolve_model(settings.engine.model)
     style = resolved.manifest.prompt_style if resolved.manifest is not None else DEFAULT_STYLE.name
     options = ServerOptions.from_settings(settings, prompt_style=style)
     sockets = sockets or bind_sockets(settings.server)
@@ -347,7 +351,7 @@ def run(
     def load():
         from spinf.engine.engine import Engine  # torch is imported here, in the executor thread
 
-        return Engine.from_settings(settings)
+        return Engine.from_settings(settings, resolved=resolved)
 
     entry = models_entry_for(resolved, settings)
     document = openapi_document(__version__, settings.limits, entry.names)
