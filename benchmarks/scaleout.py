@@ -97,9 +97,11 @@ class Served:
     machine: str
 
 
-def prepare_folder(args: argparse.Namespace) -> dict:
+def prepare_folder(args: argparse.Namespace) -> Served:
     """The 12B-shaped checkpoint folder (written once; found on a later run with the same ``--work``) and, for
-    fp8s, its scale table; run in a child process, so that the GPU memory it took goes with it."""
+    fp8s, its scale table, served as ``spinf-serve serve`` serves it: on a GPU the catalog model with
+    ``--model-dir``, on the CPU (no catalog model there) the folder by its path in fp32. Run in a child process,
+    so that the GPU memory it took goes with it."""
     import torch
 
     from benchmarks.baseline import BENCH_LIMITS
@@ -109,18 +111,18 @@ def prepare_folder(args: argparse.Namespace) -> dict:
     from spinf.engine.scales import SHIPPED_TABLE
 
     args.shape = "12b"
-    on_gpu = args.device == "cuda"
     folder = write_checkpoint(args.work, model_config(args), device=torch.device(args.device))
-    if on_gpu and args.quant == "fp8s" and not (folder.path / SHIPPED_TABLE).exists():
-        calibrate_folder(folder, args.work, calibration_corpus(), BENCH_LIMITS)
     written = f"written in {folder.write_s:.0f} s" if folder.write_s else "found"
-    return {
-        "path": str(folder.path),
-        "model_id": folder.model_id,
-        "manifests": str(write_manifest(args.work, folder)),
-        "title": f"{model_title(args)}, checkpoint folder {folder.num_bytes / 2**30:.1f} GiB {written}",
-        "machine": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}" if on_gpu else cpu_machine(),
-    }
+    title = f"{model_title(args)}, checkpoint folder {folder.num_bytes / 2**30:.1f} GiB {written}"
+    env = {"HF_HOME": str(args.work / "hf"), "HF_HUB_OFFLINE": "1"}
+    env["SPINF_MANIFEST_DIRS"] = str(write_manifest(args.work, folder))
+    if not folder.on_gpu:
+        return Served(str(folder.path), (), env, f"{title}, fp32", cpu_machine())
+    if args.quant == "fp8s" and not (folder.path / SHIPPED_TABLE).exists():
+        calibrate_folder(folder, args.work, calibration_corpus(), BENCH_LIMITS)
+    flags = ("--model-dir", str(folder.path), "--quant", args.quant)
+    machine = f"{torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return Served(folder.model_id, flags, env, f"{title}, {args.quant}", machine)
 
 
 def served(args: argparse.Namespace) -> Served:
@@ -129,12 +131,7 @@ def served(args: argparse.Namespace) -> Served:
         return Served(TINY, (), env, "the built-in tiny model, fp32", cpu_machine())
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-        folder = child.submit(prepare_folder, args).result()
-    env = {"HF_HOME": str(args.work / "hf"), "HF_HUB_OFFLINE": "1", "SPINF_MANIFEST_DIRS": folder["manifests"]}
-    if args.device == "cpu":  # the CPU runs no catalog model: the folder by its path, fp32
-        return Served(folder["path"], (), env, folder["title"] + ", fp32", folder["machine"])
-    flags = ("--model-dir", folder["path"], "--quant", args.quant)
-    return Served(folder["model_id"], flags, env, f"{folder['title']}, {args.quant}", folder["machine"])
+        return child.submit(prepare_folder, args).result()
 
 
 def start_replicas(args: argparse.Namespace, model: Served) -> list[ServerProcess]:
@@ -161,10 +158,10 @@ def start_replicas(args: argparse.Namespace, model: Served) -> list[ServerProces
     return [future.result() for future in futures]
 
 
-def stop_all(replicas: list[ServerProcess]) -> None:
-    for replica in replicas:
-        if replica.process.poll() is None:
-            replica.stop()
+def stop_all(servers: list[ServerProcess]) -> None:
+    for server in servers:
+        if server.process.poll() is None:
+            server.stop()
 
 
 @attrs.frozen
@@ -197,11 +194,11 @@ class Row:
         )
 
 
-def measure(args, replicas, payloads: list[bytes], questions: list[int], reference: list[str], report) -> list[Row]:
+def measure(args, servers, payloads: list[bytes], questions: list[int], reference: list[str], report) -> list[Row]:
     """q/s per N through HAProxy; the drain of the last replica at the largest N (`drain_one`)."""
     rows: list[Row] = []
     for n in args.counts:
-        with Balancer(args.haproxy, args.work / f"balancer-{n}", [r.port for r in replicas[:n]]) as balancer:
+        with Balancer(args.haproxy, args.work / f"balancer-{n}", [r.port for r in servers[:n]]) as balancer:
             balancer.wait_up()
             load = Callers(balancer.url, payloads, args.callers * n, TOKEN)
             time.sleep(args.warm_s)
@@ -209,7 +206,7 @@ def measure(args, replicas, payloads: list[bytes], questions: list[int], referen
             time.sleep(args.seconds)
             ended = time.monotonic()
             drained = n == args.counts[-1] and n >= 2 and args.drain
-            lines = drain_one(replicas[n - 1], replicas[: n - 1], load, TRUSTED) if drained else []
+            lines = drain_one(servers[n - 1], servers[: n - 1], load, TRUSTED) if drained else []
             answers = load.stop()
         rows.append(Row.of(n, args.callers * n, answers, (started, ended), questions, reference))
         report(table_row(rows[-1], rows[0]))
@@ -230,7 +227,11 @@ def bits_line(alone: list[list[str]]) -> str:
     """Whether every replica gave the same bytes for every body sent to it alone."""
     differ = [k for k in range(len(alone[0])) if len({per_replica[k] for per_replica in alone}) > 1]
     verdict = "identical" if not differ else f"DIFFERENT on {len(differ)} bodies (the first: body {differ[0]})"
-    return f"- bits: {len(alone[0])} bodies, each sent alone to each of the {len(alone)} replicas: {verdict}"
+    return f"- bits: {len(alone[0])} bodies, each sent alone to each of {replicas(len(alone))}: {verdict}"
+
+
+def replicas(count: int) -> str:
+    return "1 replica" if count == 1 else f"{count} replicas"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in ray_lines(ray_job(args, model, load), rates.get(args.replicas)):
             report(line)
     if args.results:
-        title = f"Scale-out: {args.replicas} replicas behind HAProxy and the Ray Data job (issue 37)"
+        title = f"Scale-out: {replicas(args.replicas)} behind HAProxy and the Ray Data job (issue 37)"
         append_section(title, "\n".join(lines))
     return 0
 
@@ -268,15 +269,15 @@ def over_http(args: argparse.Namespace, model: Served, load: Workload, report) -
     payloads = [json.dumps(body).encode() for body in bodies]
     questions = [len(body["inputs"]) * load.questions_per_input for body in bodies]
     started = time.monotonic()
-    replicas = start_replicas(args, model)
+    servers = start_replicas(args, model)
     try:
-        report(f"- {len(replicas)} replicas ready in {time.monotonic() - started:.0f} s (started at once)")
-        alone = alone_results(replicas, payloads, TOKEN)
+        report(f"- {replicas(len(servers))} ready in {time.monotonic() - started:.0f} s (started at once)")
+        alone = alone_results(servers, payloads, TOKEN)
         report(bits_line(alone))
         report("\n" + TABLE)
-        return measure(args, replicas, payloads, questions, alone[0], report)
+        return measure(args, servers, payloads, questions, alone[0], report)
     finally:
-        stop_all(replicas)
+        stop_all(servers)
 
 
 def ray_job(args: argparse.Namespace, model: Served, load: Workload) -> RayJob:
