@@ -4,9 +4,9 @@ then the Ray Data job over the same inputs.
 The command runs as a user runs it (a child process, no ``--results``). Its report must hold a row for N = 1 and
 N = 2 with a scaling efficiency, say that every body sent alone to both replicas came back as the same bytes, lose
 no call while the second replica is drained and stopped, and, where ray is installed, give the Ray job's output as
-``spinf-serve score`` writes it. Two server starts, two measured loads, a drain and a Ray start take about two
-minutes on a busy 2-core machine (100 to 160 s), so it is ``slow``. haproxy comes from Debian (``apt-get install haproxy``; .ci/run
-installs it): without it the test fails under CI and is skipped elsewhere.
+``spinf-serve score`` writes it. Two server starts, two measured loads, a drain and a Ray start took 100 to 160 s
+on the busy shared 2-core machine, so it is ``slow``. haproxy comes from Debian (``apt-get install haproxy``;
+.ci/run installs it): without it the test fails under CI and is skipped elsewhere.
 """
 
 from __future__ import annotations
