@@ -81,6 +81,17 @@ def round_up(n: int, multiple: int = 128) -> int:
     return -(-n // multiple) * multiple
 
 
+def batch_invariant(resolved: ResolvedModel, device: torch.device, quant: str) -> bool:
+    """Whether concurrent calls may share passes: only under a batch-invariant scheme, and only for a catalog model
+    (a checkpoint outside the catalog carries no guarantee, api spec §9.6). fp32 on the CPU is bitwise row-invariant
+    (tests/engine/test_independence.py). fp8s on a GPU is invariant by the design of engine spec B.10 (static
+    scales, aligned jobs, shape-stable GEMMs), which rests on the GPU kernels being built alongside this; only the
+    gpu-marked tests check it. bf16 and the other GPU schemes are not invariant."""
+    cpu_fp32 = device.type == "cpu" and quant == "fp32"
+    gpu_fp8s = device.type == "cuda" and quant == "fp8s"
+    return resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
+
+
 def pass_bound(max_pass_s: float | None, device: torch.device) -> float:
     """The time bound of a call's pass (spinf.engine.scheduler). Unless given, a CPU's passes keep to the settings
     table's default: a full pass there takes seconds. A GPU's full pass takes a fraction of a second on the 12B but
@@ -147,27 +158,8 @@ class Engine:
         self._idle_bytes = self.scorer.allocated_bytes() or 0
         self._idle_taken = False
         self.system_fingerprint = self._fingerprint()
-        log.info(
-            "serving %s (%s @ %s, %s%s on %s, layers %d, CUDA graphs %s): system_fingerprint %s",
-            self.served_name,
-            self.model_id,
-            self.revision,
-            self.quant,
-            f" with scale table {self.scale_table}" if self.scale_table else "",
-            device,
-            len(self.model.layers),
-            "on" if self.scorer.graphs is not None else "off",
-            self.system_fingerprint,
-        )
-        # Concurrent calls may share passes only under a batch-invariant scheme, and only for a catalog model (a
-        # checkpoint outside the catalog carries no guarantee, api spec §9.6). fp32 on the CPU is bitwise
-        # row-invariant (tests/engine/test_independence.py). fp8s on a GPU is invariant by the design of engine spec
-        # B.10 (static scales, aligned jobs, shape-stable GEMMs), which rests on the GPU kernels being built
-        # alongside this; only the gpu-marked tests check it. bf16 and the other GPU schemes are not invariant.
-        cpu_fp32 = self.device.type == "cpu" and self.quant == "fp32"
-        gpu_fp8s = self.device.type == "cuda" and self.quant == "fp8s"
-        self.batch_invariant = self.resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
-        log.info("scores are %s", self._invariance_note())
+        self.batch_invariant = batch_invariant(self.resolved, self.device, self.quant)
+        self._log_start()
         # extraction slots decode from what their scoring pass kept (spinf.engine.extractor); none when switched off
         self.extractor = self._extractor(settings) if self.features.extraction else None
         self.shape = EngineShape(
@@ -197,6 +189,21 @@ class Engine:
             # same kernels, so this changes speed only)
             graphs=settings.compile and settings.x_cuda_graphs and cuda,
         )
+
+    def _log_start(self) -> None:
+        log.info(
+            "serving %s (%s @ %s, %s%s on %s, layers %d, CUDA graphs %s): system_fingerprint %s",
+            self.served_name,
+            self.model_id,
+            self.revision,
+            self.quant,
+            f" with scale table {self.scale_table}" if self.scale_table else "",
+            self.device,
+            len(self.model.layers),
+            "on" if self.scorer.graphs is not None else "off",
+            self.system_fingerprint,
+        )
+        log.info("scores are %s", self._invariance_note())
 
     def _invariance_note(self) -> str:
         """What the start-up log says of batch invariance (``/v1/models`` and ``/v0/info`` say it as a boolean)."""
