@@ -87,6 +87,11 @@ class _ChunkSize:
     def bytes(self) -> int:
         return self._bytes(len(self.groups), self.prefix, self.paths + self.rows * self.steps, self.rows)
 
+    @property
+    def added(self) -> int:
+        """The bytes beyond the captured rows it copies: the generated rows, the prefix states and the log-probs."""
+        return self._bytes(len(self.groups), 0, self.rows * self.steps, self.rows)
+
     def _bytes(self, groups: int, prefix: int, paths: int, rows: int) -> int:
         cost = self.cost
         buffered = prefix * cost.prefix_token + paths * cost.path_token + groups * cost.per_prefix
@@ -95,7 +100,12 @@ class _ChunkSize:
 
 def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) -> list[list[int]]:
     """Task indices in chunks whose working set stays within ``budget`` bytes, each group's slots together; a slot
-    over the budget alone is a 413."""
+    over the budget alone is a 413.
+
+    All the tasks go in one chunk when what it adds to the captures fits: that chunk reads every capture last, so
+    the decoder lets each capture's keys and values go layer by layer as it copies them (`decoder._Chunk`), and
+    the copies take the captures' place. Every chunk's model step streams the weights once, so one chunk instead of
+    several saves a step of the whole model per token of the longest slot."""
     order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
     out: list[list[int]] = []
     size = _ChunkSize(cost, vocab)
@@ -109,6 +119,11 @@ def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) ->
                 f"an extraction slot needs {alone / 2**30:.2f} GiB to decode; the decoder budget is "
                 f"{budget / 2**30:.2f} GiB",
             )
+        size.add(tasks[i])
+    if size.added <= budget:
+        return [order]
+    size = _ChunkSize(cost, vocab)
+    for i in order:
         if not out or size.with_task(tasks[i]) > budget:
             out.append([])
             size = _ChunkSize(cost, vocab)

@@ -65,10 +65,15 @@ class Captured:
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.keys, *self.values, self.logprobs, *(s for s in self.states if s is not None)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = [*self.keys, *self.values, self.logprobs, *self.states]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     released: bool = False
+
+    def let_go(self, name: str, layer: int) -> None:
+        """Let go of one layer's keys or values (``name``), copied by the decoder chunk that reads them last."""
+        self.released = True
+        getattr(self, name)[layer] = None
 
     def release(self) -> None:
         """Let go of the keys, values and states (the decoder has copied what it needs); the step-0 log-probs
@@ -147,9 +152,11 @@ def decode(
     planned = chunks(tasks, cost, vocab, budget)
     last = {id(tasks[i].captured): c for c, indices in enumerate(planned) for i in indices}
     for c, indices in enumerate(planned):
-        chunk = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan, (min_p, rel_p))
-        for i in indices:  # a pass's keys and values are let go once the last chunk that reads them has its copy
-            if last.get(id(tasks[i].captured)) == c:
+        # a pass's keys and values are let go as the last chunk that reads them copies them, layer by layer
+        lets_go = {id(tasks[i].captured) for i in indices if last[id(tasks[i].captured)] == c}
+        chunk = _Chunk(model, [tasks[i] for i in indices], vocabulary, kernel_plan, (min_p, rel_p), lets_go)
+        for i in indices:
+            if id(tasks[i].captured) in lets_go:
                 tasks[i].captured.release()
         found = chunk.run(context, graphs, tally)
         for i, decoded in zip(indices, found, strict=True):
@@ -160,8 +167,8 @@ def decode(
 class _Chunk:
     """The slots of one chunk: their buffers, paths and the two choosers (beam and sampler)."""
 
-    def __init__(self, model, tasks: list[SlotTask], vocabulary, kernel_plan: Callable | None, pruning):
-        self.model, self.tasks, self.kernel_plan = model, tasks, kernel_plan
+    def __init__(self, model, tasks: list[SlotTask], vocabulary, kernel_plan: Callable | None, pruning, lets_go):
+        self.model, self.tasks, self.kernel_plan, self.lets_go = model, tasks, kernel_plan, lets_go
         device = tasks[0].captured.logprobs.device
         self.device = device
         self.searched = [s for s, t in enumerate(tasks) if t.search is not None]
@@ -253,6 +260,9 @@ class _Chunk:
                     filled += len(rows)
                 buffer[filled:].zero_()
                 out.append(buffer)
+                for captured, _ in layer_picks:
+                    if id(captured) in self.lets_go:
+                        captured.let_go(name, layer)
         width = max(len(p) for p in slot_paths) + self.steps
         paths = torch.zeros((num_rows, width), dtype=torch.long)
         for s in order:
