@@ -18,11 +18,23 @@ Run on the GPU machine: ``python benchmarks/extraction.py [--shape 12b] [--work 
 
 Every timing is the median of ``--repeats`` calls after one warm call of the same body. One section goes to
 benchmarks/RESULTS.md (``--no-results`` prints only).
+
+``--count`` times nothing and runs on any device: each slot call runs once and prints what it ran besides the base
+call (per slot: the tokens its passes scored, the decoder's rows; per call: passes, decodes, chunks, model steps,
+rows and the rows of a live beam or sequence, from `Extractor.tally`). Each decode step streams every weight once
+and runs every row of its chunk, live or not, through the model and the full-vocabulary head; a step's cost on a
+GPU is set by its weights far more than by its rows, so the steps say most of what a slot costs there.
+``--like-12b`` (with ``--count``) gives a small model the 12B's budgets: both decode budgets and the decoder's
+log-prob bytes per row are scaled so that every term of what the loop and the decoder hold stands to its budget
+as the 12B's does (its keys and values in bf16, its 262,144-wide log-probs), so its passes capture, flush and
+chunk as the 12B's would at the default budgets (the step-0 log-probs aside: the flush counts them, a few percent
+more on a small model).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
@@ -78,6 +90,14 @@ EIGHT_SEARCHED = [
 ]
 EIGHT_GENERATED = [
     {"id": f"g{k}", "template": f"\n\nSummary {k}:{{*}}", "generate": True, "max_tokens": 32} for k in range(8)
+]
+
+
+CASES = [
+    ("+1 searched {n} per input", [SEARCHED_N]),
+    ("+1 generated 32-token {*} per input", [GENERATED]),
+    ("+8 searched slots per input", EIGHT_SEARCHED),
+    ("+8 generated 32-token slots per input", EIGHT_GENERATED),
 ]
 
 
@@ -154,15 +174,9 @@ def cost_lines(
     say("")
     say("| call | mode | slots | ms | ms per slot | tokens of scoring per slot | slots/s | decode steps |")
     say("|---|---|---|---|---|---|---|---|")
-    cases = [
-        ("+1 searched {n} per input", [SEARCHED_N]),
-        ("+1 generated 32-token {*} per input", [GENERATED]),
-        ("+8 searched slots per input", EIGHT_SEARCHED),
-        ("+8 generated 32-token slots per input", EIGHT_GENERATED),
-    ]
-    runs = [(name, slots, mode, 0.0) for name, slots in cases for mode in ("as served", "full_length")]
+    runs = [(name, slots, mode, 0.0) for name, slots in CASES for mode in ("as served", "full_length")]
     if raised_gib:
-        runs += [(name, slots, "full_length", raised_gib) for name, slots in cases]
+        runs += [(name, slots, "full_length", raised_gib) for name, slots in CASES]
     for name, slots, mode, raised in runs:
         engine.extractor.full_length = mode == "full_length"
         budgets(engine, raised)
@@ -184,6 +198,64 @@ def cost_lines(
     say(f"peak GPU memory {peak:.2f} GiB" if device.type == "cuda" else "CPU run")
 
 
+def count_lines(engine, inputs: int, questions: int, say) -> None:
+    """The slot calls of `cost_lines`, each run once: what each ran beyond the base call, through ``say``."""
+    from spinf.engine.extraction.decoder import DecodeTally
+
+    base = base_body(inputs, questions)
+    before = engine.loop.statistics()
+    engine.score(base, trusted=True)
+    ran = engine.loop.statistics()
+    base_passes, base_tokens = ran.passes - before.passes, ran.packed_tokens - before.packed_tokens
+    say(f"base: {inputs} inputs × {questions} questions, {base_passes} passes, {base_tokens} scored tokens")
+    say("")
+    say(
+        "| call | mode | slots | passes | scored tokens per slot | decodes | chunks | model steps | rows | "
+        "live rows | rows per slot |"
+    )
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, slots in CASES:
+        for mode in ("as served", "full_length"):
+            engine.extractor.full_length = mode == "full_length"
+            engine.extractor.tally = tally = DecodeTally()
+            before = engine.loop.statistics()
+            engine.score(with_slots(base, slots), trusted=True)
+            ran = engine.loop.statistics()
+            count = inputs * len(slots)
+            scored = (ran.packed_tokens - before.packed_tokens - base_tokens) / count
+            say(
+                f"| {name} | {mode} | {count} | {ran.passes - before.passes} | {scored:.1f} | {tally.decodes} | "
+                f"{tally.chunks} | {tally.steps} | {tally.rows} | {tally.live_rows} | {tally.rows / count:.1f} |"
+            )
+    engine.extractor.full_length = False
+
+
+def kv_bytes(config: dict) -> int:
+    """A Gemma config's keys and values per token over all layers in bf16 (`Gemma4Text.kv_bytes_per_token`)."""
+    full = 2 * config["num_global_key_value_heads"] * config["global_head_dim"]
+    sliding = 2 * config["num_key_value_heads"] * config["head_dim"]
+    return sum(2 * (full if kind == "full_attention" else sliding) for kind in config["layer_types"])
+
+
+@contextlib.contextmanager
+def like_12b(engine):
+    """The default budgets scaled by the engine's keys and values per token over the 12B's, and the decoder's
+    log-prob bytes per row by the vocabularies too, while the block runs (`--like-12b`)."""
+    from spinf.engine.extraction import budget
+    from spinf.engine.extractor import DEFAULT_DECODE_BUDGET_GIB
+
+    scale = engine.extractor.cost.prefix_token / kv_bytes(GEMMA_12B_TEXT_CONFIG)
+    vocab = engine.model.cfg.vocab_size
+    logit_bytes = budget.LOGIT_BYTES
+    budget.LOGIT_BYTES = logit_bytes * GEMMA_12B_TEXT_CONFIG["vocab_size"] / vocab * scale
+    budgets(engine, DEFAULT_DECODE_BUDGET_GIB * scale)
+    try:
+        yield
+    finally:
+        budget.LOGIT_BYTES = logit_bytes
+        budgets(engine, 0.0)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -201,6 +273,8 @@ def parse_args(argv):
         help="also time every slot call at full length with both decode budgets raised to this many GiB",
     )
     p.add_argument("--profile", action="store_true", help="profile one full-length {n} call instead (torch.profiler)")
+    p.add_argument("--count", action="store_true", help="count what each slot call ran instead of timing it")
+    p.add_argument("--like-12b", action="store_true", help="with --count: the 12B's budgets on a small model")
     return p.parse_args(argv)
 
 
@@ -225,6 +299,11 @@ def main(argv=None) -> None:
             torch.cuda.reset_peak_memory_stats(device)
         if args.profile:
             profile(engine, with_slots(base_body(args.inputs, args.questions), [SEARCHED_N]), device)
+            return
+        if args.count:
+            engine.loop.scheduler.max_pass_s = 0.0  # passes of the whole token budget, as on a GPU (no time bound)
+            with like_12b(engine) if args.like_12b else contextlib.nullcontext():
+                count_lines(engine, args.inputs, args.questions, print)
             return
         cost_lines(engine, device, args.inputs, args.questions, args.repeats, say, args.raised_gib)
     if args.no_results:
