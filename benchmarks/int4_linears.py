@@ -23,7 +23,8 @@ import torch
 
 from benchmarks.gpu_probe import timed
 from spinf.engine.kernels.int4 import Tile, int8_mm, product_tile, quantize_blocks, quantize_split
-from spinf.engine.qwen35.int4 import GROUP, Int4Linear, Int4Weight
+from spinf.engine.qwen35.gptq import GROUP, Int4Weight
+from spinf.engine.qwen35.int4 import Int4Linear
 
 # the 27B's int4 linears: name, outputs, inputs, split scheme (norm-fed)
 SHAPES = (

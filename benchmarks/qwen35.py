@@ -58,8 +58,9 @@ from spinf.engine.compiler import compile_request
 from spinf.engine.engine import Engine
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.chunked import CHUNKED_MIN, fixed_spans
-from spinf.engine.qwen35.int4 import GROUP, OUTLIERS_FILE, OUTLIERS_VERSION, STORED_ZEROS, WHOLE_ROW, norm_fed_names
+from spinf.engine.qwen35.gptq import GROUP, STORED_ZEROS, WHOLE_ROW
 from spinf.engine.qwen35.int4_write import QUANTIZATION_CONFIG, quantized_names
+from spinf.engine.qwen35.outliers import OUTLIERS_FILE, OUTLIERS_VERSION, norm_fed_names
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG
 from spinf.engine.tiny_tokenizer import tokenizer_files
 from spinf.errors import SpinfError
@@ -279,7 +280,7 @@ def transformers_qwen35(folder: Path, device: torch.device, dtype: torch.dtype):
 
     from benchmarks.baseline import assign_weights
     from spinf.engine.folder import read_tensors
-    from spinf.engine.qwen35.int4 import unpack_gptq
+    from spinf.engine.qwen35.gptq import unpack_gptq
 
     config = AutoConfig.from_pretrained(folder).get_text_config()
     if hasattr(config, "quantization_config"):  # the weights arrive dequantized: no quantizer

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from benchmarks import qwen35
-from spinf.engine.qwen35.int4 import read_gptq_config, read_outliers
+from spinf.engine.qwen35.gptq import read_gptq_config
+from spinf.engine.qwen35.outliers import read_outliers
 
 
 def test_the_tiny_run_writes_an_int4_checkpoint_the_engine_serves(tmp_path, capsys):
@@ -87,7 +88,7 @@ def test_the_tiny_run_compares_with_the_baseline_on_the_same_int4_folder(tmp_pat
 def test_a_checkpoint_of_another_group_is_written_as_gptq_tools_write_it(tmp_path, group):
     from safetensors import safe_open
 
-    from spinf.engine.qwen35.int4 import unpack_gptq
+    from spinf.engine.qwen35.gptq import unpack_gptq
 
     text = qwen35.SHAPES["tiny"]
     folder = qwen35.write_random_int4(tmp_path / "snapshot", text, torch.device("cpu"), group=group)

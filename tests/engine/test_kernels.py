@@ -24,7 +24,7 @@ from spinf.engine.attention import (  # noqa: E402
     tree_attention,
 )
 from spinf.engine.gemma4.config import LayerSpec  # noqa: E402
-from spinf.engine.gemma4.model import rope_inv_freq  # noqa: E402
+from spinf.engine.gemma4.layer import rope_inv_freq  # noqa: E402
 from spinf.engine.layout import build_pass  # noqa: E402
 from spinf.engine.norm import rms_norm  # noqa: E402
 from spinf.engine.quant import quantize  # noqa: E402

@@ -1,6 +1,6 @@
 """The gated delta rule of Qwen3.5's GDN layers on the GPU, by segment index (engine spec B.14.2, C.1).
 
-A pass's recurrence is cut into segments (`spinf.engine.qwen35.model.pass_plan`): runs of stream rows, each the
+A pass's recurrence is cut into segments (`spinf.engine.qwen35.plan.pass_plan`): runs of stream rows, each the
 path successor of the one before, that start from the final state of their source segment (or from zeros). The
 segments come grouped into **levels** (a segment's level is its source's plus one) and each level is one launch of
 `_recurrent_kernel`, so every initial state it reads was written by an earlier launch.
@@ -215,7 +215,7 @@ def recurrent_delta_rule(
     out: torch.Tensor | None = None,
     seeds: list[tuple[int, int, torch.Tensor]] = (),
 ) -> torch.Tensor:
-    """The gated delta rule along each segment, token by token (`spinf.engine.qwen35.model.delta_rule`).
+    """The gated delta rule along each segment, token by token (`spinf.engine.qwen35.gdn.delta_rule`).
 
     q, k [N, Hv, dk]; v [N, Hv, dv]; decay (``exp(g)``), beta [N, Hv] (any row strides) -> o [N, Hv, dv] in v's
     dtype. ``table`` [S, `TABLE_COLUMNS`] int32 on the device, sorted by level; level ``l`` is its rows
@@ -308,8 +308,3 @@ def decode_delta_rule(
         HEADS=heads, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=warps, num_stages=1,
     )  # fmt: skip
     return out
-
-
-def kept_state_bytes(num_slots: int, heads: int, dk: int, dv: int) -> int:
-    """The kept-states buffer of one layer call."""
-    return max(num_slots, 1) * heads * dk * dv * 4

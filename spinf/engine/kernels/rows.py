@@ -417,7 +417,7 @@ def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, which: torch.Tensor, k
     return out
 
 
-# Qwen3.5's norms (`spinf.engine.qwen35.model.rms_norm` and `l2_norm`) one row per program: torch's GPU reductions
+# Qwen3.5's norms (`spinf.engine.qwen35.ops.rms_norm` and `l2_norm`) one row per program: torch's GPU reductions
 # choose how to split a row by the number of rows, so a row's sum, and its bits, changed with what shared the pass.
 # RMS: ``x / sqrt(mean(x²) + eps)`` in fp32, times ``offset + w``; L2: ``x / sqrt(sum(x²) + eps)`` in x's dtype,
 # each step rounded to bf16 as torch's bf16 ops round (BF16), the sum accumulated in fp32.

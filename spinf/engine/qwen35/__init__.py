@@ -2,7 +2,8 @@
 
 `config` reads the checkpoint's config; `model` is the decoder over a pass of jobs with tries (tree attention on the
 full-attention layers, the delta-rule recurrence and the causal convolution along each token's path on the GDN
-layers), on the CPU in fp32 and on a GPU; `int4` reads GPTQ int4 checkpoints and runs their modes, `outliers` finds
+layers of `gdn`), on the CPU in fp32 and on a GPU, `plan` the plan of a pass its layers read and `ops` the small
+pieces they share; `gptq` reads GPTQ int4 checkpoints and `int4` runs their linears in their modes, `outliers` finds
 and reads the i8 mode's outlier table (ours or spinf-serve 0.1.1's), `int4_write` writes small int4 checkpoints in
 the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine; `tiny` writes the
 tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.

@@ -47,7 +47,7 @@ def fixed_spans(layout) -> set[tuple[int, int]]:
 
 
 def fixed_segments(layout, segments: tuple[tuple[int, int, int], ...]) -> frozenset[int]:
-    """The segments of a pass (`spinf.engine.qwen35.model.segments`, cut after each job's fixed prefix, `cut_rows`)
+    """The segments of a pass (`spinf.engine.qwen35.plan.segments`, cut after each job's fixed prefix, `cut_rows`)
     that are a job's whole fixed prefix."""
     wanted = fixed_spans(layout)
     return frozenset(i for i, (first, end, source) in enumerate(segments) if source < 0 and (first, end) in wanted)

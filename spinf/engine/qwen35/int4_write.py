@@ -26,7 +26,7 @@ from spinf.catalog.resolve import read_config
 from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.config import FULL, read_qwen35_config
-from spinf.engine.qwen35.int4 import BITS, GROUP, STORED_ZEROS, WHOLE_ROW, ZERO
+from spinf.engine.qwen35.gptq import BITS, GROUP, STORED_ZEROS, WHOLE_ROW, ZERO
 from spinf.engine.qwen35.model import load_qwen35
 from spinf.engine.qwen35.outliers import OUTLIERS_FILE, OUTLIERS_VERSION, norm_fed_names
 from spinf.engine.qwen35.readout import has_readout, read_readout

@@ -28,7 +28,7 @@ from spinf.engine.qwen35.outliers import missing_table_error, read_outliers
 from spinf.errors import ModelError
 
 if TYPE_CHECKING:
-    from spinf.engine.qwen35.int4 import GptqConfig
+    from spinf.engine.qwen35.gptq import GptqConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ def load_for_engine(
         raise ModelError(f"{folder}: a decision model needs readout.safetensors and decision_config.json (A.15)")
     if weight_format == INT4_FORMAT:
         from spinf.engine.qwen35 import int4
+        from spinf.engine.qwen35.gptq import read_gptq_config
 
-        gptq = int4.read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
+        gptq = read_gptq_config(folder)  # checks the quantization config (bits, groups, symmetry, no act-order)
         if not scheme.startswith(INT4_PREFIX):
             raise ModelError(f"{folder}: an int4 GPTQ checkpoint runs in the modes i8, f16, fp8, bf16, not {scheme}")
         log.info("GPTQ int4 %s, run as %s", _groups_text(gptq), scheme)  # its real group, whatever the format's name
@@ -102,7 +103,7 @@ def load_for_engine(
 
 def _groups_text(gptq: GptqConfig | None) -> str:
     """How the log names a GPTQ checkpoint's groups (`INT4_FORMAT` is one name for every group size)."""
-    from spinf.engine.qwen35.int4 import WHOLE_ROW
+    from spinf.engine.qwen35.gptq import WHOLE_ROW
 
     if gptq is None:
         return "with no quantization_config (groups from the scales' shape)"

@@ -13,7 +13,8 @@ from spinf.engine.kernels.gdn import segment_table
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35 import chunked
 from spinf.engine.qwen35.chunked import plan_calls, reference_chunked
-from spinf.engine.qwen35.model import delta_rule, delta_step, pass_plan
+from spinf.engine.qwen35.gdn import delta_rule, delta_step
+from spinf.engine.qwen35.plan import pass_plan
 from spinf.engine.trie import Job, add_prompt
 
 

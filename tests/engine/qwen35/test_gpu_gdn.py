@@ -20,7 +20,9 @@ import torch
 from benchmarks.gpu_probe import timed
 from spinf.engine.kernels.gdn import decode_delta_rule, recurrent_delta_rule, segment_table
 from spinf.engine.layout import build_pass
-from spinf.engine.qwen35.model import delta_rule, load_qwen35, pass_plan, predecessors, segments
+from spinf.engine.qwen35.gdn import delta_rule
+from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.plan import pass_plan, predecessors, segments
 from spinf.engine.qwen35.tiny import write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
@@ -375,10 +377,10 @@ def test_a_sequence_gets_the_same_bits_from_fla_whatever_shares_its_call():
 def test_the_tree_attention_kernel_runs_the_27b_attention_shape():
     from spinf.engine.attention import attention_plan, tree_attention
     from spinf.engine.kernels import kernel_plan, tile_rows, tree_attention_kernel
-    from spinf.engine.qwen35.model import Attention
+    from spinf.engine.qwen35.plan import kernel_config
 
     layout = build_pass(several_jobs(300))
-    n, config = layout.num_tokens, Attention.kernel_config(256, 6)
+    n, config = layout.num_tokens, kernel_config(256, 6)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(n, heads, 256, generator=g) / 4 for heads in (24, 4, 4))
     expected = tree_attention(q, k, v, attention_plan(layout, torch.device("cpu")), None)

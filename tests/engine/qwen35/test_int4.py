@@ -25,18 +25,11 @@ from safetensors.torch import save_file
 
 from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
-from spinf.engine.qwen35.int4 import (
-    ACT_BLOCK,
-    MODES,
-    GptqConfig,
-    Int4Linear,
-    int4_linears,
-    read_gptq_config,
-    scheme,
-    unpack_gptq,
-)
+from spinf.engine.qwen35.gptq import GptqConfig, read_gptq_config, unpack_gptq
+from spinf.engine.qwen35.int4 import ACT_BLOCK, MODES, Int4Linear, int4_linears, scheme
 from spinf.engine.qwen35.int4_write import pack_gptq, quantize_rtn, write_gptq_checkpoint
-from spinf.engine.qwen35.model import load_qwen35, rms_norm
+from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.ops import rms_norm
 from spinf.engine.qwen35.outliers import OUTLIERS_FILE, read_outliers
 from spinf.engine.qwen35.tiny import TEXT_PREFIX, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread

@@ -20,7 +20,8 @@ from spinf import Engine
 from spinf.engine.folder import read_tensors
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35.config import read_qwen35_config
-from spinf.engine.qwen35.int4 import MODES, GptqConfig, int4_linears, read_gptq_config, unpack_gptq
+from spinf.engine.qwen35.gptq import GptqConfig, read_gptq_config, unpack_gptq
+from spinf.engine.qwen35.int4 import MODES, int4_linears
 from spinf.engine.qwen35.int4_write import quantized_names, write_gptq_checkpoint
 from spinf.engine.qwen35.model import load_qwen35
 from spinf.engine.qwen35.outliers import read_outliers

@@ -17,7 +17,8 @@ from spinf.engine.kernels.int4 import (
     quantize_split,
     unpack_int4,
 )
-from spinf.engine.qwen35.int4 import GROUP, Int4Linear, Int4Weight, _per_token, _to_int8
+from spinf.engine.qwen35.gptq import GROUP, Int4Weight
+from spinf.engine.qwen35.int4 import Int4Linear, _per_token, _to_int8
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the kernels run
 

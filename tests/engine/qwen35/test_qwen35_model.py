@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
 from spinf.engine.layout import build_pass
 from spinf.engine.qwen35 import chunked
 from spinf.engine.qwen35.config import FULL, LINEAR, parse_qwen35_config, read_qwen35_config
-from spinf.engine.qwen35.model import load_qwen35, pass_plan
+from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.plan import pass_plan
 from spinf.engine.qwen35.tiny import TINY_TEXT_CONFIG, write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt

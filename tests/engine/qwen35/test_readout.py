@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spinf.engine.layout import build_pass
-from spinf.engine.qwen35.model import load_qwen35, rms_norm
+from spinf.engine.qwen35.model import load_qwen35
+from spinf.engine.qwen35.ops import rms_norm
 from spinf.engine.qwen35.readout import (
     DECISION_CONFIG_FILE,
     READOUT_FILE,

@@ -1,0 +1,82 @@
+"""The Qwen3.5 stack's small pieces, shared by its layers: elementwise functions on vector-padded widths
+(`pointwise`), its RMSNorm and L2 norm (row by row on a GPU), and its float linears (`Dense`, made by a
+`MakeLinear` factory: `float_linears` here, the int4 ones in `spinf.engine.qwen35.int4`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spinf.engine.gemm import stable_mm
+
+# Elementwise exp/sigmoid/softplus/cos run vectorised in blocks and finish a tensor's last elements with scalar code
+# that can differ in the last bit: computed on widths padded to this many columns, no row ever reaches the tail.
+VECTOR_BLOCK = 64
+
+
+def pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for an elementwise ``fn`` on a 2-D ``x``, computed with the columns padded to `VECTOR_BLOCK`."""
+    width = x.shape[-1]
+    pad = -width % VECTOR_BLOCK
+    return fn(F.pad(x, (0, pad)) if pad else x.contiguous())[..., :width]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset: float = 1.0) -> torch.Tensor:
+    """RMSNorm over the last dim in fp32, times ``offset + weight`` (Qwen3.5's norms: 1; the GDN's gated norm: 0).
+
+    A square root and a division (correctly rounded in every code path) rather than ``rsqrt``, as in
+    `spinf.engine.norm.rms_norm`. On a GPU one row per program (`spinf.engine.kernels.rows.qwen_norm`): torch's
+    reductions there split a row by how many rows there are."""
+    if x.is_cuda:
+        from spinf.engine.kernels.rows import qwen_norm
+
+        return qwen_norm(x, weight, eps, offset=offset)
+    xf = x.float()
+    out = xf * (1.0 / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+    if weight is not None:
+        out = out * (offset + weight.float())
+    return out.type_as(x)
+
+
+def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / ‖x‖`` over the last dim in x's dtype; on a GPU row by row, as `rms_norm`."""
+    if x.is_cuda:
+        from spinf.engine.kernels.rows import qwen_norm
+
+        return qwen_norm(x, None, eps, l2=True)
+    return x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) + eps))
+
+
+class Dense(nn.Module):
+    """A float linear without bias: ``x · Wᵀ`` in fixed row blocks (`row_stable_mm`). The int4 checkpoints' linears
+    (`spinf.engine.qwen35.int4`) take the same place with the same call."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return stable_mm(x, self.weight.to(x.dtype))
+
+
+# Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along
+# the output, in that order); float (`float_linears`) or int4 (`spinf.engine.qwen35.int4`).
+MakeLinear = Callable[[list[str]], nn.Module]
+
+
+def float_linears(take: Callable[[str], torch.Tensor], dtype: torch.dtype | None = None) -> MakeLinear:
+    """`MakeLinear` for float checkpoints: the weights concatenated along the output, as `Dense`."""
+
+    def make(names: list[str]) -> nn.Module:
+        weight = torch.cat([take(name + ".weight") for name in names])
+        return Dense(weight if dtype is None else weight.to(dtype))
+
+    return make
