@@ -14,7 +14,6 @@ import torch
 
 from spinf.engine.compiler import CompiledInput, slot_tokens
 from spinf.engine.extraction.answers import Generated, generated_combination, searched_combination
-from spinf.engine.extraction.budget import capture_cost
 from spinf.engine.extraction.decoder import Captured, Decoded, DecodeTally, SlotStart, SlotTask, decode
 from spinf.engine.extraction.sampling import GenerateSlot
 from spinf.engine.extraction.search import SearchSlot
@@ -46,7 +45,7 @@ class Extractor:
         self.decode_budget = int(decode_budget_gib * 2**30)
         self.decoder_budget = int(decoder_budget_gib * 2**30)
         self.kernel_plan, self.context, self.graphs = kernel_plan, context, graphs
-        self.cost = capture_cost(model)  # what the decoder holds per token and per prefix
+        self.cost = model.capture_cost()  # what the decoder holds per token and per prefix
         # Measurement only, never a setting (benchmarks/extraction.py): random weights spread the next-token mass so
         # thin that every beam is pruned and every sequence ends at once; with ``full_length`` beams are never
         # pruned and nothing ends before ``max_tokens``, so a slot's full cost can be timed.

@@ -1,9 +1,10 @@
 """What the decoder holds, and slots packed into decode chunks that fit the decoder budget (engine spec C.4).
 
-`CaptureCost` is a model's bytes per captured or generated row and per prefix (the capture budget counts a pass's
-slots with it, `spinf.engine.extractor`); `chunks` packs a decode's slots into chunks whose working set (the copied
-prefixes and paths, every row's generated keys and values, the step's full-vocabulary log-probs) stays within the
-decoder budget, each prefix's slots together, and refuses a slot that cannot fit alone (413 ``request_too_large``).
+`CaptureCost` is a model's bytes per captured or generated row and per prefix (its ``capture_cost()``; the capture
+budget counts a pass's slots with it, `spinf.engine.extractor`); `chunks` packs a decode's slots into chunks whose
+working set (the copied prefixes and paths, every row's generated keys and values, the step's full-vocabulary
+log-probs) stays within the decoder budget, each prefix's slots together, and refuses a slot that cannot fit alone
+(413 ``request_too_large``).
 """
 
 from __future__ import annotations
@@ -39,14 +40,6 @@ class CaptureCost:
         """One prefix and its paths in prefix rows' worth (what the capture budget counts, `capture_tokens`)."""
         path = -(-path_tokens * self.path_token // self.prefix_token)
         return prefix_tokens + path + -(-self.per_prefix // self.prefix_token)
-
-
-def capture_cost(model) -> CaptureCost:
-    """The model's `CaptureCost`: its own, or keys and values alike on every row (``kv_bytes_per_token``)."""
-    if hasattr(model, "capture_cost"):
-        return model.capture_cost()
-    per_token = model.kv_bytes_per_token()
-    return CaptureCost(per_token, per_token)
 
 
 def chunk_bytes(tasks: list[SlotTask], cost: CaptureCost, vocab: int) -> int:

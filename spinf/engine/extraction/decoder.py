@@ -25,7 +25,7 @@ import attrs
 import torch
 
 from spinf.engine.attention import AttentionPlan, DecodeKV
-from spinf.engine.extraction.budget import capture_cost, chunks
+from spinf.engine.extraction.budget import chunks
 from spinf.engine.extraction.sampling import GenerateSlot, Generation, stack_generate
 from spinf.engine.extraction.search import BEAM, MIN_P, REL_P, BeamSearch, SearchSlot, stack_slots
 
@@ -146,7 +146,7 @@ def decode(
         return [], 0.0
     tally = DecodeTally() if tally is None else tally
     tally.decodes += 1
-    cost = capture_cost(model)
+    cost = model.capture_cost()
     vocab = tasks[0].captured.logprobs.shape[1]
     out: list[Decoded | None] = [None] * len(tasks)
     planned = chunks(tasks, cost, vocab, budget)
