@@ -1,18 +1,19 @@
 """The decoder: extraction and generated slots decoded from what the scoring pass kept (engine spec B.13, C.4).
 
 A scoring pass with slots keeps, for every job with a slot, the keys and values of its prefix and of each slot's
-template path in every layer, and the full-vocabulary log-probs at each slot's start (`Captured`; the scorer makes
-it). The content is never read again: `decode` copies what its slots need into one buffer per layer, with room for
-every token the slots may generate, and runs decode steps over all the slots at once. A step is a pass of the model
-whose rows are the slots' newest tokens (``BEAM`` rows per slot): each layer writes the rows' keys and values into
-its buffer and attends exactly as a branch row of a scoring pass does (the content part over the prefix, the path
-part over the template and the tokens generated so far, `spinf.engine.attention.DecodeKV`), so a decoded token gets
-the bits it would get as a branch of its input's trie, whatever else decodes with it. The beam (`search`) and the
-sampler (`sampling`) choose on the device; a row's path follows its parent's by a gather of indices, so no key or
-value is copied when beams are reordered.
+template path in every layer, and the full-vocabulary log-probs at each slot's start (`Captured`; the scorer makes it).
+The content is never read again: `decode` copies what its slots need into one buffer per layer, with room for every
+token the slots may generate, and runs decode steps over all the slots at once. A step is a pass of the model whose
+rows are the slots' newest tokens (a searched slot's ``BEAM`` beams, a generated slot's ``n`` sequences): each layer
+writes the rows' keys and values into its buffer and attends exactly as a branch row of a scoring pass does (the
+content part over the prefix, the path part over the template and the tokens generated so far,
+`spinf.engine.attention.DecodeKV`), so a decoded token gets the bits it would get as a branch of its input's trie,
+whatever else decodes with it. The beam (`search`) and the sampler (`sampling`) choose on the device; a row's path
+follows its parent's by a gather of indices, so no key or value is copied when beams are reordered.
 
 Slots are decoded in chunks whose working set (buffers and full-vocabulary log-probs) stays under the decoder
-budget; a slot that cannot fit alone is a 413 ``request_too_large``.
+budget (`spinf.engine.extraction.budget`); a slot that cannot fit alone is a 413 ``request_too_large``. A step runs
+only while a row is alive, and a chooser reads the vocabulary only for its slots' rows.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class _Chunk:
         self.device = device
         self.searched = [s for s, t in enumerate(tasks) if t.search is not None]
         self.generated = [s for s, t in enumerate(tasks) if t.generate is not None]
+        generate = [tasks[s].generate for s in self.generated]
         vocab = tasks[0].captured.logprobs.shape[1]
         numbers = any(tasks[s].search.is_number for s in self.searched)
         self.search = (
@@ -190,7 +192,7 @@ class _Chunk:
             else None
         )
         self.generation = (
-            Generation(stack_generate([tasks[s].generate for s in self.generated], device=device))
+            Generation(stack_generate(generate, device=device, width=max(g.n for g in generate)))
             if self.generated
             else None
         )
@@ -297,14 +299,16 @@ class _Chunk:
             [tasks[s].start.position for s in row_slot], dtype=torch.long, device=device
         )
         self.row_slot = row_slot
-        # per chooser, made once (a step copies nothing from the host): ``gather`` [slots, BEAM] the row each of
-        # its rows reads (a generated slot's rows past n read its last sequence's and are ignored), ``real`` the
-        # chooser's flat [slots × BEAM] places that are rows, and ``rows`` those rows
+        # per chooser, made once (a step copies nothing from the host): ``gather`` [slots, width] the row each of
+        # its rows reads (``BEAM`` beams; a generated slot's rows past its n, up to the chunk's largest n, read its
+        # last sequence's and are ignored), ``real`` the chooser's flat [slots × width] places that are rows, and
+        # ``rows`` those rows
         self.gather, self.real, self.rows = {}, {}, {}
         for kind, slots in (("search", self.searched), ("generate", self.generated)):
-            gather = [[offset[s] + min(b, width_of[s] - 1) for b in range(BEAM)] for s in slots]
-            real = [k * BEAM + b for k, s in enumerate(slots) for b in range(width_of[s])]
-            self.gather[kind] = torch.tensor(gather, dtype=torch.long, device=device).reshape(-1, BEAM)
+            width = max((width_of[s] for s in slots), default=1) if kind == "generate" else BEAM
+            gather = [[offset[s] + min(b, width_of[s] - 1) for b in range(width)] for s in slots]
+            real = [k * width + b for k, s in enumerate(slots) for b in range(width_of[s])]
+            self.gather[kind] = torch.tensor(gather, dtype=torch.long, device=device).reshape(-1, width)
             self.real[kind] = torch.tensor(real, dtype=torch.long, device=device)
             self.rows[kind] = torch.tensor(
                 [offset[s] + b for s in slots for b in range(width_of[s])], dtype=torch.long, device=device
@@ -312,9 +316,9 @@ class _Chunk:
         self.first_rows = torch.tensor(row_slot, dtype=torch.long, device=device)  # per row: its slot
 
     def _slot_logprobs(self, lp: torch.Tensor, kind: str) -> torch.Tensor:
-        """One chooser's view of a step's [rows, V] log-probs: [slots, BEAM, V]."""
+        """One chooser's view of a step's [rows, V] log-probs: [slots, width, V]."""
         g = self.gather[kind]
-        return lp.index_select(0, g.reshape(-1)).view(g.shape[0], BEAM, -1)
+        return lp.index_select(0, g.reshape(-1)).view(*g.shape, -1)
 
     def run(self, context: Callable | None, graphs: bool, tally: DecodeTally) -> list[Decoded]:
         """Decode the chunk: a choice on the step-0 log-probs, then bodies (feed the last choices, read the next

@@ -1,11 +1,12 @@
 """Generation for ``{*}`` slots with ``generate`` (engine spec A.13), vectorised over every generated slot of a chunk.
 
-A slot owns ``BEAM`` rows, sequence b in row b (``n`` ≤ ``BEAM``); rows never change places, so a decoder feeds each
-live row its own new token. `generate_step` does one step for all slots at once: greedy where the temperature is 0
-(stop when ``P(end)`` is at least the best token's probability, else the best token, ties to the lower id), seeded
-sampling otherwise (the end event and the ``top_k`` most probable tokens, log-probs divided by the temperature,
-renormalised, the smallest nucleus covering ``top_p``, one draw). A sequence finishes ``"stop"`` when the end event is
-chosen and ``"length"`` when it holds ``max_tokens`` tokens (its last log-probs are not read).
+A slot owns W rows, as many as the chunk's largest ``n`` (``BEAM`` at most), sequence b in row b and the rows past its
+``n`` dead; rows never change places, so a decoder feeds each live row its own new token. `generate_step` does one step
+for all slots at once: greedy where the temperature is 0 (stop when ``P(end)`` is at least the best token's
+probability, else the best token, ties to the lower id), seeded sampling otherwise (the end event and the ``top_k``
+most probable tokens, log-probs divided by the temperature, renormalised, the smallest nucleus covering ``top_p``, one
+draw). A sequence finishes ``"stop"`` when the end event is chosen and ``"length"`` when it holds ``max_tokens`` tokens
+(its last log-probs are not read).
 
 **Seeding.** Sequence b of a slot draws from NumPy's default generator seeded with ``[seed, b]``, the reference
 engine's construction (A.13), so texts agree with it draw for draw. A step consumes exactly one uniform of that
@@ -60,7 +61,8 @@ class GenerateSlot:
 
 @attrs.frozen
 class GenerateSlots:
-    """The per-slot constants of a chunk, stacked; ``max_k`` and ``steps`` are host facts fixed at build."""
+    """The per-slot constants of a chunk, stacked, W rows per slot; ``max_k`` and ``steps`` are host facts fixed at
+    build."""
 
     max_tokens: torch.Tensor  # [S] int64
     temperature: torch.Tensor  # [S] float64, 1 for greedy slots (never divided by 0)
@@ -69,8 +71,8 @@ class GenerateSlots:
     top_k: torch.Tensor  # [S] int64
     stop: torch.Tensor  # [S, V] bool
     forbidden: torch.Tensor  # [S, V] bool
-    uniforms: torch.Tensor  # [S, BEAM, T] float64: the draw of each sequence at each step
-    rows: torch.Tensor  # [S, BEAM] bool: the slot's n sequences
+    uniforms: torch.Tensor  # [S, W, T] float64: the draw of each sequence at each step
+    rows: torch.Tensor  # [S, W] bool: the slot's n sequences
     max_k: int
     steps: int  # T: the largest max_tokens
 
@@ -79,10 +81,10 @@ class GenerateBuffers(NamedTuple):
     """The generation state after ``t`` steps (a NamedTuple so that a step compiles whole)."""
 
     t: torch.Tensor  # [] int64
-    alive: torch.Tensor  # [S, BEAM] bool: still generating
-    tokens: torch.Tensor  # [S, BEAM, T] int64
-    length: torch.Tensor  # [S, BEAM] int64
-    finish: torch.Tensor  # [S, BEAM] int64: 0 running, STOP or LENGTH
+    alive: torch.Tensor  # [S, W] bool: still generating
+    tokens: torch.Tensor  # [S, W, T] int64
+    length: torch.Tensor  # [S, W] int64
+    finish: torch.Tensor  # [S, W] int64: 0 running, STOP or LENGTH
 
 
 def sequence_uniforms(seed: int, sequence: int, steps: int) -> np.ndarray:
@@ -90,9 +92,15 @@ def sequence_uniforms(seed: int, sequence: int, steps: int) -> np.ndarray:
     return np.random.default_rng([seed, sequence]).random(steps)
 
 
-def stack_generate(slots: list[GenerateSlot], *, device: torch.device | str = "cpu") -> GenerateSlots:
+def stack_generate(
+    slots: list[GenerateSlot], *, device: torch.device | str = "cpu", width: int = BEAM
+) -> GenerateSlots:
+    """The chunk's constants, ``width`` rows per slot (at least every slot's ``n``): a decoder gives its chunk's
+    largest ``n``, so a step reads and ranks the vocabulary for no row that no slot uses."""
+    if width < max(slot.n for slot in slots):
+        raise ValueError(f"width {width} is under a slot's n")
     steps = max(slot.max_tokens for slot in slots)
-    uniforms = np.zeros((len(slots), BEAM, steps))
+    uniforms = np.zeros((len(slots), width, steps))
     for s, slot in enumerate(slots):
         if slot.temperature > 0:
             for b in range(slot.n):
@@ -110,7 +118,7 @@ def stack_generate(slots: list[GenerateSlot], *, device: torch.device | str = "c
         stop=torch.stack([slot.stop for slot in slots]).to(device),
         forbidden=torch.stack([slot.forbidden for slot in slots]).to(device),
         uniforms=torch.from_numpy(uniforms).to(device),
-        rows=column([[b < slot.n for b in range(BEAM)] for slot in slots], torch.bool),
+        rows=column([[b < slot.n for b in range(width)] for slot in slots], torch.bool),
         # every sampled slot draws among MAX_TOP_K + 1 events (the rest -inf), so its softmax has one width whatever
         # shares the chunk; greedy slots read only the best token, so a greedy chunk needs just that one
         max_k=MAX_TOP_K if any(slot.temperature > 0 for slot in slots) else max(s.num_candidates for s in slots),
@@ -131,7 +139,7 @@ def initial_generate(slots: GenerateSlots) -> GenerateBuffers:
 
 
 def _draw(slots: GenerateSlots, events: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The event each row draws: events [S, BEAM, K + 1] log-probs (-inf: not a candidate), u [S, BEAM] uniforms.
+    """The event each row draws: events [S, W, K + 1] log-probs (-inf: not a candidate), u [S, W] uniforms.
 
     Events are sorted by probability (stable, so the end event, first, wins ties), the nucleus is every event whose
     predecessors hold less than ``top_p``, and the draw searches its normalised cumulative sum as ``choice`` does.
@@ -147,15 +155,15 @@ def _draw(slots: GenerateSlots, events: torch.Tensor, u: torch.Tensor) -> torch.
 
 
 def generate_step(slots: GenerateSlots, buf: GenerateBuffers, logprobs: torch.Tensor):
-    """One step of A.13 for every slot: the new buffers and each row's new token ([S, BEAM], 0 where none).
+    """One step of A.13 for every slot: the new buffers and each row's new token ([S, W], 0 where none).
 
-    ``logprobs`` [S, BEAM, V] float32 at each row's current position (rows that are not alive are ignored).
+    ``logprobs`` [S, W, V] float32 at each row's current position (rows that are not alive are ignored).
     """
     steps = slots.steps
-    end_lp = end_logprob(logprobs, slots.stop)  # [S, BEAM]
+    end_lp = end_logprob(logprobs, slots.stop)  # [S, W]
     cand_lp, cand_tok = top(logprobs.masked_fill(slots.forbidden[:, None, :], _NEG_INF), slots.max_k)
     ranked = torch.arange(slots.max_k, device=logprobs.device) < slots.top_k[:, None, None]
-    events = torch.cat([end_lp[..., None], cand_lp.masked_fill(~ranked, _NEG_INF)], dim=-1)  # [S, BEAM, K + 1]
+    events = torch.cat([end_lp[..., None], cand_lp.masked_fill(~ranked, _NEG_INF)], dim=-1)  # [S, W, K + 1]
     u = slots.uniforms.index_select(2, buf.t.clamp(max=steps - 1).view(1))[..., 0]
     greedy = torch.where(end_lp >= cand_lp[..., 0], 0, 1)  # the end event wins ties
     event = torch.where(slots.is_greedy[:, None], greedy, _draw(slots, events, u))
