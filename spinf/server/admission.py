@@ -78,7 +78,7 @@ class Admission:
     """
 
     capacity: int
-    rate: float = 200.0
+    rate: float  # refusals per second at most: the settings' reject_rate
     _free: int = attrs.field(init=False)
     _held: collections.Counter = attrs.field(factory=collections.Counter)  # caller -> slots it holds (never 0)
     # every waiting refusal, and per caller the ones that may be admitted, oldest first (dicts: insertion-ordered,
