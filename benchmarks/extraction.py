@@ -21,9 +21,10 @@ benchmarks/RESULTS.md (``--no-results`` prints only).
 
 ``--count`` times nothing and runs on any device: each slot call runs once and prints what it ran besides the base
 call (per slot: the tokens its passes scored, the decoder's rows; per call: passes, decodes, chunks, model steps,
-rows and the rows of a live beam or sequence, from `Extractor.tally`). Each decode step streams every weight once
-and runs every row of its chunk, live or not, through the model and the full-vocabulary head; a step's cost on a
-GPU is set by its weights far more than by its rows, so the steps say most of what a slot costs there.
+rows, the rows of a live beam or sequence and the rows whose full-vocabulary log-probs a choice ranked, from
+`Extractor.tally`). Each decode step streams every weight once and runs every row of its chunk, live or not, through
+the model and the full-vocabulary head; on a GPU a step costs about the same for a few rows as for a hundred, so the
+steps, and the rows the choices rank, say most of what a slot costs there.
 ``--like-12b`` (with ``--count``) gives a small model the 12B's budgets: both decode budgets and the decoder's
 log-prob bytes per row are scaled so that every term of what the loop and the decoder hold stands to its budget
 as the 12B's does (its keys and values in bf16, its 262,144-wide log-probs), so its passes capture, flush and
@@ -211,9 +212,9 @@ def count_lines(engine, inputs: int, questions: int, say) -> None:
     say("")
     say(
         "| call | mode | slots | passes | scored tokens per slot | decodes | chunks | model steps | rows | "
-        "live rows | rows per slot |"
+        "live rows | rows per slot | ranked rows |"
     )
-    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, slots in CASES:
         for mode in ("as served", "full_length"):
             engine.extractor.full_length = mode == "full_length"
@@ -225,7 +226,8 @@ def count_lines(engine, inputs: int, questions: int, say) -> None:
             scored = (ran.packed_tokens - before.packed_tokens - base_tokens) / count
             say(
                 f"| {name} | {mode} | {count} | {ran.passes - before.passes} | {scored:.1f} | {tally.decodes} | "
-                f"{tally.chunks} | {tally.steps} | {tally.rows} | {tally.live_rows} | {tally.rows / count:.1f} |"
+                f"{tally.chunks} | {tally.steps} | {tally.rows} | {tally.live_rows} | {tally.rows / count:.1f} | "
+                f"{tally.ranked} |"
             )
     engine.extractor.full_length = False
 

@@ -9,7 +9,7 @@ import re
 from benchmarks import extraction
 from spinf.engine.extraction import budget
 
-COLUMNS = ["slots", "passes", "scored", "decodes", "chunks", "steps", "rows", "live", "per_slot"]
+COLUMNS = ["slots", "passes", "scored", "decodes", "chunks", "steps", "rows", "live", "per_slot", "ranked"]
 
 
 def counted(out: str) -> dict[tuple[str, str], dict[str, float]]:
@@ -35,7 +35,9 @@ def test_the_count_gives_each_slot_call_its_decoder_work(tmp_path, capsys):
         assert row["live"] >= row["steps"]
         assert row["rows"] == row["per_slot"] * row["slots"]
     n = rows["+1 searched {n} per input", "full_length"]
-    assert (n["steps"], n["per_slot"]) == (16 * n["chunks"], 6 * 16)  # 6 beams × max_tokens 16, none pruned
+    # 6 beams × max_tokens 16, none pruned; each beam ranks the vocabulary at each of the 17 choices
+    assert (n["steps"], n["per_slot"], n["ranked"]) == (16 * n["chunks"], 6 * 16, n["slots"] * 6 * 17)
     generated = rows["+1 generated 32-token {*} per input", "full_length"]
     # one row each, 31 steps: the 32nd token is chosen on the 31st step's log-probs, and nothing reads after it
-    assert (generated["steps"], generated["per_slot"]) == (31 * generated["chunks"], 31)
+    expected = (31 * generated["chunks"], 31, generated["slots"] * 32)
+    assert (generated["steps"], generated["per_slot"], generated["ranked"]) == expected

@@ -114,13 +114,20 @@ class Decoded:
 @attrs.define
 class DecodeTally:
     """What decodes ran, summed over them (what benchmarks/extraction.py counts): decodes, chunks, model steps,
-    the rows those steps ran (every row of the chunk) and of those the rows of a live beam or sequence."""
+    the rows those steps ran (every row of the chunk) and of those the rows of a live beam or sequence, and the
+    rows whose full-vocabulary log-probs the choosers masked and ranked (``ranked``, every choice)."""
 
     decodes: int = 0
     chunks: int = 0
     steps: int = 0
     rows: int = 0
     live_rows: int = 0
+    ranked: int = 0
+
+    def count(self, steps: int, rows: int, live_rows: int, ranked: int) -> None:
+        """One chunk: its model steps of ``rows`` rows each, the live rows they fed and the rows ranked."""
+        self.chunks, self.steps, self.rows = self.chunks + 1, self.steps + steps, self.rows + steps * rows
+        self.live_rows, self.ranked = self.live_rows + live_rows, self.ranked + ranked
 
 
 def decode(
@@ -342,11 +349,11 @@ class _Chunk:
         self.fed = torch.zeros((), dtype=torch.long, device=device)  # live rows fed, summed over the steps
         with context() if context else contextlib.nullcontext():
             self._choose()
-        graph = None
+        graph, bodies = None, 0
         for u in range(max(searched, generated)):
             if not self._alive(u):
                 break  # nothing is alive after the last choice: no later step records or proposes anything
-            tally.steps, tally.rows = tally.steps + 1, tally.rows + self.num_rows
+            bodies += 1
             if graphs and u == 1:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
@@ -357,7 +364,7 @@ class _Chunk:
             with context() if context else contextlib.nullcontext():
                 self._body()
         steps = self.live.tolist()
-        tally.chunks, tally.live_rows = tally.chunks + 1, tally.live_rows + int(self.fed)
+        tally.count(bodies, self.num_rows, int(self.fed), sum(g.numel() for g in self.gather.values()) * (1 + bodies))
         answers = self.search.answers() if self.search else []
         sequences = self.generation.sequences() if self.generation else []
         out: list[Decoded] = []
