@@ -17,7 +17,7 @@ import logging
 import attrs
 import pytest
 
-import spinf.actors.pack_syncer
+import spinf.server.actors.pack_syncer
 import spinf.engine.engine
 import spinf.server.logs
 import spinf.server.supervisor
@@ -59,11 +59,11 @@ def what_serve_builds(settings: Settings, monkeypatch, caplog) -> tuple:
     monkeypatch.setattr(spinf.server.logs, "configure", lambda log_format: handed.update(log_format=log_format))
     monkeypatch.setattr(spinf.engine.engine, "Engine", EngineRecorder)
     monkeypatch.setattr(spinf.server.supervisor.trio, "run", fake_run)
-    monkeypatch.setattr(spinf.actors.pack_syncer, "read_catalog", fake_read_catalog)
+    monkeypatch.setattr(spinf.server.actors.pack_syncer, "read_catalog", fake_read_catalog)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="spinf"):
         assert spinf.server.supervisor.run(settings, resolve_model(settings.engine.model)) == 0
-    starts = ("spinf.server.supervisor", "spinf.actors.pack_syncer")  # the pack catalog's start is the syncer's
+    starts = ("spinf.server.supervisor", "spinf.server.actors.pack_syncer")  # the pack catalog's start is the syncer's
     lines = [r.getMessage() for r in caplog.records if r.name in starts]
     reads = [(args, {k: v for k, v in kwargs.items() if k != "environ"}) for args, kwargs in catalog_reads]
     return handed["options"], handed["engine"], handed["models_entry"], handed["log_format"], lines, reads

@@ -10,7 +10,7 @@ answered 503 a moment before it), the scope cancels all that is left at once; th
 waited for until the same deadline and its thread then abandoned to it, so the process exits at the deadline
 rather than after the pass (or the load) under way.
 
-The pack catalog is built before any of this (`spinf.actors.pack_syncer.start_packs`, packs spec §4.5): a catalog
+The pack catalog is built before any of this (`spinf.server.actors.pack_syncer.start_packs`, packs spec §4.5): a catalog
 error ends the start with exit status 1 before the model loads. The pack syncer holds it from then on, beside the
 packer, which reads its snapshot per call; it is cancelled once the HTTP server has closed, since no reload can be
 asked for any more. What the wiring reads of the settings is `ServerOptions`, built in one place; the settings'
@@ -35,12 +35,12 @@ import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.utils import wrap_app
 
-from spinf.actors.drain import DrainController
-from spinf.actors.executor import Executor
-from spinf.actors.loader import Loader
-from spinf.actors.pack_syncer import PackCatalogs, PackSyncer, pack_sources, start_packs
-from spinf.actors.packer import Packer
-from spinf.actors.warmup import Warmup
+from spinf.server.actors.drain import DrainController
+from spinf.server.actors.executor import Executor
+from spinf.server.actors.loader import Loader
+from spinf.server.actors.pack_syncer import PackCatalogs, PackSyncer, pack_sources, start_packs
+from spinf.server.actors.packer import Packer
+from spinf.server.actors.warmup import Warmup
 from spinf.catalog import ResolvedModel
 from spinf.decisions import DEFAULT_STYLE
 from spinf.errors import ConfigError

@@ -6,7 +6,7 @@ import attrs
 import outcome
 import trio
 
-from spinf.actors.packer import Packer
+from spinf.server.actors.packer import Packer
 from spinf.engine.loop import LoopStats
 from spinf.engine.warm import Step
 from spinf.errors import ApiError

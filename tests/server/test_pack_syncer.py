@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from spinf.actors.pack_syncer import CATALOG_ERRORS, NO_SOURCE, OFFICIAL_LOST, PackSyncer
-from spinf.actors.packer import Packer
+from spinf.server.actors.pack_syncer import CATALOG_ERRORS, NO_SOURCE, OFFICIAL_LOST, PackSyncer
+from spinf.server.actors.packer import Packer
 from spinf.packs.catalog import Catalog
 from spinf.server.messages import PackReload, Reloaded, ScoreWork
 

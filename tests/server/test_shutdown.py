@@ -1,5 +1,5 @@
 """Shutdown under one deadline, and every actor's end, under a mock clock (`spinf.server.supervisor`,
-`spinf.actors.drain`).
+`spinf.server.actors.drain`).
 
 The executor here behaves like the real one at its edges: a job takes ``cost`` seconds, a reply nobody waits for any
 more is dropped, its loop ends when the last sender has closed its inbox, and a cancel abandons it at once (the

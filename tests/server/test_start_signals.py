@@ -114,4 +114,4 @@ def test_sigterm_while_loading_exits_promptly_with_status_0(tmp_path, cache):
     # the load of the tiny model runs to its end (the engine's thread is never abandoned mid-job), then the exit
     assert server.wait(30) == 0
     assert time.monotonic() - signalled < 15
-    assert "spinf.actors.drain: received SIGTERM: stopping" in server.output()
+    assert "spinf.server.actors.drain: received SIGTERM: stopping" in server.output()
