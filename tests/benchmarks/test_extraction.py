@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchmarks import extraction
 from spinf.engine.extraction import budget
 
@@ -21,6 +23,7 @@ def counted(out: str) -> dict[tuple[str, str], dict[str, float]]:
     return rows
 
 
+@pytest.mark.slow  # about a minute on two cores: the default run keeps within ten minutes
 def test_the_count_gives_each_slot_call_its_decoder_work(tmp_path, capsys):
     logit_bytes = budget.LOGIT_BYTES
     argv = ["--device", "cpu", "--scaled", "--inputs", "2", "--questions", "2", "--work", str(tmp_path)]
