@@ -108,6 +108,7 @@ def test_the_readme_curl_example(open_server):
     assert '"results"' in done.stdout and '"refund"' in done.stdout
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_a_token_server_with_a_tiny_queue(tmp_path, cache):
     server = ServerProcess(tmp_path, "--token", "secret", "--trusted-token", "boss", "--queue", "0", hf_home=cache)
     try:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,6 +18,7 @@ def run(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([*command, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_gpu_fast_runs_on_the_cpu_and_records_what_it_measured(tmp_path):
     results, reference = tmp_path / "RESULTS.md", tmp_path / "reference.json.gz"
     done = run(

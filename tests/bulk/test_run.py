@@ -34,6 +34,7 @@ def ids_of(path: Path) -> list[str]:
     return [line["input_id"] for line in read_jsonl(path)]
 
 
+@pytest.mark.slow  # over 15 s: the default run keeps to 10 minutes on 2 cores
 def test_a_thousand_inputs_match_one_engine_call(tiny_engine, tmp_path):
     inputs = make_inputs(1000)
     src, out = write_jsonl(tmp_path / "in.jsonl", inputs), tmp_path / "out.jsonl"
