@@ -18,11 +18,12 @@ from typing import BinaryIO
 import attrs
 
 from spinf.bulk.errors import BulkInputError
+from spinf.settings import SETTING
 
 # spinf-client starts a new call before 1,000,000 characters of text; we count the JSON bytes each input adds to the
 # body instead (json.dumps escapes non-ASCII, so characters are bytes), which the 2 MiB body limit is about.
 MAX_BATCH_BYTES = 1_000_000
-MAX_BODY_BYTES = 2_097_152
+MAX_BODY_BYTES = SETTING["max_body_bytes"].default  # a server's body limit unless it sets its own
 _BODY_SLACK = 4096  # the envelope around the inputs: keys, brackets, commas
 MAX_LISTED = 20  # bad lines named one by one in the error; the rest are counted
 

@@ -21,9 +21,11 @@ from spinf.engine.extraction.vocab import vocabulary
 from spinf.engine.jobs import Prompt
 from spinf.engine.tokenizer import TextTokenizer
 from spinf.protocol.types import Slot
+from spinf.settings import SETTING
 
-DEFAULT_DECODE_BUDGET_GIB = 4.0  # held keys and values before slots are decoded early (api spec §9.2)
-DEFAULT_DECODER_BUDGET_GIB = 4.0  # a decode chunk's working set
+# held keys and values before slots are decoded early (api spec §9.2), and a decode chunk's working set
+DEFAULT_DECODE_BUDGET_GIB = SETTING["decode_budget_gib"].default
+DEFAULT_DECODER_BUDGET_GIB = SETTING["decoder_budget_gib"].default
 DEFAULT_TOP_K = 5  # answers per searched slot when the query sends no top_k (api spec §4.5)
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from spinf.engine.gemm import row_stable_mm
+from spinf.settings import SETTING
 
 HEAD_MODES = ("f32out", "bf16", "fp32")
-DEFAULT_HEAD = "f32out"
+DEFAULT_HEAD = SETTING["lm_head"].default
 HEAD_ROWS = 128  # the GPU head runs read rows in chunks of exactly this many (one shape per product and reduction)
 
 

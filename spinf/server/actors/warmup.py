@@ -22,6 +22,7 @@ import trio
 from spinf.server.lifecycle import Lifecycle
 from spinf.server.messages import ExecJob, run_on_executor
 from spinf.server.served import ServedEngine
+from spinf.settings import SETTING
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Warmup:
     loaded: trio.MemoryReceiveChannel[ServedEngine]
     warmed: trio.MemorySendChannel[ServedEngine]
     lifecycle: Lifecycle
-    mode: str = "full"
+    mode: str = SETTING["warmup"].default
     _done: int = 0
     _passes: int = 0
     _warm: bool = False
