@@ -126,7 +126,7 @@ def media_counts(compiled: CompiledRequest) -> dict:
             if kind is not None:
                 counts[kind] += 1
             counts[f"{item.kind}_tokens"] += item.num_tokens + 2
-            audio_ms += getattr(item, "milliseconds", 0.0)
+            audio_ms += item.milliseconds
     counts["audio_seconds"] = round(audio_ms / 1000, 3)
     return counts
 

@@ -49,6 +49,7 @@ class VisionItem:
     kind: str  # "image" or "video" (a frame)
     embedder = "vision"
     rope_shift = 0  # Gemma's placeholders take one position each
+    milliseconds = 0.0  # of sound: none (usage counts every item's)
 
     @property
     def num_tokens(self) -> int:

@@ -33,6 +33,7 @@ class QwenVisionItem:
     grid: tuple[int, int, int]
     kind: str  # "image" or "video" (a frame)
     embedder = "vision"
+    milliseconds = 0.0  # of sound: none (usage counts every item's)
 
     @property
     def rows(self) -> int:
