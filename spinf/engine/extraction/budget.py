@@ -9,14 +9,38 @@ log-probs) stays within the decoder budget, each prefix's slots together, and re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from spinf.errors import ApiError
 
-if TYPE_CHECKING:
-    from spinf.engine.extraction.decoder import SlotTask
+
+class Start(Protocol):
+    """Where a slot starts in its pass's captures (`spinf.engine.extraction.decoder.SlotStart`)."""
+
+    @property
+    def prefix(self) -> tuple[int, int]: ...  # its job's prefix: first captured row, length
+
+    @property
+    def path(self) -> tuple[int, ...]: ...  # the captured rows of its template path
+
+
+class SlotTask(Protocol):
+    """What packing a slot into a chunk reads of it (`spinf.engine.extraction.decoder.SlotTask`)."""
+
+    @property
+    def captured(self) -> object: ...  # the pass's captures: slots of one pass share its prefixes
+
+    @property
+    def start(self) -> Start: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
 
 # Bytes per row and vocabulary entry a step holds besides the buffers: the fp32 log-probs, the masked copy and the
 # int64 sort keys of the deterministic top-k (`search.top`), with room for the sampler's.
