@@ -19,6 +19,7 @@ class Metrics:
         self.warmup: Callable[[], tuple[int, int]] = lambda: (0, 0)  # the warm-up's (steps, passes), set likewise
         # the pack catalog in use and the reloads: (enabled versions, enabled ids, reloads applied, refused)
         self.packs: Callable[[], tuple[int, int, int, int]] = lambda: (0, 0, 0, 0)
+        self.engine_thread: Callable[[], tuple[int, float]] = lambda: (0, 0.0)  # the executor's (jobs, busy s)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("spinf_requests", "Answered requests", ["route", "status"], registry=r)
@@ -54,6 +55,11 @@ class Metrics:
         self.pack_versions = Gauge("spinf_pack_versions", "Enabled pack versions in the catalog in use", registry=r)
         self.pack_ids = Gauge("spinf_packs", "Enabled pack ids in the catalog in use", registry=r)
         self.pack_reloads = Gauge("spinf_pack_reloads", "Pack reloads run, by result", ["result"], registry=r)
+        # ours, beyond §3.5: the one thread that runs every torch call (loading, warm-up, loop steps)
+        self.thread_jobs = Gauge("spinf_engine_thread_jobs", "Jobs the engine thread has run", registry=r)
+        self.thread_busy = Gauge(
+            "spinf_engine_thread_busy_seconds", "Seconds the engine thread has spent running jobs", registry=r
+        )
         self._floors_seen = (0, 0)
 
     def request(self, route: str, status: int) -> None:
@@ -96,6 +102,9 @@ class Metrics:
         steps, passes = self.warmup()
         self.warmup_steps.set(steps)
         self.warmup_passes.set(passes)
+        jobs, busy_s = self.engine_thread()
+        self.thread_jobs.set(jobs)
+        self.thread_busy.set(busy_s)
         versions, ids, applied, refused = self.packs()
         self.pack_versions.set(versions)
         self.pack_ids.set(ids)

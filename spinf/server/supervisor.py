@@ -10,9 +10,9 @@ answered 503 a moment before it), the scope cancels all that is left at once; th
 waited for until the same deadline and its thread then abandoned to it, so the process exits at the deadline
 rather than after the pass (or the load) under way.
 
-The pack catalog is built before any of this (`spinf.server.actors.pack_syncer.start_packs`, packs spec §4.5): a catalog
-error ends the start with exit status 1 before the model loads. The pack syncer holds it from then on, beside the
-packer, which reads its snapshot per call; it is cancelled once the HTTP server has closed, since no reload can be
+The pack catalog is built before any of this (`spinf.server.actors.pack_syncer.start_packs`, packs spec §4.5): a
+catalog error ends the start with exit status 1 before the model loads. The pack syncer holds it from then on, beside
+the packer, which reads its snapshot per call; it is cancelled once the HTTP server has closed, since no reload can be
 asked for any more. What the wiring reads of the settings is `ServerOptions`, built in one place; the settings'
 defaults are the settings table's (`spinf.settings`).
 """
@@ -35,16 +35,16 @@ import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.utils import wrap_app
 
+from spinf.catalog import ResolvedModel
+from spinf.decisions import DEFAULT_STYLE
+from spinf.errors import ConfigError
+from spinf.server import http11, start_signals
 from spinf.server.actors.drain import DrainController
 from spinf.server.actors.executor import Executor
 from spinf.server.actors.loader import Loader
 from spinf.server.actors.pack_syncer import PackCatalogs, PackSyncer, pack_sources, start_packs
 from spinf.server.actors.packer import Packer
 from spinf.server.actors.warmup import Warmup
-from spinf.catalog import ResolvedModel
-from spinf.decisions import DEFAULT_STYLE
-from spinf.errors import ConfigError
-from spinf.server import http11, start_signals
 from spinf.server.admission import Admission
 from spinf.server.app import WebServices, create_app
 from spinf.server.gate import Sites, is_loopback_name
@@ -130,6 +130,11 @@ def _warmed_up(warmup: Warmup) -> tuple[int, int]:
     return stats.shapes_done, stats.passes
 
 
+def _engine_thread(executor: Executor) -> tuple[int, float]:
+    stats = executor.statistics()
+    return stats.jobs, stats.busy_s
+
+
 def _packs_in_use(syncer: PackSyncer) -> tuple[int, int, int, int]:
     catalog, stats = syncer.snapshot(), syncer.statistics()
     enabled = (catalog.enabled_count, len(catalog.packs)) if catalog is not None else (0, 0)
@@ -207,6 +212,8 @@ async def running_actors(
     metrics.queued = functools.partial(_queued, packer)
     metrics.warmup = functools.partial(_warmed_up, warmup)
     metrics.packs = functools.partial(_packs_in_use, syncer)
+    executor = executor_class(exec_recv)
+    metrics.engine_thread = functools.partial(_engine_thread, executor)
     services = WebServices(
         lifecycle=lifecycle,
         packer=packer_send,
@@ -222,7 +229,7 @@ async def running_actors(
         sites=Sites.build(server.allowed_hosts, server.allowed_origins, loopback=options.bound_to_loopback),
     )
     async with trio.open_nursery() as outer:
-        await outer.start(executor_class(exec_recv).run)
+        await outer.start(executor.run)
         with deadline:
             async with trio.open_nursery() as actors:
                 await actors.start(drain.run)

@@ -6,10 +6,11 @@ import attrs
 import outcome
 import trio
 
-from spinf.server.actors.packer import Packer
 from spinf.engine.loop import LoopStats
 from spinf.engine.warm import Step
 from spinf.errors import ApiError
+from spinf.server.actors.executor import ExecutorStats
+from spinf.server.actors.packer import Packer
 from spinf.server.supervisor import ServerOptions
 from spinf.settings import ServerSettings
 
@@ -124,11 +125,17 @@ class FakeExecutor:
     inbox: trio.MemoryReceiveChannel
     cost: float = 1.0
 
+    jobs: int = 0
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
         task_status.started()
         async for job in self.inbox:
             await trio.sleep(self.cost)
             job.reply.send_nowait(outcome.capture(job.fn))
+            self.jobs += 1
+
+    def statistics(self) -> ExecutorStats:
+        return ExecutorStats(self.jobs, self.jobs * self.cost)
 
 
 InlinePacker = Packer  # the packer compiles nothing itself any more (the loop does, in the executor's step)

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
+from spinf.packs.catalog import Catalog
 from spinf.server.actors.pack_syncer import CATALOG_ERRORS, NO_SOURCE, OFFICIAL_LOST, PackSyncer
 from spinf.server.actors.packer import Packer
-from spinf.packs.catalog import Catalog
 from spinf.server.messages import PackReload, Reloaded, ScoreWork
 
 

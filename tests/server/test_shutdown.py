@@ -19,6 +19,7 @@ import pytest
 import trio
 import trio.testing
 
+from spinf.server.actors.executor import ExecutorStats
 from spinf.server.app import create_app
 from spinf.server.lifecycle import Phase
 from spinf.server.supervisor import running_actors
@@ -49,6 +50,9 @@ class RecordingExecutor:
             self.record.append(("cancelled", trio.current_time()))
             raise
         self.record.append(("end of channel", trio.current_time()))
+
+    def statistics(self) -> ExecutorStats:
+        return ExecutorStats(0, 0.0)
 
 
 def start(record: list, cost: float = 1.0, **changes):

@@ -1,14 +1,14 @@
-"""The warm-up actor (spinf.server.actors.warmup) with a fake engine and executor under the mock clock: each step's seconds
-count in the ``boot`` field it names (api spec §3.1), and the lifecycle turns ready only after the last step, the
-extraction call included. tests/server/test_warmup_modes.py runs the real steps in a real server."""
+"""The warm-up actor (spinf.server.actors.warmup) with a fake engine and executor under the mock clock: each step's
+seconds count in the ``boot`` field it names (api spec §3.1), and the lifecycle turns ready only after the last
+step, the extraction call included. tests/server/test_warmup_modes.py runs the real steps in a real server."""
 
 from __future__ import annotations
 
 import attrs
 import trio
 
-from spinf.server.actors.warmup import Warmup
 from spinf.engine.warm import Step
+from spinf.server.actors.warmup import Warmup
 from spinf.server.lifecycle import Lifecycle, Phase
 from spinf.server.served import EngineFacts
 from tests.server.fakes import FakeEngine, FakeExecutor

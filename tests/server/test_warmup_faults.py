@@ -55,8 +55,7 @@ def test_a_model_that_computes_nan_fails_the_boot_instead_of_reporting_ready(tmp
         assert error.startswith("ModelError: the model computes non-finite scores (the warm-up call's results.0.")
         call = httpx.post(f"{server.url}/v1/score", json=score_body(), timeout=30)
         assert (call.status_code, call.json()["error"]["code"]) == (503, "model_unavailable")
-        assert (
-            "ERROR spinf.server.actors.warmup: warm-up failed: ModelError: the model computes non-finite" in server.output()
-        )
+        failed = "ERROR spinf.server.actors.warmup: warm-up failed: ModelError: the model computes non-finite"
+        assert failed in server.output()
     finally:
         assert server.stop() == 0

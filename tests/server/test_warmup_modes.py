@@ -54,6 +54,10 @@ def booted(tmp_path_factory, cache) -> dict:
             "served": metric(ready, "spinf_pass_seconds_count"),
             "served_after": metric(after, "spinf_pass_seconds_count"),
             "passes_after": metric(after, "spinf_warmup_passes"),
+            "jobs": metric(ready, "spinf_engine_thread_jobs"),
+            "jobs_after": metric(after, "spinf_engine_thread_jobs"),
+            "busy": metric(ready, "spinf_engine_thread_busy_seconds"),
+            "busy_after": metric(after, "spinf_engine_thread_busy_seconds"),
         }
     return found
 
@@ -80,3 +84,13 @@ def test_the_warm_ups_passes_are_not_served_passes(booted, mode):
     found = booted[mode]
     assert found["served"] == 0 and found["served_after"] >= 1
     assert found["passes_after"] == found["passes"]
+
+
+@pytest.mark.parametrize("mode", ["none", "short", "full"])
+def test_the_engine_threads_jobs_count_the_load_the_warm_up_and_the_calls(booted, mode):
+    """The executor's statistics on /metrics: the load and each warm-up step are jobs of the engine thread, and a
+    call adds its own; the seconds it was busy only grow."""
+    found = booted[mode]
+    assert found["jobs"] >= 1 + found["steps"]
+    assert found["jobs_after"] > found["jobs"]
+    assert found["busy_after"] >= found["busy"] > 0

@@ -8,6 +8,7 @@ call does not promise the same thread, so one long-lived thread takes `ExecJob`s
 from __future__ import annotations
 
 import logging
+import time
 
 import attrs
 import outcome
@@ -16,6 +17,15 @@ import trio
 from spinf.server.messages import ExecJob
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ExecutorStats:
+    """What the engine thread has run: jobs, and the seconds it spent in them (``/metrics``: how busy the GPU's
+    one thread is)."""
+
+    jobs: int
+    busy_s: float
 
 
 @attrs.define
@@ -31,6 +41,8 @@ class Executor:
     """
 
     inbox: trio.MemoryReceiveChannel[ExecJob]
+    _jobs: int = 0  # written by the thread only, read by `statistics`
+    _busy_s: float = 0.0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -42,8 +54,14 @@ class Executor:
                 job = trio.from_thread.run(self.inbox.receive)
             except (trio.EndOfChannel, trio.Cancelled, trio.RunFinishedError):
                 return
+            started = time.perf_counter()
             result = outcome.capture(job.fn)
+            self._busy_s += time.perf_counter() - started
+            self._jobs += 1
             try:
                 trio.from_thread.run_sync(job.reply.send_nowait, result)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.RunFinishedError):
                 log.debug("a job's caller went away before its reply")
+
+    def statistics(self) -> ExecutorStats:
+        return ExecutorStats(self._jobs, self._busy_s)
