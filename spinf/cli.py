@@ -328,15 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     # first, before the heavy imports: a SIGHUP or SIGTERM while `serve` starts must not end it without a word
     # (spinf.server.start_signals). Only `serve`: a hang-up still ends `score` as any terminal command.
     words = sys.argv[1:] if argv is None else argv
-    handled = words[:1] == ["serve"] and start_signals.install()
+    serving = words[:1] == ["serve"]
     try:
+        if serving:  # inside the try: a SIGTERM that comes as soon as its handler is in place is a stop too
+            start_signals.install()
         return _command(_parser().parse_args(words))
     except start_signals.StartInterrupted as stop:  # a shutdown before the server ran: a shutdown's status, 0
         _say(f"received {stop}: stopping before the server runs")
         return 0
     finally:
-        if handled:
-            start_signals.restore()
+        if serving:
+            start_signals.restore()  # nothing to put back where nothing was installed
 
 
 def _say(line: str) -> None:
