@@ -17,8 +17,8 @@ import logging
 import attrs
 import pytest
 
-import spinf.server.actors.pack_syncer
 import spinf.engine.engine
+import spinf.server.actors.pack_syncer
 import spinf.server.logs
 import spinf.server.supervisor
 from spinf.catalog import resolve_model
