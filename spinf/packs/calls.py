@@ -106,7 +106,7 @@ def resolve_packs(scoring: dict, inputs: list, catalog: object, *, messages_form
 
 def _reference(ref: dict, p: str, catalog: object) -> PackUse:
     """A shape-checked reference against the catalog: the version, the context, the decision settings."""
-    found = _find(catalog, ref["id"], ref.get("version"))
+    found = catalog.find(ref["id"], ref.get("version"))
     if isinstance(found, Refused):
         raise bad_request(found.code, f"{p}.{found.at}" if found.at else p, found.message)
     pack = found.loaded.pack
@@ -116,10 +116,6 @@ def _reference(ref: dict, p: str, catalog: object) -> PackUse:
         raise _invalid(f"{p}.context", f"{pack.id} {pack.version} has no context {context!r}; its contexts: {names}")
     decision = _decision(ref.get("decision"), pack, f"{p}.decision")
     return PackUse(found.loaded, context, include_queries=ref.get("include_queries", False), **decision)
-
-
-def _find(catalog: object, pack_id: str, version: str | None):
-    return catalog.find(pack_id, version)
 
 
 def _decision(given: dict | None, pack: PackFile, d: str) -> dict:
