@@ -60,6 +60,7 @@ ATTENTION = "attention (tree attention, its output quantized)"
 NORM_QUANT = "norm + quantization (with the residual add where fused)"
 ROTARY = "q/k norm + rotary"
 GLU = "GELU·up + quantization"
+GLU_GEMM = "gate/up GEMM + GELU·up + quantization (one kernel of ours, fp8)"
 INT4 = "int4 → int8 GEMM (Triton, shape not recorded)"
 RECURRENCE = "linear attention (GDN recurrence)"
 EXPERTS = "expert GEMMs (grouped, Triton, shape not recorded)"
@@ -82,6 +83,7 @@ KERNEL_CATEGORIES = {
     "_quantize_blocks_kernel": NORM_QUANT,
     "_qkv_kernel": ROTARY,
     "_gelu_mul_kernel": GLU,
+    "_fp8_gemm_kernel": GLU_GEMM,
     "_softcap_lse_kernel": HEAD,
     "_masked_lse_kernel": HEAD,
     "_int8_kernel": INT4,

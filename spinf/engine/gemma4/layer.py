@@ -57,6 +57,7 @@ def plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
+FUSED_GLU = True  # fp8s: gate/up, GELU·up and the down projection's quantization in one kernel (`DecoderLayer._glu`)
 
 
 class DecoderLayer(nn.Module):
@@ -226,7 +227,7 @@ class DecoderLayer(nn.Module):
             next_weight=self.pre_ff_norm,
             next_scale=self._input_scale("w_gate_up"),
         )
-        down = self._gemm("w_down", k_.gelu_mul(self._gemm("w_gate_up", x), self._input_scale("w_down")))
+        down = self._gemm("w_down", self._glu(x))
         if self.moe is not None:
             down = self.moe.fused(h, down)
         post = self.post_ff_norm
@@ -290,6 +291,18 @@ class DecoderLayer(nn.Module):
         """The output rows of each projection fused into linear ``name`` (q, k[, v]; gate, up), None if unfused:
         each part is quantized with its own scale, as a pre-quantized checkpoint stores it."""
         return {"wqkv": self.qkv_sizes, "w_gate_up": self.gate_up_sizes}.get(name)
+
+    def _glu(self, x: torch.Tensor) -> torch.Tensor:
+        """``gelu_tanh(gate) · up`` of the fused path, quantized for the down projection under fp8s: in one kernel
+        (`spinf.engine.kernels.gemm`) where the GLU's weight is e4m3 and each tile's columns fit, else the gate/up
+        product then the `gelu_mul` kernel."""
+        k_ = kernels()
+        down_scale = self._input_scale("w_down")
+        if FUSED_GLU and "w_gate_up" in self.fp8 and down_scale is not None:
+            weight, scale = self.fp8["w_gate_up"]
+            if weight.per_row and k_.gemm.glu_fits(weight.data):
+                return k_.gemm.fp8_gemm(x, weight.data, weight.scaled_rows(scale), glu=True, out_scale=down_scale)
+        return k_.gelu_mul(self._gemm("w_gate_up", x), down_scale)
 
     def _input_scale(self, name: str) -> float | None:
         return self.fp8[name][1] if name in self.fp8 else None

@@ -1,4 +1,5 @@
-"""Triton kernels of the GPU path (engine spec C.1, C.3): tree attention and the row-wise fused operations.
+"""Triton kernels of the GPU path (engine spec C.1, C.3): tree attention, the row-wise fused operations, and the fp8
+GLU GEMM (`gemm`: gate/up, GELU·up and the down projection's quantizer in one kernel).
 
 Every kernel has one fixed configuration (no autotuning) and computes each output row from that row's inputs
 alone, so a row's bits never depend on how many rows share the launch or where the row sits. Each kernel is tested
@@ -8,6 +9,7 @@ interpreter (``TRITON_INTERPRET=1``), on the CPU.
 Import this package only where Triton is needed: the CPU path never imports it.
 """
 
+from spinf.engine.kernels import gemm
 from spinf.engine.kernels.attention import KernelPlan, kernel_plan, tile_rows, to_device, tree_attention_kernel
 from spinf.engine.kernels.rows import (
     add_norm,
@@ -24,6 +26,7 @@ __all__ = [
     "KernelPlan",
     "add_norm",
     "gelu_mul",
+    "gemm",
     "kernel_plan",
     "norm_rows",
     "prepare_qkv",
