@@ -150,6 +150,8 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", default="all", help="'all' or 'glu' (the gate/up shape only)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gemm_probe.py times fp8 GEMMs on a CUDA device (Hopper or later): none is seen")
     peak = peak_tflops()
     print(f"fp8 _scaled_mm peak (8192³): {peak:.0f} TFLOP/s on {torch.cuda.get_device_name()}", flush=True)
     out: list = [{"peak_tflops": peak, "device": torch.cuda.get_device_name()}]
