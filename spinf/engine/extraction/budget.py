@@ -124,7 +124,6 @@ def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) ->
     the copies take the captures' place. Every chunk's model step streams the weights once, so one chunk instead of
     several saves a step of the whole model per token of the longest slot."""
     order = sorted(range(len(tasks)), key=lambda i: (id(tasks[i].captured), tasks[i].start.prefix[0], i))
-    out: list[list[int]] = []
     size = _ChunkSize(cost, vocab)
     for i in order:
         alone = chunk_bytes([tasks[i]], cost, vocab)
@@ -139,6 +138,7 @@ def chunks(tasks: list[SlotTask], cost: CaptureCost, vocab: int, budget: int) ->
         size.add(tasks[i])
     if size.added <= budget:
         return [order]
+    out: list[list[int]] = []
     size = _ChunkSize(cost, vocab)
     for i in order:
         if not out or size.with_task(tasks[i]) > budget:

@@ -57,7 +57,6 @@ def plain_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's (fused) linears, by module name
-FUSED_GLU = True  # fp8s: gate/up, GELU·up and the down projection's quantization in one kernel (`DecoderLayer._glu`)
 
 
 class DecoderLayer(nn.Module):
@@ -298,7 +297,7 @@ class DecoderLayer(nn.Module):
         product then the `gelu_mul` kernel."""
         k_ = kernels()
         down_scale = self._input_scale("w_down")
-        if FUSED_GLU and "w_gate_up" in self.fp8 and down_scale is not None:
+        if "w_gate_up" in self.fp8 and down_scale is not None:
             weight, scale = self.fp8["w_gate_up"]
             if weight.per_row and k_.gemm.glu_fits(weight.data):
                 return k_.gemm.fp8_gemm(x, weight.data, weight.scaled_rows(scale), glu=True, out_scale=down_scale)

@@ -5,8 +5,8 @@ cuBLAS's ``_scaled_mm`` writes the fused gate/up product as bf16 [N, 2I], and `s
 reads it back to write [N, I] in e4m3: on the 12B the pair is the largest share of a pass (benchmarks/RESULTS.md,
 "Where a call's time goes"). Here each program owns a tile of I columns: it runs the K loop over the tile's gate rows
 and its up rows of the weight at once (two accumulators), rounds both sums to bf16 as ``_scaled_mm`` would, applies
-the same GELU·up arithmetic as ``gelu_mul`` and stores e4m3. The plain form (``glu=False``) writes ``x · W.T`` in
-bf16, for measuring against cuBLAS.
+the same GELU·up arithmetic as ``gelu_mul`` (`rows._gelu_times`) and stores e4m3. The plain form (``glu=False``)
+writes ``x · W.T`` in bf16, for measuring against cuBLAS.
 
 A row's result depends on that row and the weight only: tiles are fixed (never chosen by the row count), the K loop
 always runs in the same order over the same block width, and rows past the input's end are zeros read by the tensor
@@ -21,15 +21,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-
-@triton.jit
-def _gelu_mul(gate, up):
-    """``bf16(bf16(gelu_tanh(gate)) · up)`` on bf16-valued fp32 tiles: `rows._gelu_mul_kernel`'s arithmetic."""
-    u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-    tanh = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-    g = (0.5 * gate * (1.0 + tanh)).to(tl.bfloat16).to(tl.float32)
-    return (g * up).to(tl.bfloat16).to(tl.float32)
+from spinf.engine.kernels.rows import _bf16, _gelu_times, _store_row
 
 
 @triton.jit(do_not_specialize=["M", "programs"])
@@ -75,17 +69,11 @@ def _fp8_gemm_kernel(
                 acc_up = tl.dot(a, b_desc.load([N + on, ok]).T, acc_up)
         rows = om + tl.arange(0, BM)
         cols = on + tl.arange(0, BN)
-        y = (acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :]).to(tl.bfloat16).to(tl.float32)
+        y = _bf16(acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :])
         if GLU:
-            up_scale = tl.load(scale_ptr + N + cols, mask=cols < N, other=0.0)[None, :]
-            y = _gelu_mul(y, (acc_up * up_scale).to(tl.bfloat16).to(tl.float32))
+            y = _gelu_times(y, _bf16(acc_up * tl.load(scale_ptr + N + cols, mask=cols < N, other=0.0)[None, :]))
         mask = (rows < M)[:, None] & (cols < N)[None, :]
-        ptrs = c_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        if QUANT:
-            q = tl.minimum(tl.maximum(y * inv_out_scale, -448.0), 448.0)
-            tl.store(ptrs, q.to(tl.float8e4nv), mask=mask)
-        else:
-            tl.store(ptrs, y.to(tl.bfloat16), mask=mask)
+        _store_row(c_ptr, rows.to(tl.int64)[:, None] * N + cols[None, :], mask, y, inv_out_scale, QUANT)
 
 
 @functools.cache
@@ -121,10 +109,8 @@ def fp8_gemm(
 ) -> torch.Tensor:
     """``x`` [M, K] e4m3 times ``weight`` [N', K] e4m3 transposed, each sum times its column's ``scale`` ([N'] fp32
     on the device: the input's scale times the weight row's, as the row-wise ``_scaled_mm`` takes them) and rounded
-    to bf16. ``glu``: ``weight`` is gate rows then up rows (N' =
-    2I) and the result is ``gelu_tanh(gate) · up`` [M, I]. ``out_scale``: the result quantized to e4m3 by it."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    to bf16. ``glu``: ``weight`` is gate rows then up rows (N' = 2I) and the result is ``gelu_tanh(gate) · up``
+    [M, I]. ``out_scale``: the result quantized to e4m3 by it."""
     bm, bn, bk, group_m, stages, warps, flatten = tiles or (GLU_TILES if glu else PLAIN_TILES)
     m, k = x.shape
     n = weight.shape[0] // 2 if glu else weight.shape[0]

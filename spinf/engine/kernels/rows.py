@@ -104,17 +104,22 @@ def _add_norm_kernel(
 
 
 @triton.jit
+def _gelu_times(gate, up):
+    """``bf16(bf16(gelu_tanh(gate)) · up)`` of bf16-valued fp32 values (also the fused GLU's, `kernels.gemm`)."""
+    # gelu with the tanh approximation; tanh(u) = 1 - 2 / (exp(2u) + 1)
+    u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+    tanh = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+    return _bf16(_bf16(0.5 * gate * (1.0 + tanh)) * up)
+
+
+@triton.jit
 def _gelu_mul_kernel(gu_ptr, out_ptr, inner, inv_scale, QUANT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inner
     gate = tl.load(gu_ptr + row * 2 * inner + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * 2 * inner + inner + cols, mask=mask, other=0.0).to(tl.float32)
-    # gelu with the tanh approximation; tanh(u) = 1 - 2 / (exp(2u) + 1)
-    u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-    tanh = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-    y = _bf16(_bf16(0.5 * gate * (1.0 + tanh)) * up)
-    _store_row(out_ptr + row * inner, cols, mask, y, inv_scale, QUANT)
+    _store_row(out_ptr + row * inner, cols, mask, _gelu_times(gate, up), inv_scale, QUANT)
 
 
 @triton.jit
