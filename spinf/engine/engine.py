@@ -25,6 +25,7 @@ from spinf.catalog.manifest import TINY_REPO
 from spinf.engine import hostgc, identity, warm
 from spinf.engine.compiler import EngineShape
 from spinf.engine.extractor import Extractor, cpu_context
+from spinf.engine.hardware import INT4_PREFIX
 from spinf.engine.loop import EngineLoop
 from spinf.engine.opening import engine_settings, eos_ids, open_model
 from spinf.engine.results import usage
@@ -85,11 +86,16 @@ def batch_invariant(resolved: ResolvedModel, device: torch.device, quant: str) -
     """Whether concurrent calls may share passes: only under a batch-invariant scheme, and only for a catalog model
     (a checkpoint outside the catalog carries no guarantee, api spec §9.6). fp32 on the CPU is bitwise row-invariant
     (tests/engine/test_independence.py). fp8s on a GPU is invariant by the design of engine spec B.10 (static
-    scales, aligned jobs, shape-stable GEMMs), which rests on the GPU kernels being built alongside this; only the
-    gpu-marked tests check it. bf16 and the other GPU schemes are not invariant."""
+    scales, aligned jobs, shape-stable GEMMs), and so is the Qwen3.5 stack's int4-i8 on a GPU (B.10 item 8: int8
+    products exact in int32 with fixed-order block sums and row-wise epilogues, row-wise activation quantizers, the
+    recurrence by segment and each fixed prefix chunked from its BOS, the LM head in fixed row chunks); both rest on
+    the GPU kernels being built alongside this, and only the gpu-marked tests and `benchmarks/qwen35.py
+    --invariance` check them. bf16 and the other GPU schemes (int4-f16, -fp8 and -bf16 among them) are not
+    invariant."""
     cpu_fp32 = device.type == "cpu" and quant == "fp32"
     gpu_fp8s = device.type == "cuda" and quant == "fp8s"
-    return resolved.batch_invariant and (cpu_fp32 or gpu_fp8s)
+    gpu_int4_i8 = device.type == "cuda" and quant == INT4_PREFIX + "i8"
+    return resolved.batch_invariant and (cpu_fp32 or gpu_fp8s or gpu_int4_i8)
 
 
 def pass_bound(max_pass_s: float | None, device: torch.device) -> float:

@@ -38,3 +38,31 @@ def test_a_checkpoint_outside_the_catalog_is_served_by_path_and_not_batch_invari
         }
     )
     assert answer["model"] == folder
+
+
+@pytest.mark.parametrize(
+    ("device", "quant", "shares"),
+    [
+        ("cpu", "fp32", True),
+        ("cuda", "fp8s", True),
+        ("cuda", "int4-i8", True),  # the Qwen3.5 stack's default mode (engine spec B.10 item 8)
+        ("cpu", "int4-i8", False),  # emulated on the CPU: not the kernels the claim rests on
+        ("cuda", "int4-f16", False),
+        ("cuda", "int4-fp8", False),
+        ("cuda", "int4-bf16", False),
+        ("cuda", "fp8", False),
+        ("cuda", "bf16", False),
+        ("cpu", "bf16", False),
+    ],
+)
+def test_only_the_invariant_schemes_of_a_catalog_model_share_passes(device, quant, shares):
+    import attrs
+    import torch
+
+    from spinf.catalog import resolve_model
+    from spinf.engine.engine import batch_invariant
+
+    catalog = resolve_model("spinf/qwen3.8-27b-int4")
+    assert batch_invariant(catalog, torch.device(device), quant) is shares
+    outside = attrs.evolve(catalog, manifest=None, batch_invariant=False)  # a checkpoint outside the catalog
+    assert batch_invariant(outside, torch.device(device), quant) is False

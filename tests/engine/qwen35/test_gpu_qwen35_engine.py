@@ -74,3 +74,26 @@ def test_a_question_scores_the_same_bits_alone_and_among_others_on_the_gpu(folde
         alone = engine.score(body([text], QUESTIONS[:1]))["results"][0]["queries"][0]
         among = engine.score(body([LONG if text != LONG else TEXTS[0], text, "Thanks, all good."], more))
         assert alone == among["results"][1]["queries"][0]
+
+
+def test_int4_i8_shares_passes_and_caches_floors_as_a_catalog_model_does(folders):
+    """A catalog Qwen model in int4-i8 is batch-invariant (engine spec B.10 item 8): concurrent calls share passes,
+    floors come from the cache, and every question keeps the bits it has alone. The tiny folder is resolved as a
+    catalog model would be (a folder served by path carries no guarantee, api spec §9.6)."""
+    import attrs
+
+    from spinf.catalog import resolve_model
+    from spinf.engine.loop import EngineLoop
+
+    resolved = attrs.evolve(resolve_model(str(folders[1])), batch_invariant=True)
+    engine = Engine(str(folders[1]), device="cuda", quant="i8", resolved=resolved)
+    assert (engine.quant, engine.batch_invariant, engine.loop.share_passes) == ("int4-i8", True, True)
+    texts = [TEXTS[0], LONG, TEXTS[1], "Thanks, all good."]
+    alone = [engine.score(body([text], QUESTIONS))["results"][0] for text in texts]
+    before = engine.loop.statistics()
+    calls = [EngineLoop.new_call(body([text], QUESTIONS), f"shared-{i}") for i, text in enumerate(texts)]
+    engine.loop.run(calls)  # four concurrent calls in one run of the loop
+    after = engine.loop.statistics()
+    assert [call.unwrap()["results"][0] for call in calls] == alone  # the same bits, passes shared
+    assert after.passes - before.passes == 1  # one pass held all four calls' jobs
+    assert after.floor_hits > before.floor_hits and after.floor_misses == before.floor_misses  # floors cached
