@@ -63,6 +63,7 @@ GLU = "GELU·up + quantization"
 GLU_GEMM = "gate/up GEMM + GELU·up + quantization (one kernel of ours, fp8)"
 INT4 = "int4 → int8 GEMM (Triton, shape not recorded)"
 RECURRENCE = "linear attention (GDN recurrence)"
+CHUNKED = "linear attention, fixed prefixes chunked (fla's kernels)"
 EXPERTS = "expert GEMMs (grouped, Triton, shape not recorded)"
 GEMM_UNKNOWN = "GEMM, shape not recorded (CUDA graph replays)"
 COPIES = "copies and memsets"
@@ -93,6 +94,11 @@ KERNEL_CATEGORIES = {
     "_grouped_kernel": EXPERTS,
     "_combine_kernel": EXPERTS,
 }
+
+
+# flash-linear-attention's kernels, which the Qwen3.5 stack runs for each fixed prefix (spinf.engine.kernels.chunked),
+# by their names' beginnings
+FLA_KERNELS = ("chunk_", "recompute_w_u")
 
 
 @attrs.frozen
@@ -170,6 +176,8 @@ def classify(event: dict, context: tuple[dict, ...]) -> tuple[str, str, dict | N
     triton = _triton_category(name)
     if triton is not None:
         return triton, name, None
+    if name.startswith(FLA_KERNELS):
+        return CHUNKED, name.split("(")[0][:60], None
     if _cat(event) in ("gpu_memcpy", "gpu_memset"):
         return COPIES, name, None
     if any(word in name.lower() for word in GEMM_KERNEL_WORDS):

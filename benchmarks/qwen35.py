@@ -2,7 +2,7 @@
 
     python benchmarks/qwen35.py --root /dev/shm/qwen [--jobs J1,J2,J3] [--invariance] [--cap-gib 24]
         [--no-j2-invariance] [--extraction 16] [--baseline [--batch 64]] [--group N | --groups 32,128]
-        [--repeats 3] [--results [FILE]]
+        [--breakdown] [--trace DIR] [--repeats 3] [--results [FILE]]
     python benchmarks/qwen35.py --shape tiny --device cpu --jobs J3 --max-inputs 2   # the CPU smoke run
 
 1. A checkpoint in the published layout (`write_random_int4`): ``config.json`` (``qwen3_5`` with the text config
@@ -32,6 +32,9 @@
    log-prob difference (ours in its int4 mode). Run after ours has given its memory back.
 7. ``--cap-gib``: the engine again under that cap (``torch.cuda.set_per_process_memory_fraction``), J1 and J2: does
    it fit a 24 GB card, and at what peak.
+8. ``--breakdown``: one more call of each job set's first body under torch.profiler, its time by kind of GPU work
+   (benchmarks/breakdown.py's categories: the int4 products, the token-by-token recurrence, fla's chunked kernels,
+   attention, norms, torch's elementwise ops, the LM head, host gaps), each as time and share.
 """
 
 from __future__ import annotations
@@ -377,6 +380,29 @@ def trace_lines(engine: Engine, job: str, body: dict, folder: Path) -> None:
         print(*idle_lines(path), sep="\n", flush=True)
 
 
+def breakdown_lines(engine: Engine, job: str, body: dict, flops: float, peak: float | None) -> list[str]:
+    """Where one warm call of ``body`` spends its time, by kind of GPU work (benchmarks/breakdown.py's categories,
+    fla's chunked kernels and the int4 products among them), from one profiler run: its header line and table."""
+    import tempfile
+
+    from benchmarks.breakdown import categorise, profiled_call, table
+
+    found = []
+    with tempfile.TemporaryDirectory(prefix="spinf-qwen-breakdown-") as temporary:
+        trace = Path(temporary) / f"{job}.json"
+        wall_us, read_rows = profiled_call(lambda: found.append(engine_call(engine, body)), engine.model,
+                                           engine.device, trace)  # fmt: skip
+        rows = categorise(json.loads(trace.read_text())["traceEvents"], wall_us)
+    call = found[0]
+    mfu = f", MFU {call.tokens * flops / (wall_us / 1e6) / (peak * 1e12):.1%}" if peak else ""
+    head = (
+        f"**{job}** where the time goes (its first body, one call under torch.profiler): {call.questions:,} "
+        f"questions, {call.tokens:,} tokens run in {call.passes} passes, {wall_us / 1e3:,.1f} ms{mfu}; the LM head "
+        f"read {read_rows:,} rows; shares of the profiled call"
+    )
+    return ["", head, "", *table(rows, wall_us, call.passes)]
+
+
 def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None = None) -> Engine:
     """The engine on ``folder``: by its path on the CPU; on a GPU as the catalog model, from the Hub cache the
     snapshot ``folder`` lies in (`snapshot_folder`)."""
@@ -424,6 +450,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="trace each job set's first call (benchmarks/trace.py) into this folder",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="profile one call of each job set: its time by kind of GPU work (benchmarks/breakdown.py's table)",
     )
     parser.add_argument(
         "--results", type=Path, nargs="?", const=RESULTS, default=None, help="append the figures (to RESULTS.md)"
@@ -517,7 +548,7 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         "|---|---|---|---|---|---|---|---|---|",
     )
     label = "" if args.groups == [GROUP] else f", GPTQ {group_name(group)}"
-    jobs, ours = {}, {}
+    jobs, ours, breakdown = {}, {}, []
     for job in args.jobs.split(","):
         bodies, note = job_bodies(job, args.max_inputs)
         if bodies is None:
@@ -532,6 +563,10 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         emit(note_row(job, chunked_text(engine, bodies)))
         if args.trace:
             trace_lines(engine, job, bodies[0], args.trace)
+        if args.breakdown:
+            breakdown.extend(breakdown_lines(engine, job, bodies[0], flops, peak))
+    if breakdown:  # after the job sets' table, which the profiled calls would otherwise split
+        emit(*breakdown)
     if args.invariance and "J1" in jobs:
         from benchmarks.invariance import invariance_lines
 

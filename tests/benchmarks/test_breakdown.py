@@ -171,3 +171,11 @@ def test_the_cpu_smoke_run_appends_its_tables(tmp_path):
     )
     trace = json.loads(gzip.decompress((tmp_path / "traces" / "J1.json.gz").read_bytes()))
     assert any(e.get("name") == "aten::embedding" for e in trace["traceEvents"])
+
+
+def test_fla_s_chunked_kernels_have_their_own_category():
+    from spinf.engine.kernels.chunked import PINNED_KERNELS
+
+    for name in PINNED_KERNELS:  # as the profiler names a Triton launch: the function, then its arguments
+        assert b.classify({"name": f"{name}(args)", "cat": "kernel"}, ()) == (b.CHUNKED, name, None)
+    assert b.classify({"name": "chunked_copy_kernel", "cat": "kernel"}, ())[0] == b.OTHER  # a prefix alone is not fla's

@@ -16,9 +16,13 @@ from spinf.engine.qwen35.outliers import read_outliers
 
 
 def test_the_tiny_run_writes_an_int4_checkpoint_the_engine_serves(tmp_path, capsys):
-    qwen35.main(["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"])
+    argv = ["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3", "--max-inputs", "1"]
+    qwen35.main([*argv, "--breakdown"])
     out = capsys.readouterr().out
     assert "| J3 | ours, int4-i8 |" in out
+    # --breakdown: one profiled call's table (on the CPU no GPU work, so all of it is host time)
+    assert re.search(r"^\*\*J3\*\* where the time goes .*: 20 questions, [\d,]+ tokens run in 1 passes", out, re.M)
+    assert re.search(r"^\| host gaps \(GPU idle\) \| [\d,.]+ \| [\d,.]+ \| 100\.0% \|", out, re.M)
     # the rows counted by compiling the bodies are the tokens the engine ran; J3's content runs chunked from its BOS
     ran = re.search(r"^\| J3 \| ours, int4-i8 \|[^|]+\|[^|]+\|[^|]+\| ([\d,]+) \|", out, re.M)
     share = re.search(r"^\| J3 \| rows in fixed prefixes of at least 64 [^:]+: ([\d,]+) of ([\d,]+) \(", out, re.M)
