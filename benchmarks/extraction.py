@@ -274,7 +274,14 @@ def parse_args(argv):
         default=0.0,
         help="also time every slot call at full length with both decode budgets raised to this many GiB",
     )
-    p.add_argument("--profile", action="store_true", help="profile one full-length {n} call instead (torch.profiler)")
+    p.add_argument(
+        "--profile",
+        nargs="?",
+        const="searched",
+        choices=("searched", "generated"),
+        help="profile one full-length call instead (torch.profiler): +1 searched {n} per input (the default), or +1 "
+        "generated 32-token {*}",
+    )
     p.add_argument("--count", action="store_true", help="count what each slot call ran instead of timing it")
     p.add_argument("--like-12b", action="store_true", help="with --count: the 12B's budgets on a small model")
     return p.parse_args(argv)
@@ -300,7 +307,8 @@ def main(argv=None) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         if args.profile:
-            profile(engine, with_slots(base_body(args.inputs, args.questions), [SEARCHED_N]), device)
+            slot = SEARCHED_N if args.profile == "searched" else GENERATED
+            profile(engine, with_slots(base_body(args.inputs, args.questions), [slot]), device)
             return
         if args.count:
             engine.loop.scheduler.max_pass_s = 0.0  # passes of the whole token budget, as on a GPU (no time bound)
