@@ -64,6 +64,7 @@ GLU_GEMM = "gate/up GEMM + GELU·up + quantization (one kernel of ours, fp8)"
 INT4 = "int4 → int8 GEMM (Triton, shape not recorded)"
 RECURRENCE = "linear attention (GDN recurrence)"
 CHUNKED = "linear attention, fixed prefixes chunked (fla's kernels)"
+GDN_INPUTS = "recurrence inputs (convolution + SiLU, q/k L2 norms, gates)"
 EXPERTS = "expert GEMMs (grouped, Triton, shape not recorded)"
 GEMM_UNKNOWN = "GEMM, shape not recorded (CUDA graph replays)"
 COPIES = "copies and memsets"
@@ -91,6 +92,9 @@ KERNEL_CATEGORIES = {
     "_unpack_kernel": INT4,
     "_recurrent_kernel": RECURRENCE,
     "_decode_kernel": RECURRENCE,
+    "_conv_silu_kernel": GDN_INPUTS,
+    "_qk_kernel": GDN_INPUTS,
+    "_gates_kernel": GDN_INPUTS,
     "_grouped_kernel": EXPERTS,
     "_combine_kernel": EXPERTS,
 }

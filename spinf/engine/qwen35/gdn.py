@@ -126,10 +126,18 @@ class GatedDeltaNet(nn.Module):
         return qkv, z, b, a
 
     def recurrence_inputs(self, stream: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
-        """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay) and beta [n, Hv] of the rows whose convolution reads
-        ``taps`` [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row first)."""
+        """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay), beta and the decay ``exp(g)`` [n, Hv] of the rows whose
+        convolution reads ``taps`` [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row
+        first). On a GPU three row-wise kernels (`spinf.engine.kernels.gdn_inputs`), else torch ops."""
         cfg, n = self.cfg, taps.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        if stream.is_cuda:
+            from spinf.engine.kernels.gdn_inputs import gdn_inputs
+
+            return gdn_inputs(
+                stream, taps, self.conv, b, a, self.dt_bias, self.A_log,
+                key_heads=cfg.linear_num_key_heads, value_heads=heads, dk=dk, dv=dv,
+            )  # fmt: skip
         mixed = stream[taps[:, 0]] * self.conv[:, 0]
         for tap in range(1, self.conv.shape[1]):
             mixed = mixed + stream[taps[:, tap]] * self.conv[:, tap]
@@ -139,7 +147,7 @@ class GatedDeltaNet(nn.Module):
         k = l2_norm(k.reshape(n, -1, dk)).repeat_interleave(repeat, dim=1)
         beta = pointwise(torch.sigmoid, b)
         g = -torch.exp(self.A_log.float()) * pointwise(F.softplus, a + self.dt_bias)
-        return q, k, v.reshape(n, heads, dv), g, beta
+        return q, k, v.reshape(n, heads, dv), g, beta, pointwise(torch.exp, g)
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         cfg, n = self.cfg, o.shape[0]
@@ -152,8 +160,7 @@ class GatedDeltaNet(nn.Module):
             return self.decode(x, plan.attention.decode)
         qkv, z, b, a = self.project(x)
         stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
-        q, k, v, g, beta = self.recurrence_inputs(stream, plan.taps, b, a)
-        decay = pointwise(torch.exp, g)
+        q, k, v, g, beta, decay = self.recurrence_inputs(stream, plan.taps, b, a)
         capture = plan.attention.capture
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
         o = delta_rule(q, k, v, g, beta, plan, states_at, decay)
@@ -180,8 +187,7 @@ class GatedDeltaNet(nn.Module):
         read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
         stream = torch.cat([read.new_zeros((1, read.shape[1])), read])  # row 0: the missing predecessor
         local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)
-        q, k, v, g, beta = self.recurrence_inputs(stream, local, b, a)
-        decay = pointwise(torch.exp, g)
+        q, k, v, g, beta, decay = self.recurrence_inputs(stream, local, b, a)
         rows_out.index_copy_(0, write, _recurrent_rows(k, v, decay, beta))
         states = kv.states[self.index]
         if x.is_cuda:

@@ -1,0 +1,174 @@
+"""The inputs of a Gated DeltaNet layer's recurrence in three kernels (engine spec B.14), on a GPU.
+
+`spinf.engine.qwen35.gdn.GatedDeltaNet.recurrence_inputs` spelled in torch ops is about thirty launches a layer over
+the pass's rows: the causal convolution's taps gathered from the stream one by one, multiplied and added, SiLU, the
+q and k L2 norms, the value heads' copies of each key head, the q scale, and the gates. On a GPU they are these
+kernels, each reading a row (or one head of a row) and nothing else, so a row's numbers never depend on what shares
+the pass:
+
+* `_conv_silu_kernel`: per row and block of channels, ``Σ_j stream[taps[r, j]] · w[:, j]`` with each product and
+  each partial sum rounded to the stream's dtype in tap order, as the torch ops round, then SiLU in fp32 and the
+  result in the stream's dtype;
+* `_qk_kernel`: per row and key head, the L2 norm of q and of k (the steps of `spinf.engine.kernels.rows.qwen_norm`'s
+  L2 form, rounded as bf16 ops round), q times ``dk^-1/2``, each written to the value heads that key head serves;
+* `_gates_kernel`: per row, ``beta = sigmoid(b)``, ``g = -exp(A_log) · softplus(a + dt_bias)`` and the decay
+  ``exp(g)`` (fp32).
+
+Their exponentials are Triton's, not torch's, so their bits can differ from the torch form's in the last place (the
+GPU tests bound it); the scoring pass and the decode step both run these kernels, so a decoded row keeps the bits it
+has as a branch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHANNELS = 256  # channels per program of the convolution
+
+
+@triton.jit
+def _round_to(v, BF16: tl.constexpr):
+    """``v`` rounded to the nearest bf16 (ties to even) and back, as torch's bf16 ops round, when ``BF16``. Spelled
+    on the bits, which a compiled cast gives too, so that Triton's interpreter (whose cast does not round to nearest)
+    gives the same numbers on the CPU; NaN stays NaN."""
+    if BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
+    return v
+
+
+@triton.jit
+def _silu(x):
+    return tl.math.div_rn(x, 1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _conv_silu_kernel(
+    stream_ptr, taps_ptr, w_ptr, out_ptr, channels, stream_row, out_row,
+    TAPS: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < channels
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TAPS):
+        source = tl.load(taps_ptr + row * TAPS + j).to(tl.int64)
+        x = tl.load(stream_ptr + source * stream_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols * TAPS + j, mask=mask, other=0.0).to(tl.float32)
+        product = _round_to(x * w, BF16)
+        if j == 0:
+            acc = product
+        else:
+            acc = _round_to(acc + product, BF16)
+    out = _round_to(_silu(acc), BF16)  # rounded here, so the store's cast is exact
+    tl.store(out_ptr + row * out_row + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _l2(x, eps, BF16: tl.constexpr):
+    total = _round_to(tl.sum(_round_to(x * x, BF16), axis=0), BF16)
+    root = _round_to(tl.sqrt_rn(_round_to(total + eps, BF16)), BF16)
+    return _round_to(x * _round_to(tl.math.div_rn(1.0, root), BF16), BF16)
+
+
+@triton.jit
+def _qk_kernel(
+    mixed_ptr, q_ptr, k_ptr, mixed_row, key_dim, scale, eps,
+    KEY_HEADS: tl.constexpr, REPEAT: tl.constexpr, DK: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dims = tl.arange(0, BLOCK)
+    mask = dims < DK
+    q = tl.load(mixed_ptr + row * mixed_row + head * DK + dims, mask=mask, other=0.0).to(tl.float32)
+    k = tl.load(mixed_ptr + row * mixed_row + key_dim + head * DK + dims, mask=mask, other=0.0).to(tl.float32)
+    q = _round_to(_l2(q, eps, BF16) * scale, BF16)
+    k = _l2(k, eps, BF16)
+    heads = KEY_HEADS * REPEAT
+    for r in tl.static_range(REPEAT):
+        at = row * heads * DK + (head * REPEAT + r) * DK + dims
+        tl.store(q_ptr + at, q.to(q_ptr.dtype.element_ty), mask=mask)  # exact: q holds a bf16 value
+        tl.store(k_ptr + at, k.to(k_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gates_kernel(
+    b_ptr, a_ptr, dt_ptr, alog_ptr, beta_ptr, g_ptr, decay_ptr, b_row, a_row, heads,
+    BF16: tl.constexpr, B_BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < heads
+    b = tl.load(b_ptr + row * b_row + cols, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + row * a_row + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    a_log = tl.load(alog_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    beta = _round_to(tl.math.div_rn(1.0, 1.0 + tl.exp(-b)), B_BF16)
+    x = _round_to(a + dt, BF16)
+    # softplus: x above torch's threshold of 20; exp(x) below -15, where log(1 + exp(x)) would round exp(x) away
+    softplus = tl.where(x > 20.0, x, tl.where(x < -15.0, tl.exp(x), tl.log(1.0 + tl.exp(x))))
+    g = -tl.exp(a_log) * _round_to(softplus, BF16)
+    tl.store(beta_ptr + row * heads + cols, beta.to(beta_ptr.dtype.element_ty), mask=mask)
+    tl.store(g_ptr + row * heads + cols, g, mask=mask)
+    tl.store(decay_ptr + row * heads + cols, tl.exp(g), mask=mask)
+
+
+def _rows(t: torch.Tensor, name: str) -> int:
+    if t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"the recurrence inputs' {name} must be rows of contiguous elements, got {tuple(t.shape)}")
+    return t.stride(0)
+
+
+def gdn_inputs(
+    stream: torch.Tensor,
+    taps: torch.Tensor,
+    conv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    a_log: torch.Tensor,
+    *,
+    key_heads: int,
+    value_heads: int,
+    dk: int,
+    dv: int,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, ...]:
+    """q, k [n, Hv, dk], v [n, Hv, dv] (a view of the convolution's output), g, beta and the decay [n, Hv] of the
+    rows whose convolution reads ``taps`` [n, kernel] (stream row indices, oldest first) from ``stream`` (the
+    pre-convolution q/k/v rows, a zero row first), with ``conv`` [channels, kernel] and the gates' inputs ``b``,
+    ``a`` [n, Hv]: what `GatedDeltaNet.recurrence_inputs` gives, with the decay beside it."""
+    n, kernel = taps.shape
+    channels = conv.shape[0]
+    key_dim = key_heads * dk
+    if channels != 2 * key_dim + value_heads * dv or stream.shape[1] != channels or conv.shape[1] != kernel:
+        raise ValueError("the stream, the convolution and the head sizes disagree")
+    if value_heads % key_heads:
+        raise ValueError(f"{value_heads} value heads do not share {key_heads} key heads evenly")
+    bf16 = stream.dtype == torch.bfloat16
+    mixed = torch.empty((n, channels), dtype=stream.dtype, device=stream.device)
+    q = torch.empty((n, value_heads, dk), dtype=stream.dtype, device=stream.device)
+    k = torch.empty_like(q)
+    beta = torch.empty((n, value_heads), dtype=b.dtype, device=b.device)
+    g = torch.empty((n, value_heads), dtype=torch.float32, device=b.device)
+    decay = torch.empty_like(g)
+    if n:
+        taps = taps.to(torch.int64).contiguous()
+        _conv_silu_kernel[(n, triton.cdiv(channels, CHANNELS))](
+            stream, taps, conv.contiguous(), mixed, channels, _rows(stream, "stream"), channels,
+            TAPS=kernel, BF16=bf16, BLOCK=CHANNELS,
+        )  # fmt: skip
+        _qk_kernel[(n, key_heads)](
+            mixed, q, k, channels, key_dim, dk**-0.5, eps,
+            KEY_HEADS=key_heads, REPEAT=value_heads // key_heads, DK=dk, BF16=bf16, BLOCK=triton.next_power_of_2(dk),
+        )  # fmt: skip
+        _gates_kernel[(n,)](
+            b, a, dt_bias.contiguous(), a_log.contiguous(), beta, g, decay, _rows(b, "b"), _rows(a, "a"), value_heads,
+            BF16=a.dtype == torch.bfloat16, B_BF16=b.dtype == torch.bfloat16,
+            BLOCK=triton.next_power_of_2(value_heads),
+        )  # fmt: skip
+    v = mixed[:, 2 * key_dim :].view(n, value_heads, dv)
+    return q, k, v, g, beta, decay

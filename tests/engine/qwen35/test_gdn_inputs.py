@@ -1,0 +1,97 @@
+"""The recurrence inputs of a GDN layer in three row-wise kernels (`spinf.engine.kernels.gdn_inputs`): what the torch
+form of `GatedDeltaNet.recurrence_inputs` gives, and rows that keep their bits.
+
+Compiled on a GPU, through Triton's interpreter elsewhere (tests/conftest.py). Every bf16 step rounds to nearest
+as torch's bf16 ops round (on the bits, which the interpreter follows too), so only the exponentials differ: Triton's
+against torch's, a last fp32 place, which a bf16 rounding after them can turn into a bf16 place.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from spinf.engine.kernels.gdn_inputs import gdn_inputs  # noqa: E402
+from spinf.engine.qwen35.gdn import GatedDeltaNet  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+KEY_HEADS, VALUE_HEADS, DK, DV, KERNEL = 2, 6, 32, 32, 4  # each key head serves three value heads, as the 27B's
+
+
+def layer(seed: int = 0) -> SimpleNamespace:
+    """What `recurrence_inputs` reads of a layer: its config's sizes, the convolution and the gates' parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    channels = 2 * KEY_HEADS * DK + VALUE_HEADS * DV  # 320: no whole number of the kernel's 256-channel blocks
+    cfg = SimpleNamespace(
+        linear_num_value_heads=VALUE_HEADS, linear_num_key_heads=KEY_HEADS, linear_key_head_dim=DK,
+        linear_value_head_dim=DV, key_dim=KEY_HEADS * DK, value_dim=VALUE_HEADS * DV,
+    )  # fmt: skip
+    return SimpleNamespace(
+        cfg=cfg,
+        conv=(torch.randn(channels, KERNEL, generator=gen) * 0.5).bfloat16(),
+        dt_bias=torch.randn(VALUE_HEADS, generator=gen).bfloat16(),
+        A_log=torch.randn(VALUE_HEADS, generator=gen).bfloat16(),
+    )
+
+
+def inputs(rows: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    channels = 2 * KEY_HEADS * DK + VALUE_HEADS * DV
+    qkv = torch.randn(rows + 3, channels, generator=gen).bfloat16()
+    stream = torch.cat([qkv.new_zeros((1, channels)), qkv])  # row 0: the missing predecessor
+    taps = torch.randint(0, rows + 4, (rows, KERNEL), generator=gen)
+    taps[:3, :2] = 0  # the first rows have no predecessor: they read the zero row
+    ba = torch.randn(rows, 2 * VALUE_HEADS, generator=gen).bfloat16() * 4
+    ba[0, VALUE_HEADS:] = torch.tensor([30.0, -30.0, 0.0, 19.0, -14.0, 5.0])  # softplus's three branches
+    b, a = ba.split((VALUE_HEADS, VALUE_HEADS), dim=-1)  # strided views, as the layer's split gives them
+    return stream, taps, b, a
+
+
+def kernels(lay: SimpleNamespace, stream, taps, b, a):
+    on = [t.to(DEVICE) for t in (stream, taps, lay.conv, b, a, lay.dt_bias, lay.A_log)]
+    out = gdn_inputs(*on, key_heads=KEY_HEADS, value_heads=VALUE_HEADS, dk=DK, dv=DV)
+    return [t.cpu() for t in out]
+
+
+def test_the_kernels_give_what_the_torch_form_gives():
+    lay = layer()
+    stream, taps, b, a = inputs(37)
+    got = kernels(lay, stream, taps, b, a)
+    want = GatedDeltaNet.recurrence_inputs(lay, stream, taps, b, a)  # on the CPU: the torch form
+    names = ("q", "k", "v", "g", "beta", "decay")
+    for name, x, y in zip(names, got, want, strict=True):
+        assert (x.shape, x.dtype) == (y.shape, y.dtype), name
+        if DEVICE.type == "cuda":  # a bf16 place (g is fp32 of a bf16 softplus: the same)
+            torch.testing.assert_close(x.float(), y.float(), rtol=2**-7, atol=2**-7, msg=name)
+        elif x.dtype == torch.bfloat16:  # the interpreter's exponentials are numpy's, close enough to torch's here
+            assert torch.equal(x, y), name
+        else:
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+    q, k = got[0], got[1]
+    assert torch.equal(q[:, 0], q[:, 2]) and torch.equal(k[:, 3], k[:, 5])  # a key head's copies for its values
+    linear = (torch.tensor(30.0).bfloat16() + lay.dt_bias[0]).float()  # softplus(x) = x above 20
+    assert got[3][0, 0].item() == pytest.approx(-torch.exp(lay.A_log[0].float()).item() * linear.item(), rel=1e-6)
+    assert -1e-10 < got[3][0, 1] < 0  # exp branch: tiny, not rounded to zero
+
+
+def test_a_rows_bits_do_not_depend_on_the_other_rows():
+    lay = layer(2)
+    stream, taps, b, a = inputs(40, seed=3)
+    together = kernels(lay, stream, taps, b, a)
+    for start, stop in ((0, 1), (7, 19), (39, 40)):
+        alone = kernels(lay, stream, taps[start:stop], b[start:stop], a[start:stop])
+        for x, y in zip(alone, together, strict=True):
+            assert torch.equal(x, y[start:stop])
+
+
+def test_no_rows_and_sizes_that_disagree():
+    lay = layer()
+    stream, taps, b, a = inputs(5)
+    empty = kernels(lay, stream, taps[:0], b[:0], a[:0])
+    assert [tuple(t.shape) for t in empty] == [(0, 6, 32), (0, 6, 32), (0, 6, 32), (0, 6), (0, 6), (0, 6)]
+    with pytest.raises(ValueError, match="disagree"):
+        gdn_inputs(stream, taps, lay.conv[:-1], b, a, lay.dt_bias, lay.A_log, key_heads=2, value_heads=6, dk=32, dv=32)
