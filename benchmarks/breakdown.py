@@ -60,6 +60,7 @@ ATTENTION = "attention (tree attention, its output quantized)"
 NORM_QUANT = "norm + quantization (with the residual add where fused)"
 ROTARY = "q/k norm + rotary"
 GLU = "GELU·up + quantization"
+SILU = "SiLU·up (the Qwen3.5 MLP)"
 GLU_GEMM = "gate/up GEMM + GELU·up + quantization (one kernel of ours, fp8)"
 INT4 = "int4 → int8 GEMM (Triton, shape not recorded)"
 RECURRENCE = "linear attention (GDN recurrence)"
@@ -95,6 +96,7 @@ KERNEL_CATEGORIES = {
     "_conv_silu_kernel": GDN_INPUTS,
     "_qk_kernel": GDN_INPUTS,
     "_gates_kernel": GDN_INPUTS,
+    "_silu_mul_kernel": SILU,
     "_grouped_kernel": EXPERTS,
     "_combine_kernel": EXPERTS,
 }

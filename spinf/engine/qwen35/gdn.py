@@ -128,11 +128,11 @@ class GatedDeltaNet(nn.Module):
     def recurrence_inputs(self, stream: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
         """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay), beta and the decay ``exp(g)`` [n, Hv] of the rows whose
         convolution reads ``taps`` [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row
-        first). On a GPU three row-wise kernels (`spinf.engine.kernels.gdn_inputs`), else torch ops."""
+        first). On a GPU three row-wise kernels (`spinf.engine.kernels.qwen_rows`), else torch ops."""
         cfg, n = self.cfg, taps.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         if stream.is_cuda:
-            from spinf.engine.kernels.gdn_inputs import gdn_inputs
+            from spinf.engine.kernels.qwen_rows import gdn_inputs
 
             return gdn_inputs(
                 stream, taps, self.conv, b, a, self.dt_bias, self.A_log,

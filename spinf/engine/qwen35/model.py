@@ -142,7 +142,12 @@ class DecoderLayer(nn.Module):
         return h + torch.cat([self._mlp(part) for part in x.split(MLP_ROWS)])
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        gate_up = self.w_gate_up(x)
+        if gate_up.is_cuda:  # one row-wise kernel (spinf.engine.kernels.qwen_rows)
+            from spinf.engine.kernels.qwen_rows import silu_mul
+
+            return self.w_down(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.w_down(pointwise(F.silu, gate) * up)
 
 

@@ -1,4 +1,4 @@
-"""The recurrence inputs of a GDN layer in three row-wise kernels (`spinf.engine.kernels.gdn_inputs`): what the torch
+"""The recurrence inputs of a GDN layer in three row-wise kernels (`spinf.engine.kernels.qwen_rows`): what the torch
 form of `GatedDeltaNet.recurrence_inputs` gives, and rows that keep their bits.
 
 Compiled on a GPU, through Triton's interpreter elsewhere (tests/conftest.py). Every bf16 step rounds to nearest
@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from spinf.engine.kernels.gdn_inputs import gdn_inputs  # noqa: E402
+from spinf.engine.kernels.qwen_rows import gdn_inputs  # noqa: E402
 from spinf.engine.qwen35.gdn import GatedDeltaNet  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -95,3 +95,22 @@ def test_no_rows_and_sizes_that_disagree():
     assert [tuple(t.shape) for t in empty] == [(0, 6, 32), (0, 6, 32), (0, 6, 32), (0, 6), (0, 6), (0, 6)]
     with pytest.raises(ValueError, match="disagree"):
         gdn_inputs(stream, taps, lay.conv[:-1], b, a, lay.dt_bias, lay.A_log, key_heads=2, value_heads=6, dk=32, dv=32)
+
+
+def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
+    from spinf.engine.kernels.qwen_rows import silu_mul
+    from spinf.engine.qwen35.ops import pointwise
+
+    gen = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(21, 2 * 300, generator=gen) * 3).bfloat16()  # 300: no whole 256-column block
+    got = silu_mul(gate_up.to(DEVICE)).cpu()
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = pointwise(torch.nn.functional.silu, gate) * up  # DecoderLayer._mlp's torch form
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    if DEVICE.type == "cuda":  # Triton's exponential against torch's: a bf16 place at most
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    else:
+        assert torch.equal(got, want)
+    alone = silu_mul(gate_up[5:9].to(DEVICE)).cpu()
+    assert torch.equal(alone, got[5:9])
+    assert silu_mul(gate_up[:0].to(DEVICE)).shape == (0, 300)

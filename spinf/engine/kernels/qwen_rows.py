@@ -1,4 +1,5 @@
-"""The inputs of a Gated DeltaNet layer's recurrence in three kernels (engine spec B.14), on a GPU.
+"""Qwen3.5's row-wise kernels on a GPU (engine spec B.14): the inputs of a Gated DeltaNet layer's recurrence in three
+kernels, and the MLP's ``silu(gate) · up`` in one.
 
 `spinf.engine.qwen35.gdn.GatedDeltaNet.recurrence_inputs` spelled in torch ops is about thirty launches a layer over
 the pass's rows: the causal convolution's taps gathered from the stream one by one, multiplied and added, SiLU, the
@@ -13,6 +14,10 @@ the pass:
   L2 form, rounded as bf16 ops round), q times ``dk^-1/2``, each written to the value heads that key head serves;
 * `_gates_kernel`: per row, ``beta = sigmoid(b)``, ``g = -exp(A_log) · softplus(a + dt_bias)`` and the decay
   ``exp(g)`` (fp32).
+
+* `_silu_mul_kernel`: per row and block of columns of the fused gate/up product, ``silu(gate)`` rounded to its
+  dtype, times ``up``, rounded again: `DecoderLayer._mlp`'s ``pointwise(F.silu, gate) * up`` without the copy of
+  the gate half, the SiLU's own pass and the product's.
 
 Their exponentials are Triton's, not torch's, so their bits can differ from the torch form's in the last place (the
 GPU tests bound it); the scoring pass and the decode step both run these kernels, so a decoded row keeps the bits it
@@ -114,6 +119,30 @@ def _gates_kernel(
     tl.store(beta_ptr + row * heads + cols, beta.to(beta_ptr.dtype.element_ty), mask=mask)
     tl.store(g_ptr + row * heads + cols, g, mask=mask)
     tl.store(decay_ptr + row * heads + cols, tl.exp(g), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inner, gu_row, BF16: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inner
+    gate = tl.load(gu_ptr + row * gu_row + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * gu_row + inner + cols, mask=mask, other=0.0).to(tl.float32)
+    out = _round_to(_round_to(_silu(gate), BF16) * up, BF16)
+    tl.store(out_ptr + row * inner + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) · up`` [n, inner] of the fused product ``gate_up`` [n, 2 · inner] (gate first), in its dtype."""
+    n, width = gate_up.shape
+    inner = width // 2
+    out = torch.empty((n, inner), dtype=gate_up.dtype, device=gate_up.device)
+    if n:
+        _silu_mul_kernel[(n, triton.cdiv(inner, CHANNELS))](
+            gate_up, out, inner, _rows(gate_up, "gate/up product"),
+            BF16=gate_up.dtype == torch.bfloat16, BLOCK=CHANNELS,
+        )  # fmt: skip
+    return out
 
 
 def _rows(t: torch.Tensor, name: str) -> int:
