@@ -21,7 +21,8 @@ def test_the_tiny_run_writes_an_int4_checkpoint_the_engine_serves(tmp_path, caps
     out = capsys.readouterr().out
     assert "| J3 | ours, int4-i8 |" in out
     # --breakdown: one profiled call's table (on the CPU no GPU work, so all of it is host time)
-    assert re.search(r"^\*\*J3\*\* where the time goes .*: 20 questions, [\d,]+ tokens run in 1 passes", out, re.M)
+    # its pass count follows the CPU's pace (max_pass_s), so a busy machine may cut the call in two
+    assert re.search(r"^\*\*J3\*\* where the time goes .*: 20 questions, [\d,]+ tokens run in \d+ passes", out, re.M)
     assert re.search(r"^\| host gaps \(GPU idle\) \| [\d,.]+ \| [\d,.]+ \| 100\.0% \|", out, re.M)
     # the rows counted by compiling the bodies are the tokens the engine ran; J3's content runs chunked from its BOS
     ran = re.search(r"^\| J3 \| ours, int4-i8 \|[^|]+\|[^|]+\|[^|]+\| ([\d,]+) \|", out, re.M)
