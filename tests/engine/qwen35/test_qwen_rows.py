@@ -59,18 +59,16 @@ def kernels(lay: SimpleNamespace, stream, taps, b, a):
 
 def test_the_kernels_give_what_the_torch_form_gives():
     lay = layer()
-    stream, taps, b, a = inputs(37)
+    stream, taps, b, a = inputs(17)
     got = kernels(lay, stream, taps, b, a)
     want = GatedDeltaNet.recurrence_inputs(lay, stream, taps, b, a)  # on the CPU: the torch form
     names = ("q", "k", "v", "g", "beta", "decay")
     for name, x, y in zip(names, got, want, strict=True):
         assert (x.shape, x.dtype) == (y.shape, y.dtype), name
-        if DEVICE.type == "cuda":  # a bf16 place (g is fp32 of a bf16 softplus: the same)
-            torch.testing.assert_close(x.float(), y.float(), rtol=2**-7, atol=2**-7, msg=name)
-        elif x.dtype == torch.bfloat16:  # the interpreter's exponentials are numpy's, close enough to torch's here
+        if DEVICE.type == "cpu" and x.dtype == torch.bfloat16:  # the interpreter's exponentials are numpy's
             assert torch.equal(x, y), name
-        else:
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+        else:  # a bf16 place: g and the decay are fp32 of a bf16 softplus, whose rounding an exponential can tip
+            torch.testing.assert_close(x.float(), y.float(), rtol=2**-7, atol=2**-7, msg=name)
     q, k = got[0], got[1]
     assert torch.equal(q[:, 0], q[:, 2]) and torch.equal(k[:, 3], k[:, 5])  # a key head's copies for its values
     linear = (torch.tensor(30.0).bfloat16() + lay.dt_bias[0]).float()  # softplus(x) = x above 20
@@ -80,9 +78,9 @@ def test_the_kernels_give_what_the_torch_form_gives():
 
 def test_a_rows_bits_do_not_depend_on_the_other_rows():
     lay = layer(2)
-    stream, taps, b, a = inputs(40, seed=3)
+    stream, taps, b, a = inputs(20, seed=3)
     together = kernels(lay, stream, taps, b, a)
-    for start, stop in ((0, 1), (7, 19), (39, 40)):
+    for start, stop in ((0, 1), (7, 12), (19, 20)):
         alone = kernels(lay, stream, taps[start:stop], b[start:stop], a[start:stop])
         for x, y in zip(alone, together, strict=True):
             assert torch.equal(x, y[start:stop])
@@ -102,7 +100,7 @@ def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
     from spinf.engine.qwen35.ops import pointwise
 
     gen = torch.Generator().manual_seed(4)
-    gate_up = (torch.randn(21, 2 * 300, generator=gen) * 3).bfloat16()  # 300: no whole 256-column block
+    gate_up = (torch.randn(9, 2 * 300, generator=gen) * 3).bfloat16()  # 300: no whole 256-column block
     got = silu_mul(gate_up.to(DEVICE)).cpu()
     gate, up = gate_up.chunk(2, dim=-1)
     want = pointwise(torch.nn.functional.silu, gate) * up  # DecoderLayer._mlp's torch form
