@@ -57,6 +57,7 @@ def test_the_tiny_run_times_extraction_and_generation_slots(tmp_path, capsys):
     assert "| 256 |" in out  # 8 slots × 32 decode steps, every one run at full length
 
 
+@pytest.mark.slow  # 24 s on two cores: the default run keeps within ten minutes
 def test_the_transformers_baseline_scores_what_the_engine_scores_on_the_tiny_qwen(tmp_path):
     """The baseline (benchmarks.baseline on transformers' Qwen3_5ForCausalLM, built by `transformers_qwen35`) on the
     tiny float twin: each content once into the cache, its linear-attention states copied per row of a batch."""
