@@ -10,18 +10,17 @@ the pass:
 * `_conv_silu_kernel`: per row and block of channels, ``Σ_j stream[taps[r, j]] · w[:, j]`` with each product and
   each partial sum rounded to the stream's dtype in tap order, as the torch ops round, then SiLU in fp32 and the
   result in the stream's dtype;
-* `_qk_kernel`: per row and key head, the L2 norm of q and of k (the steps of `spinf.engine.kernels.rows.qwen_norm`'s
-  L2 form, rounded as bf16 ops round), q times ``dk^-1/2``, each written to the value heads that key head serves;
+* `_qk_kernel`: per row and key head, the L2 norm of q and of k (`spinf.engine.kernels.rows.qwen_norm`'s L2 steps,
+  `_l2_row`), q times ``dk^-1/2``, each written to the value heads that key head serves;
 * `_gates_kernel`: per row, ``beta = sigmoid(b)``, ``g = -exp(A_log) · softplus(a + dt_bias)`` and the decay
-  ``exp(g)`` (fp32).
-
+  ``exp(g)`` (fp32);
 * `_silu_mul_kernel`: per row and block of columns of the fused gate/up product, ``silu(gate)`` rounded to its
   dtype, times ``up``, rounded again: `DecoderLayer._mlp`'s ``pointwise(F.silu, gate) * up`` without the copy of
   the gate half, the SiLU's own pass and the product's.
 
-Their exponentials are Triton's, not torch's, so their bits can differ from the torch form's in the last place (the
-GPU tests bound it); the scoring pass and the decode step both run these kernels, so a decoded row keeps the bits it
-has as a branch.
+Every bf16 step rounds with `spinf.engine.kernels.rows._round_to`. The exponentials are Triton's, not torch's, so
+the bits can differ from the torch form's in the last place (the GPU tests bound it); the scoring pass and the
+decode step both run these kernels, so a decoded row keeps the bits it has as a branch.
 """
 
 from __future__ import annotations
@@ -30,19 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-CHANNELS = 256  # channels per program of the convolution
+from spinf.engine.kernels.rows import _l2_row, _round_to
 
-
-@triton.jit
-def _round_to(v, BF16: tl.constexpr):
-    """``v`` rounded to the nearest bf16 (ties to even) and back, as torch's bf16 ops round, when ``BF16``. Spelled
-    on the bits, which a compiled cast gives too, so that Triton's interpreter (whose cast does not round to nearest)
-    gives the same numbers on the CPU; NaN stays NaN."""
-    if BF16:
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
-    return v
+CHANNELS = 256  # channels (columns) per program of the convolution and of SiLU·up
 
 
 @triton.jit
@@ -73,13 +62,6 @@ def _conv_silu_kernel(
 
 
 @triton.jit
-def _l2(x, eps, BF16: tl.constexpr):
-    total = _round_to(tl.sum(_round_to(x * x, BF16), axis=0), BF16)
-    root = _round_to(tl.sqrt_rn(_round_to(total + eps, BF16)), BF16)
-    return _round_to(x * _round_to(tl.math.div_rn(1.0, root), BF16), BF16)
-
-
-@triton.jit
 def _qk_kernel(
     mixed_ptr, q_ptr, k_ptr, mixed_row, key_dim, scale, eps,
     KEY_HEADS: tl.constexpr, REPEAT: tl.constexpr, DK: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
@@ -90,8 +72,8 @@ def _qk_kernel(
     mask = dims < DK
     q = tl.load(mixed_ptr + row * mixed_row + head * DK + dims, mask=mask, other=0.0).to(tl.float32)
     k = tl.load(mixed_ptr + row * mixed_row + key_dim + head * DK + dims, mask=mask, other=0.0).to(tl.float32)
-    q = _round_to(_l2(q, eps, BF16) * scale, BF16)
-    k = _l2(k, eps, BF16)
+    q = _round_to(_l2_row(q, eps, BF16) * scale, BF16)
+    k = _l2_row(k, eps, BF16)
     heads = KEY_HEADS * REPEAT
     for r in tl.static_range(REPEAT):
         at = row * heads * DK + (head * REPEAT + r) * DK + dims
@@ -147,7 +129,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def _rows(t: torch.Tensor, name: str) -> int:
     if t.dim() != 2 or t.stride(1) != 1:
-        raise ValueError(f"the recurrence inputs' {name} must be rows of contiguous elements, got {tuple(t.shape)}")
+        raise ValueError(f"the {name} must be rows of contiguous elements, got {tuple(t.shape)}")
     return t.stride(0)
 
 
@@ -187,7 +169,7 @@ def gdn_inputs(
     if n:
         taps = taps.to(torch.int64).contiguous()
         _conv_silu_kernel[(n, triton.cdiv(channels, CHANNELS))](
-            stream, taps, conv.contiguous(), mixed, channels, _rows(stream, "stream"), channels,
+            stream, taps, conv.contiguous(), mixed, channels, _rows(stream, "recurrence inputs' stream"), channels,
             TAPS=kernel, BF16=bf16, BLOCK=CHANNELS,
         )  # fmt: skip
         _qk_kernel[(n, key_heads)](
@@ -195,7 +177,8 @@ def gdn_inputs(
             KEY_HEADS=key_heads, REPEAT=value_heads // key_heads, DK=dk, BF16=bf16, BLOCK=triton.next_power_of_2(dk),
         )  # fmt: skip
         _gates_kernel[(n,)](
-            b, a, dt_bias.contiguous(), a_log.contiguous(), beta, g, decay, _rows(b, "b"), _rows(a, "a"), value_heads,
+            b, a, dt_bias.contiguous(), a_log.contiguous(), beta, g, decay, _rows(b, "gates' b"), _rows(a, "gates' a"),
+            value_heads,
             BF16=a.dtype == torch.bfloat16, B_BF16=b.dtype == torch.bfloat16,
             BLOCK=triton.next_power_of_2(value_heads),
         )  # fmt: skip

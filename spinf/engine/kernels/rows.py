@@ -428,9 +428,22 @@ def masked_logsumexp(x: torch.Tensor, mask: torch.Tensor, which: torch.Tensor, k
 # each step rounded to bf16 as torch's bf16 ops round (BF16), the sum accumulated in fp32.
 @triton.jit
 def _round_to(v, BF16: tl.constexpr):
+    """``v`` rounded to the nearest bf16 (ties to even) and back, as torch's bf16 ops round, when ``BF16``. Spelled
+    on the bits, which a compiled cast gives too, so that Triton's interpreter (whose cast does not round to nearest)
+    gives the same numbers on the CPU; NaN stays NaN."""
     if BF16:
-        return v.to(tl.bfloat16).to(tl.float32)
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
     return v
+
+
+@triton.jit
+def _l2_row(x, eps, BF16: tl.constexpr):
+    """``x / sqrt(sum(x²) + eps)`` over a row in fp32, each step rounded as bf16 ops round (``BF16``)."""
+    total = _round_to(tl.sum(_round_to(x * x, BF16), axis=0), BF16)
+    root = _round_to(tl.sqrt_rn(_round_to(total + eps, BF16)), BF16)
+    return _round_to(x * _round_to(tl.math.div_rn(1.0, root), BF16), BF16)
 
 
 @triton.jit
@@ -443,9 +456,7 @@ def _qwen_norm_kernel(
     mask = cols < n
     x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
     if L2:
-        total = _round_to(tl.sum(_round_to(x * x, BF16), axis=0), BF16)
-        root = _round_to(tl.sqrt_rn(_round_to(total + eps, BF16)), BF16)
-        out = _round_to(x * _round_to(tl.math.div_rn(1.0, root), BF16), BF16)
+        out = _l2_row(x, eps, BF16)
     else:
         mean = tl.math.div_rn(tl.sum(x * x, axis=0), n.to(tl.float32))
         out = x * tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
