@@ -315,7 +315,8 @@ def runner(engine: Engine) -> str:
     if not linears or linears[0].amax.device.type != "cuda":  # the CPU runs the torch code
         return engine.quant
     kept = all(m.int8 is not None for m in linears)
-    return f"{engine.quant}, int8 weights {'kept unpacked' if kept else 'unpacked per call'}"
+    graphs = "CUDA graphs" if engine.scorer.graphs is not None else "eager passes"
+    return f"{engine.quant}, int8 weights {'kept unpacked' if kept else 'unpacked per call'}, {graphs}"
 
 
 def baseline_lines(args, folder: Path, device: torch.device, jobs: dict, ours: dict, flops: float, emit) -> None:
@@ -411,7 +412,10 @@ def open_engine(args: argparse.Namespace, folder: Path, token_budget: int | None
     if args.device == "cpu":
         return Engine(str(folder), device="cpu", quant=args.quant, token_budget=token_budget)
     cache = [str(folder.parents[2])]
-    return Engine(MODEL, device=args.device, quant=args.quant, cache_dirs=cache, token_budget=token_budget)
+    return Engine(
+        MODEL, device=args.device, quant=args.quant, cache_dirs=cache, token_budget=token_budget,
+        compile=not args.no_compile,
+    )  # fmt: skip
 
 
 def snapshot_folder(root: Path, group: int) -> Path:
@@ -462,6 +466,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--results", type=Path, nargs="?", const=RESULTS, default=None, help="append the figures (to RESULTS.md)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per job set (the median is shown)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="the engine's compile setting off: every pass eager, no CUDA graph"
+    )
     groups = parser.add_mutually_exclusive_group()
     groups.add_argument(
         "--group", type=int, default=GROUP, help=f"GPTQ inputs per scale group ({GROUP}; -1: one per row)"

@@ -33,6 +33,7 @@ from spinf.engine.attention import AttentionPlan
 
 if TYPE_CHECKING:  # Triton is imported when a graph is captured, never on the CPU
     from spinf.engine.kernels.attention import KernelPlan, PlanArrays
+    from spinf.engine.layout import PassLayout
 
 log = logging.getLogger(__name__)
 BUCKETS = tuple(range(128, 1025, 128))  # token counts a graph is captured for (rows padded up to the next)
@@ -86,10 +87,22 @@ class PassGraphs:
         """The buckets whose graph is captured, ascending."""
         return tuple(sorted(self._graphs))
 
-    def run(self, token_ids: np.ndarray, arrays: PlanArrays) -> torch.Tensor | None:
+    def run(self, token_ids: np.ndarray, arrays: PlanArrays, layout: PassLayout | None = None) -> torch.Tensor | None:
         """The pass's hidden states [n, hidden] from a replay (a view of the graph's output, valid until the next
-        replay of that bucket, which the stream orders after this pass's readers), or None."""
-        bucket = self._bucket(len(token_ids), arrays)
+        replay of that bucket, which the stream orders after this pass's readers), or None. ``layout``: the pass
+        (a stack whose graphs need more of it than the attention plan's arrays reads it)."""
+        graph = self._ready(len(token_ids), arrays)
+        if graph is None:
+            return None
+        self._fill(graph, token_ids, arrays)
+        graph.graph.replay()
+        self.replays += 1
+        return graph.out[: len(token_ids)]
+
+    def _ready(self, n: int, arrays: PlanArrays):
+        """The captured graph of the bucket a pass of ``n`` tokens with ``arrays`` fits, captured now if it is not
+        yet; None: the pass runs eagerly."""
+        bucket = self._bucket(n, arrays)
         if bucket is None or self.failed:
             return None
         signature = self._weights()
@@ -103,10 +116,7 @@ class PassGraphs:
                 log.exception("capturing the %d-token CUDA graph failed; small passes run eagerly", bucket)
                 self.failed = True
                 return None
-        self._fill(graph, token_ids, arrays)
-        graph.graph.replay()
-        self.replays += 1
-        return graph.out[: len(token_ids)]
+        return graph
 
     def _bucket(self, n: int, arrays: PlanArrays) -> int | None:
         bucket = bucket_of(n)
@@ -121,7 +131,9 @@ class PassGraphs:
         """What identifies the weights a graph reads (the model's `Graphed.weights_key`)."""
         return self.model.weights_key()
 
-    def _capture(self, bucket: int) -> _Graph:
+    def _static(self, bucket: int) -> tuple[torch.Tensor, KernelPlan, AttentionPlan]:
+        """A bucket's buffers: its tokens, its kernel plan's tables (sized for `MAX_JOBS` and `MAX_DEPTH`) and the
+        attention plan around them."""
         from spinf.engine.kernels.attention import KernelPlan
 
         device = self.device
@@ -136,7 +148,11 @@ class PassGraphs:
             segments={bm: torch.zeros((bucket + 1, 4), dtype=torch.int32, device=device) for bm in self.tile_sizes},
         )
         empty = torch.zeros((0, 1), dtype=torch.long, device=device)
-        attention = AttentionPlan(plan.positions, (), empty[:, 0], empty, empty.bool(), kernel=plan)
+        return tokens, plan, AttentionPlan(plan.positions, (), empty[:, 0], empty, empty.bool(), kernel=plan)
+
+    def _capture(self, bucket: int) -> _Graph:
+        device = self.device
+        tokens, plan, attention = self._static(bucket)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # once eagerly first: Triton compiles, the layers' constants are made
@@ -149,7 +165,7 @@ class PassGraphs:
         log.info("captured the CUDA graph of %d-token passes", bucket)
         return _Graph(tokens, plan, graph, out)
 
-    def _fill(self, graph: _Graph, token_ids: np.ndarray, arrays: PlanArrays) -> None:
+    def _fill(self, graph, token_ids: np.ndarray, arrays: PlanArrays) -> None:
         """The pass into the graph's buffers, padded, through pinned memory without blocking."""
         n, bucket = len(token_ids), graph.tokens.shape[0]
         _copy(graph.tokens, _padded(token_ids.astype(np.int64), (bucket,), 0))

@@ -171,7 +171,7 @@ class Scorer:
         token_ids = np.asarray(layout.token_ids, dtype=np.int64)
         # graphs hold the fused path only, and keep no keys and values for slots and no media embeddings
         graphed = self.graphs is not None and self.model.runs_fused() and capture is None and not layout.media
-        hidden = self.graphs.run(token_ids, arrays) if graphed else None
+        hidden = self.graphs.run(token_ids, arrays, layout) if graphed else None
         if hidden is None:
             hidden = self._eager(token_ids, arrays, capture, self.embedded(layout), layout)
         rows = to_device(np.asarray(layout.read_rows, dtype=np.int64), self.device)

@@ -7,6 +7,7 @@ pieces they share; `gptq` reads GPTQ int4 checkpoints and `int4` runs their line
 and reads the i8 mode's outlier table (ours or spinf-serve 0.1.1's), `int4_write` writes small int4 checkpoints in
 the real layout; `readout` is the decider's head; `loading` opens a checkpoint for the engine; `tiny` writes the
 tiny twin and the tiny decider; `vision` is the image tower, `media` what the engine reads with it.
-`chunked` runs a long fixed prefix through flash-linear-attention's chunked delta rule. Extraction's decode
-steps replay CUDA graphs; the scoring passes do not yet (`Qwen35Text.pass_graphs`), and there is no fused GPU path.
+`chunked` runs a long fixed prefix through flash-linear-attention's chunked delta rule. On a GPU, small scoring
+passes replay CUDA graphs in pieces around the recurrences (`graphs`), and extraction's decode steps replay graphs
+of their own.
 """

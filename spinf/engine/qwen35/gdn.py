@@ -55,6 +55,7 @@ def delta_rule(
     plan: Qwen35Plan,
     states_at: dict[int, torch.Tensor | None] | None = None,
     decay: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The gated delta rule along each segment. q, k [N, Hv, dk]; v [N, Hv, dv]; g (log decay), beta [N, Hv]
     -> [N, Hv, dv]; ``decay`` is ``exp(g)`` when the caller has it. The plan's chunked segments (each a job's fixed
@@ -63,10 +64,11 @@ def delta_rule(
     segment ended with, so a token's output depends on its path alone. On a GPU the token-by-token part is the
     Triton kernel by segment index (`spinf.engine.kernels.gdn`) over the plan's ``recurrent`` table.
     ``states_at``: stream rows whose state after the row is wanted (filled in; the extraction slots' prefixes; on
-    a GPU they must be the plan's ``captured_rows``)."""
+    a GPU they must be the plan's ``captured_rows``). ``out``: the buffer [N, Hv, dv] the outputs go to (a CUDA
+    graph's, `spinf.engine.qwen35.graphs`); only the rows of the plan's segments are written."""
     _, heads, dk = k.shape
     decay = pointwise(torch.exp, g) if decay is None else decay
-    out = torch.empty_like(v)
+    out = torch.empty_like(v) if out is None else out
     finals = run_chunked(plan.chunked_calls, q, k, v, g, beta, out) if plan.chunked_calls else {}
     if q.is_cuda:
         from spinf.engine.kernels.gdn import recurrent_delta_rule
@@ -155,12 +157,18 @@ class GatedDeltaNet(nn.Module):
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
         return self.w_out(o.reshape(n, -1))
 
+    def inputs(self, x: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Everything of a pass's layer before the recurrence, row by row: the pre-convolution q/k/v rows, z, and
+        the recurrence's inputs (q, k, v, g, beta, decay: `recurrence_inputs`). A CUDA graph holds this part
+        (`spinf.engine.qwen35.graphs`); the recurrence, which the pass's segments shape, runs eagerly."""
+        qkv, z, b, a = self.project(x)
+        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
+        return qkv, z, self.recurrence_inputs(stream, plan.taps, b, a)
+
     def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
         if plan.attention.decode is not None:
             return self.decode(x, plan.attention.decode)
-        qkv, z, b, a = self.project(x)
-        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
-        q, k, v, g, beta, decay = self.recurrence_inputs(stream, plan.taps, b, a)
+        qkv, z, (q, k, v, g, beta, decay) = self.inputs(x, plan)
         capture = plan.attention.capture
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
         o = delta_rule(q, k, v, g, beta, plan, states_at, decay)

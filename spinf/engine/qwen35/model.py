@@ -136,6 +136,19 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
         x = rms_norm(h, self.input_norm, self.eps)
         h = h + (self.mixer(x, rope, plan) if self.is_attention else self.mixer(x, plan))
+        return self.mlp_residual(h)
+
+    def mixer_inputs(self, h: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """A GDN layer's part before its recurrence (`forward` in three parts, for the CUDA graphs of
+        `spinf.engine.qwen35.graphs`): z and the recurrence's inputs (q, k, v, g, beta, decay)."""
+        _, z, inputs = self.mixer.inputs(rms_norm(h, self.input_norm, self.eps), plan)
+        return z, inputs
+
+    def mixer_finish(self, h: torch.Tensor, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """A GDN layer's part after its recurrence's outputs ``o``: the gated norm, out_proj, the residual, the MLP."""
+        return self.mlp_residual(h + self.mixer.output(o, z))
+
+    def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
         x = rms_norm(h, self.post_norm, self.eps)
         if x.shape[0] <= MLP_ROWS:
             return h + self._mlp(x)
@@ -192,16 +205,20 @@ class Qwen35Text(nn.Module):
         if plan.attention.media is not None:  # the placeholders' rows become the tower's embeddings (A.14.1)
             rows, embedded = plan.attention.media
             h = h.index_copy(0, rows, embedded.to(h.dtype))
+        rope = self.rope(plan)
+        for layer in self.layers:
+            h = layer(h, rope, plan)
+        return h
+
+    def rope(self, plan: Qwen35Plan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' rotary cos and sin [N, rotary dims] from the plan's positions."""
         if plan.positions3 is None:
             freqs = plan.attention.positions[:, None].float() * self.inv_freq[None, :]
         else:  # each pair turns with its own axis's position (`rope_axes`)
             axes = rope_axes(self.cfg).to(plan.positions3.device)
             freqs = plan.positions3[:, axes].float() * self.inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
-        rope = (pointwise(torch.cos, angles), pointwise(torch.sin, angles))
-        for layer in self.layers:
-            h = layer(h, rope, plan)
-        return h
+        return pointwise(torch.cos, angles), pointwise(torch.sin, angles)
 
     def head_weight(self) -> torch.Tensor | None:
         """The LM head as ``head_mode``'s product reads it (None under the readout): made once per pass, since the
@@ -258,11 +275,26 @@ class Qwen35Text(nn.Module):
         return f"lm_head {head_precision(self.head_mode, self.lm_head.dtype)}"
 
     def runs_fused(self) -> bool:
-        return False  # no fused GPU path on this stack yet
+        """Whether a pass with a kernel plan runs the GPU path a CUDA graph holds: on a GPU, always (the stack has
+        no calibration observer)."""
+        return self.embed.is_cuda
 
-    def pass_graphs(self, device: torch.device, tile_rows: set[int]) -> None:
-        """None: no CUDA graphs replay this stack's scoring passes yet (every pass runs eagerly)."""
-        return None
+    def pass_graphs(self, device: torch.device, tile_rows: set[int]):
+        """The CUDA graphs of this stack's scoring passes (`spinf.engine.qwen35.graphs`: every layer's row-wise
+        part replayed, the recurrences between them eager)."""
+        from spinf.engine.qwen35.graphs import QwenPassGraphs
+
+        return QwenPassGraphs(self, device, tile_rows)
+
+    def weights_key(self) -> tuple:
+        """What identifies the weights a graph reads: the embedding's storage, and whether each of the first and
+        last layers' linears reads int8 weights kept unpacked (`spinf.engine.qwen35.int4.keep_unpacked`)."""
+        kept = tuple(
+            id(getattr(module, "int8", None))
+            for layer in (self.layers[0], self.layers[-1])
+            for module in layer.modules()
+        )
+        return (self.embed.data_ptr(), self.embed.dtype, kept)
 
     def capture_cost(self):
         """What the decoder holds (`spinf.engine.extraction.budget.CaptureCost`): a prefix row only in the attention
@@ -294,10 +326,12 @@ class Qwen35Text(nn.Module):
 
         return {tile_rows(*self.attention_shape(), kernel_config(*self.attention_shape()))}
 
-    def pass_plan(self, layout: PassLayout, attention: AttentionPlan) -> Qwen35Plan:
+    def pass_plan(self, layout: PassLayout, attention: AttentionPlan, taps: torch.Tensor | None = None) -> Qwen35Plan:
         """The plan of one pass around the scorer's tree-attention plan ``attention`` (its kernel tables, capture and
-        media): the recurrent segments and the convolution's taps, on the model's device."""
-        return pass_plan(layout, self.cfg.linear_conv_kernel_dim, self.embed.device, attention=attention)
+        media): the recurrent segments and the convolution's taps, on the model's device (in ``taps``, a CUDA
+        graph's buffer, when given)."""
+        kernel = self.cfg.linear_conv_kernel_dim
+        return pass_plan(layout, kernel, self.embed.device, attention=attention, taps_buffer=taps)
 
     def pass_logprobs(self, layout: PassLayout) -> torch.Tensor:
         """The pass's full-vocabulary log-probs at its read rows, [len(layout.read_rows), vocab]."""

@@ -125,10 +125,13 @@ def pass_plan(
     device: torch.device | None = None,
     attention_shape: tuple[int, int] | None = None,
     attention: AttentionPlan | None = None,
+    taps_buffer: torch.Tensor | None = None,
 ) -> Qwen35Plan:
     """The plan of a pass for a model whose convolution has ``kernel`` taps, with its tensors on ``device`` (None:
     the CPU). On a GPU, ``attention_shape`` (head dim, query heads per KV head) of the full-attention layers gives
-    the plan the Triton tree-attention kernel's tables (`kernel_config`); None: torch tree attention."""
+    the plan the Triton tree-attention kernel's tables (`kernel_config`); None: torch tree attention.
+    ``taps_buffer`` (a CUDA graph's, at least as many rows as the pass): the taps are written there, the rows past
+    the pass's reading the zero row, and the plan's ``taps`` is that buffer."""
     device = device or torch.device("cpu")
     pred = predecessors(layout)
     taps = [np.arange(1, layout.num_tokens + 1, dtype=np.int64)]  # +1: row 0 of the padded stream is zeros
@@ -170,9 +173,16 @@ def pass_plan(
         (s, int(slot), int(place))
         for s, (slot, place) in zip(sorted(chunked), table[: len(chunked), [3, 5]], strict=True)
     )
+    if taps_buffer is None:
+        taps_on = to_device(taps_rows, device)
+    else:
+        padded = np.zeros(tuple(taps_buffer.shape), dtype=np.int64)
+        padded[: len(taps_rows)] = taps_rows
+        taps_on = taps_buffer
+        taps_on.copy_(torch.from_numpy(padded).pin_memory(), non_blocking=True)
     return Qwen35Plan(
         attention=attention,
-        taps=to_device(taps_rows, device),
+        taps=taps_on,
         segments=segs,
         kept=kept,
         recurrent=to_device(table, device),

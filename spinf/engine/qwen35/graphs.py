@@ -1,0 +1,176 @@
+"""CUDA graphs for the Qwen3.5 stack's scoring passes (engine spec C.3), in pieces around the recurrences.
+
+A small Qwen pass is launch-bound as a small Gemma pass is: the 27B's 64 layers launch about 2,700 kernels and copies
+for a 300-token call, and the host takes longer to launch them than the GPU takes to run them. One graph cannot hold
+a whole pass, though: the recurrence of a GDN layer is shaped by the pass's tries (a launch per level of segments,
+as many levels as the tries are deep) and by its fixed prefixes (fla's chunked calls, with tables made on the host).
+Everything else in a layer is row-wise, or reads the tree-attention plan's tables, which a bucket's buffers hold as
+the Gemma stack's graphs do (`spinf.engine.graphs`).
+
+So a pass of a bucket runs as pieces, each one CUDA graph, with the recurrences between them eager:
+
+* piece 0: the embedding, the rotary angles, every layer before the first GDN layer, and that layer's part before
+  its recurrence (`DecoderLayer.mixer_inputs`: the norm, the input projections, the convolution, the recurrence's
+  inputs);
+* piece j: GDN layer ``j - 1``'s part after its recurrence (`DecoderLayer.mixer_finish`: the gated norm, out_proj,
+  the residual and the MLP), the full-attention layers after it, and the next GDN layer's part before its recurrence;
+  the last piece ends with the last layer.
+
+A piece's results go to buffers (`Static`) that the recurrence reads and the next piece reads, one set of the largest
+bucket's rows shared by every bucket (a view of its first rows each), since one pass runs at a time. The 27B makes 49
+graphs a bucket, and each recurrence between them is a few launches, so the host launches a tenth of what it did.
+
+Bits: a row goes through the same kernels as in the eager pass, each on the bucket's rows instead of the pass's (the
+kernels and products give a row the same bits whatever the row count, as for the Gemma graphs); the recurrence runs
+the pass's own plan over the same inputs (copied, so with other strides, which change no arithmetic). Pad rows get
+token 0, position 0, no tile, and convolution taps on the zero row; no segment names them, so the recurrence leaves
+their outputs as they were (finite: zeros, or an earlier pass's). tests/engine/qwen35/test_gpu_qwen35_graphs.py
+compares graphed passes with eager ones bit for bit; the CPU test runs the pieces eagerly against the forward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import numpy as np
+import torch
+
+from spinf.engine.graphs import BUCKETS, PassGraphs
+from spinf.engine.qwen35.gdn import delta_rule
+from spinf.engine.qwen35.plan import Qwen35Plan
+
+log = logging.getLogger(__name__)
+INPUTS = ("q", "k", "v", "g", "beta", "decay")  # a recurrence's inputs, as `GatedDeltaNet.recurrence_inputs` gives
+
+
+@attrs.define(eq=False)
+class Static:
+    """What the pieces of one bucket read and write: its token ids and plan (buffers of the bucket's rows), and the
+    pieces' results, as views of the first ``rows`` rows of buffers of ``capacity`` rows (``arena``, shared by every
+    bucket), made on first use (outside any capture: a graph's first eager run)."""
+
+    rows: int
+    tokens: torch.Tensor
+    plan: Qwen35Plan
+    arena: dict[str, torch.Tensor]
+    capacity: int
+
+    def keep(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` [rows, ...] into its buffer; the buffer's view."""
+        view = self.buffer(name, value)
+        view.copy_(value)
+        return view
+
+    def buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """The view of buffer ``name``, made (zeros) shaped and typed as ``like`` on first use."""
+        if name not in self.arena:
+            self.arena[name] = like.new_zeros((self.capacity, *like.shape[1:]))
+        return self.arena[name][: self.rows]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.arena[name][: self.rows]
+
+
+def recurrent_layers(model) -> tuple[int, ...]:
+    """The GDN layers' indices: where the pieces are cut."""
+    return tuple(i for i, layer in enumerate(model.layers) if not layer.is_attention)
+
+
+def run_piece(model, cores: tuple[int, ...], j: int, static: Static) -> None:
+    """Piece ``j`` of a pass (see the module's text) over ``static``'s rows."""
+    layers = model.layers
+    if j == 0:
+        h = torch.nn.functional.embedding(static.tokens, model.embed)
+        cos, sin = model.rope(static.plan)
+        rope = static.keep("cos", cos), static.keep("sin", sin)
+        first = 0
+    else:
+        h = layers[cores[j - 1]].mixer_finish(static["h"], static["o"], static["z"])
+        rope = static["cos"], static["sin"]
+        first = cores[j - 1] + 1
+    last = cores[j] if j < len(cores) else len(layers)
+    for layer in layers[first:last]:
+        h = layer(h, rope, static.plan)
+    if j < len(cores):
+        z, inputs = layers[cores[j]].mixer_inputs(h, static.plan)
+        static.keep("z", z)
+        for name, value in zip(INPUTS, inputs, strict=True):
+            static.keep(name, value)
+        static.buffer("o", inputs[2])  # the recurrence's outputs, shaped as v
+    static.keep("h", h)
+
+
+def run_recurrence(model, cores: tuple[int, ...], j: int, static: Static, plan: Qwen35Plan) -> None:
+    """The recurrence after piece ``j``, eager: the pass's own ``plan`` over the inputs piece ``j`` kept, its
+    outputs into the buffer piece ``j + 1`` reads."""
+    q, k, v, g, beta, decay = (static[name] for name in INPUTS)
+    delta_rule(q, k, v, g, beta, plan, None, decay, out=static["o"])
+
+
+def run_pieces(model, static: Static, plan: Qwen35Plan) -> torch.Tensor:
+    """A whole pass through the pieces, eagerly (what the graphs replay; the CPU tests compare it with the forward):
+    its hidden states [rows, hidden]."""
+    cores = recurrent_layers(model)
+    for j in range(len(cores) + 1):
+        run_piece(model, cores, j, static)
+        if j < len(cores):
+            run_recurrence(model, cores, j, static, plan)
+    return static["h"]
+
+
+@attrs.define(eq=False)
+class _Pieces:
+    tokens: torch.Tensor  # [B] int64
+    plan: object  # the bucket's `KernelPlan` (`PassGraphs._fill` fills it)
+    static: Static
+    graphs: list[torch.cuda.CUDAGraph]
+
+
+class QwenPassGraphs(PassGraphs):
+    """The pieces of each bucket, captured lazily in the executor's thread; `run` replays them around the pass's
+    eager recurrences, or returns None (the pass runs eagerly)."""
+
+    def __init__(self, model, device: torch.device, tile_sizes):
+        super().__init__(model, device, tile_sizes)
+        self.cores = recurrent_layers(model)
+        self._arena: dict[str, torch.Tensor] = {}
+
+    def run(self, token_ids: np.ndarray, arrays, layout=None) -> torch.Tensor | None:
+        if layout is None or layout.media:  # the recurrence needs the pass's layout; images move rotary positions
+            return None
+        graph = self._ready(len(token_ids), arrays)
+        if graph is None:
+            return None
+        self._fill(graph, token_ids, arrays)
+        static = graph.static
+        plan = self.model.pass_plan(layout, static.plan.attention, taps=static.plan.taps)
+        for j, piece in enumerate(graph.graphs):
+            piece.replay()
+            if j < len(self.cores):
+                run_recurrence(self.model, self.cores, j, static, plan)
+        self.replays += 1
+        return static["h"][: len(token_ids)]
+
+    def _capture(self, bucket: int) -> _Pieces:
+        device = self.device
+        tokens, kernel_plan, attention = self._static(bucket)
+        taps = torch.zeros((bucket, self.model.cfg.linear_conv_kernel_dim), dtype=torch.long, device=device)
+        plan = Qwen35Plan(attention=attention, taps=taps, segments=(), kept=frozenset())
+        static = Static(bucket, tokens, plan, self._arena, BUCKETS[-1])
+        count = len(self.cores) + 1
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # once eagerly first: Triton compiles, the buffers and constants are made
+            for j in range(count):
+                run_piece(self.model, self.cores, j, static)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graphs = []
+        for j in range(count):  # one pool: the pieces replay in the order they were captured
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                run_piece(self.model, self.cores, j, static)
+            self._pool = graph.pool()
+            graphs.append(graph)
+        log.info("captured the %d CUDA graphs of %d-token passes", count, bucket)
+        return _Pieces(tokens, kernel_plan, static, graphs)
