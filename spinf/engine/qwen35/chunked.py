@@ -35,6 +35,7 @@ class ChunkedCall:
 
     pieces: tuple[tuple[int, int], ...]
     rows: torch.Tensor  # [T] int64
+    span: tuple[int, int] | None  # the rows as one range [first, end) when they are contiguous (slices, no gather)
     cu_seqlens: torch.Tensor  # [N + 1] int64
     cu_host: torch.Tensor
     indices: torch.Tensor | None  # fla's (sequence, chunk) table; None on the CPU
@@ -89,9 +90,11 @@ def _call(batch: list[tuple[int, int, int, int]], device: torch.device) -> Chunk
     indices = None
     if device.type == "cuda":  # fla's table of (sequence, chunk within it), made here so no layer makes it again
         indices = to_device(np.asarray([(n, c) for n, m in enumerate(lengths) for c in range(-(-m // CHUNK))]), device)
+    contiguous = bool(len(rows)) and int(rows[-1]) - int(rows[0]) + 1 == len(rows)
     return ChunkedCall(
         pieces=tuple((s, r) for s, r, _, _ in batch),
         rows=to_device(rows, device),  # through pinned memory: a pageable copy would wait for the GPU
+        span=(int(rows[0]), int(rows[-1]) + 1) if contiguous else None,
         cu_seqlens=to_device(cu, device),
         cu_host=torch.from_numpy(cu),
         indices=indices,
@@ -117,14 +120,20 @@ def run_chunked(
         else:
             initial = v.new_zeros((len(call.pieces), heads, dk, dv), dtype=torch.float32)
         rows = call.rows
-        picked = [t.index_select(0, rows) for t in (q, k, v, g, beta)]
+        if call.span is not None:  # one range of rows (a single content): views, and one copy back
+            picked = [t[call.span[0] : call.span[1]].contiguous() for t in (q, k, v, g, beta)]
+        else:
+            picked = [t.index_select(0, rows) for t in (q, k, v, g, beta)]
         if q.is_cuda:
             from spinf.engine.kernels.chunked import chunked_delta_rule
 
             o, final = chunked_delta_rule(*picked, initial, call.cu_seqlens, call.cu_host, call.indices)
         else:
             o, final = reference_chunked(*picked, initial, call.cu_host)
-        out.index_copy_(0, rows, o.to(out.dtype))
+        if call.span is not None:
+            out[call.span[0] : call.span[1]].copy_(o)
+        else:
+            out.index_copy_(0, rows, o.to(out.dtype))
         for place, (s, _) in enumerate(call.pieces):
             state[s] = final[place]
     return state

@@ -3,6 +3,7 @@ token-by-token rule, the pieces and calls, and the segment table's place for the
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -54,8 +55,28 @@ def test_long_prefixes_run_in_pieces_round_by_round_within_the_call_limit(monkey
     calls = plan_calls(segments, frozenset({0, 2, 4}), torch.device("cpu"))
     assert [call.pieces for call in calls] == [((0, 0),), ((2, 0), (4, 0)), ((0, 1),), ((0, 2),)]
     assert [call.cu_host.tolist() for call in calls] == [[0, 100], [0, 70, 100], [0, 100], [0, 50]]
+    # a call of one range of rows slices the pass's rows; pieces with rows between them gather
+    assert [call.span for call in calls] == [(0, 100), None, (100, 200), (200, 250)]
     assert calls[1].rows.tolist() == list(range(260, 330)) + list(range(340, 370))
     assert calls[3].rows.tolist() == list(range(200, 250))  # cut at multiples of 100 from the BOS
+
+
+def test_a_call_over_one_range_of_rows_gives_the_gathered_calls_bits():
+    """`run_chunked` slices a contiguous call's rows instead of gathering them: the same outputs and states."""
+    segments = ((0, 5, -1), (5, 95, -1), (95, 99, 1))
+    q, k, v, g, beta = inputs(99)
+    results = []
+    for contiguous in (True, False):
+        calls = plan_calls(segments, frozenset({1}), torch.device("cpu"))
+        assert [call.span for call in calls] == [(5, 95)]
+        if not contiguous:
+            calls = tuple(attrs.evolve(call, span=None) for call in calls)
+        out = torch.zeros_like(v)
+        results.append((out, chunked.run_chunked(calls, q, k, v, g, beta, out)))
+    assert torch.equal(results[0][0], results[1][0]) and results[0][0][5:95].abs().min() > 0
+    assert results[0][0][:5].abs().sum() == results[0][0][95:].abs().sum() == 0  # no other row written
+    assert results[0][1].keys() == results[1][1].keys() == {1}
+    assert torch.equal(results[0][1][1], results[1][1][1])
 
 
 def test_the_table_puts_the_chunked_segments_first_and_launches_level_zero_after_them():
