@@ -423,7 +423,7 @@ def _time_layout(name: str, jobs: list[Job], heads=48, dk=128, dv=128, gdn_layer
         f"{name}: {n} tokens, {len(plan.segments)} segments in {len(plan.levels) - 1} levels,"
         f" {plan.num_slots} slots ({kept_mib:.0f} MiB kept, {len(plan.kept)} kept segments)"
     )
-    for config in (None, (16, 2), (32, 8), (64, 4)):
+    for config in (None, (8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 8), (64, 4), (64, 8)):
 
         def run(config=config):
             return recurrent_delta_rule(q, k, v, decay, beta, plan.recurrent, plan.levels, plan.num_slots, config)
@@ -444,6 +444,7 @@ def _time_layout(name: str, jobs: list[Job], heads=48, dk=128, dv=128, gdn_layer
 def benchmark() -> None:
     """The kernel at the 27B's GDN shape on a trie pass of 8 jobs and on one job of 16k tokens."""
     started = time.perf_counter()
+    _time_layout("16 jobs x (40 content + 106 questions), as J2", [_benchmark_job(s, 40, 106) for s in range(16)])
     _time_layout("8 jobs x (1800 content + 40 questions)", [_benchmark_job(s, 1800, 40) for s in range(8)])
     single = Job(tokens(9, 16383))
     add_prompt(single, tokens(10, 1), [(5,)])
