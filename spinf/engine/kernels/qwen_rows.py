@@ -7,7 +7,8 @@ q and k L2 norms, the value heads' copies of each key head, the q scale, and the
 kernels, each reading a row (or one head of a row) and nothing else, so a row's numbers never depend on what shares
 the pass:
 
-* `_conv_silu_kernel`: per row and block of channels, ``Σ_j stream[taps[r, j]] · w[:, j]`` with each product and
+* `_conv_silu_kernel`: per row and block of channels, ``Σ_j rows[taps[r, j] - 1] · w[:, j]`` (tap 0: zeros, the
+  missing predecessor, so the rows need no zero row copied in front) with each product and
   each partial sum rounded to the stream's dtype in tap order, as the torch ops round, then SiLU in fp32 and the
   result in the stream's dtype;
 * `_qk_kernel`: per row and key head, the L2 norm of q and of k (`spinf.engine.kernels.rows.qwen_norm`'s L2 steps,
@@ -41,7 +42,7 @@ def _silu(x):
 
 @triton.jit
 def _conv_silu_kernel(
-    stream_ptr, taps_ptr, w_ptr, out_ptr, channels, stream_row, out_row,
+    rows_ptr, taps_ptr, w_ptr, out_ptr, channels, rows_row, out_row,
     TAPS: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -49,8 +50,10 @@ def _conv_silu_kernel(
     mask = cols < channels
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for j in tl.static_range(TAPS):
-        source = tl.load(taps_ptr + row * TAPS + j).to(tl.int64)
-        x = tl.load(stream_ptr + source * stream_row + cols, mask=mask, other=0.0).to(tl.float32)
+        source = tl.load(taps_ptr + row * TAPS + j).to(tl.int64)  # 1 + the row it reads; 0: none, a zero row
+        present = cols < tl.where(source > 0, channels, 0)
+        at = rows_ptr + (tl.maximum(source, 1) - 1) * rows_row + cols
+        x = tl.load(at, mask=present, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols * TAPS + j, mask=mask, other=0.0).to(tl.float32)
         product = _round_to(x * w, BF16)
         if j == 0:
@@ -134,7 +137,7 @@ def _rows(t: torch.Tensor, name: str) -> int:
 
 
 def gdn_inputs(
-    stream: torch.Tensor,
+    rows: torch.Tensor,
     taps: torch.Tensor,
     conv: torch.Tensor,
     b: torch.Tensor,
@@ -149,19 +152,19 @@ def gdn_inputs(
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, ...]:
     """q, k [n, Hv, dk], v [n, Hv, dv] (a view of the convolution's output), g, beta and the decay [n, Hv] of the
-    rows whose convolution reads ``taps`` [n, kernel] (stream row indices, oldest first) from ``stream`` (the
-    pre-convolution q/k/v rows, a zero row first), with ``conv`` [channels, kernel] and the gates' inputs ``b``,
-    ``a`` [n, Hv]: what `GatedDeltaNet.recurrence_inputs` gives, with the decay beside it."""
+    rows whose convolution reads ``taps`` [n, kernel] (oldest first) from ``rows`` (the pre-convolution q/k/v rows:
+    tap ``t`` reads row ``t - 1``, tap 0 a zero row, the missing predecessor), with ``conv`` [channels, kernel] and
+    the gates' inputs ``b``, ``a`` [n, Hv]: what `GatedDeltaNet.recurrence_inputs` gives, with the decay beside it."""
     n, kernel = taps.shape
     channels = conv.shape[0]
     key_dim = key_heads * dk
-    if channels != 2 * key_dim + value_heads * dv or stream.shape[1] != channels or conv.shape[1] != kernel:
-        raise ValueError("the stream, the convolution and the head sizes disagree")
+    if channels != 2 * key_dim + value_heads * dv or rows.shape[1] != channels or conv.shape[1] != kernel:
+        raise ValueError("the rows, the convolution and the head sizes disagree")
     if value_heads % key_heads:
         raise ValueError(f"{value_heads} value heads do not share {key_heads} key heads evenly")
-    bf16 = stream.dtype == torch.bfloat16
-    mixed = torch.empty((n, channels), dtype=stream.dtype, device=stream.device)
-    q = torch.empty((n, value_heads, dk), dtype=stream.dtype, device=stream.device)
+    bf16 = rows.dtype == torch.bfloat16
+    mixed = torch.empty((n, channels), dtype=rows.dtype, device=rows.device)
+    q = torch.empty((n, value_heads, dk), dtype=rows.dtype, device=rows.device)
     k = torch.empty_like(q)
     beta = torch.empty((n, value_heads), dtype=b.dtype, device=b.device)
     g = torch.empty((n, value_heads), dtype=torch.float32, device=b.device)
@@ -169,7 +172,7 @@ def gdn_inputs(
     if n:
         taps = taps.to(torch.int64).contiguous()
         _conv_silu_kernel[(n, triton.cdiv(channels, CHANNELS))](
-            stream, taps, conv.contiguous(), mixed, channels, _rows(stream, "recurrence inputs' stream"), channels,
+            rows, taps, conv.contiguous(), mixed, channels, _rows(rows, "recurrence inputs' rows"), channels,
             TAPS=kernel, BF16=bf16, BLOCK=CHANNELS,
         )  # fmt: skip
         _qk_kernel[(n, key_heads)](

@@ -127,19 +127,21 @@ class GatedDeltaNet(nn.Module):
         b, a = self.w_ba(x).split((heads, heads), dim=-1)
         return qkv, z, b, a
 
-    def recurrence_inputs(self, stream: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+    def recurrence_inputs(self, rows: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
         """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay), beta and the decay ``exp(g)`` [n, Hv] of the rows whose
-        convolution reads ``taps`` [n, kernel] (oldest first) from ``stream`` (pre-convolution q/k/v rows, a zero row
-        first). On a GPU three row-wise kernels (`spinf.engine.kernels.qwen_rows`), else torch ops."""
+        convolution reads ``taps`` [n, kernel] (oldest first) from ``rows`` (pre-convolution q/k/v rows; tap ``t``
+        reads row ``t - 1``, tap 0 a zero row: the missing predecessor). On a GPU three row-wise kernels
+        (`spinf.engine.kernels.qwen_rows`), else torch ops over the rows with a zero row in front."""
         cfg, n = self.cfg, taps.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        if stream.is_cuda:
+        if rows.is_cuda:
             from spinf.engine.kernels.qwen_rows import gdn_inputs
 
             return gdn_inputs(
-                stream, taps, self.conv, b, a, self.dt_bias, self.A_log,
+                rows, taps, self.conv, b, a, self.dt_bias, self.A_log,
                 key_heads=cfg.linear_num_key_heads, value_heads=heads, dk=dk, dv=dv,
             )  # fmt: skip
+        stream = torch.cat([rows.new_zeros((1, rows.shape[1])), rows])
         mixed = stream[taps[:, 0]] * self.conv[:, 0]
         for tap in range(1, self.conv.shape[1]):
             mixed = mixed + stream[taps[:, tap]] * self.conv[:, tap]
@@ -162,8 +164,7 @@ class GatedDeltaNet(nn.Module):
         the recurrence's inputs (q, k, v, g, beta, decay: `recurrence_inputs`). A CUDA graph holds this part
         (`spinf.engine.qwen35.graphs`); the recurrence, which the pass's segments shape, runs eagerly."""
         qkv, z, b, a = self.project(x)
-        stream = torch.cat([qkv.new_zeros((1, qkv.shape[1])), qkv])  # row 0: the missing predecessor
-        return qkv, z, self.recurrence_inputs(stream, plan.taps, b, a)
+        return qkv, z, self.recurrence_inputs(qkv, plan.taps, b, a)
 
     def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
         if plan.attention.decode is not None:
@@ -193,9 +194,8 @@ class GatedDeltaNet(nn.Module):
         n = x.shape[0]
         read = rows_in.index_select(0, taps.clamp(min=0).reshape(-1))
         read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
-        stream = torch.cat([read.new_zeros((1, read.shape[1])), read])  # row 0: the missing predecessor
-        local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)
-        q, k, v, g, beta, decay = self.recurrence_inputs(stream, local, b, a)
+        local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)  # tap t reads row t - 1
+        q, k, v, g, beta, decay = self.recurrence_inputs(read, local, b, a)
         rows_out.index_copy_(0, write, _recurrent_rows(k, v, decay, beta))
         states = kv.states[self.index]
         if x.is_cuda:

@@ -42,26 +42,25 @@ def inputs(rows: int, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     channels = 2 * KEY_HEADS * DK + VALUE_HEADS * DV
     qkv = torch.randn(rows + 3, channels, generator=gen).bfloat16()
-    stream = torch.cat([qkv.new_zeros((1, channels)), qkv])  # row 0: the missing predecessor
-    taps = torch.randint(0, rows + 4, (rows, KERNEL), generator=gen)
-    taps[:3, :2] = 0  # the first rows have no predecessor: they read the zero row
+    taps = torch.randint(0, rows + 4, (rows, KERNEL), generator=gen)  # tap t reads row t - 1 of qkv
+    taps[:3, :2] = 0  # the first rows have no predecessor: they read zeros
     ba = torch.randn(rows, 2 * VALUE_HEADS, generator=gen).bfloat16() * 4
     ba[0, VALUE_HEADS:] = torch.tensor([30.0, -30.0, 0.0, 19.0, -14.0, 5.0])  # softplus's three branches
     b, a = ba.split((VALUE_HEADS, VALUE_HEADS), dim=-1)  # strided views, as the layer's split gives them
-    return stream, taps, b, a
+    return qkv, taps, b, a
 
 
-def kernels(lay: SimpleNamespace, stream, taps, b, a):
-    on = [t.to(DEVICE) for t in (stream, taps, lay.conv, b, a, lay.dt_bias, lay.A_log)]
+def kernels(lay: SimpleNamespace, qkv, taps, b, a):
+    on = [t.to(DEVICE) for t in (qkv, taps, lay.conv, b, a, lay.dt_bias, lay.A_log)]
     out = gdn_inputs(*on, key_heads=KEY_HEADS, value_heads=VALUE_HEADS, dk=DK, dv=DV)
     return [t.cpu() for t in out]
 
 
 def test_the_kernels_give_what_the_torch_form_gives():
     lay = layer()
-    stream, taps, b, a = inputs(17)
-    got = kernels(lay, stream, taps, b, a)
-    want = GatedDeltaNet.recurrence_inputs(lay, stream, taps, b, a)  # on the CPU: the torch form
+    qkv, taps, b, a = inputs(17)
+    got = kernels(lay, qkv, taps, b, a)
+    want = GatedDeltaNet.recurrence_inputs(lay, qkv, taps, b, a)  # on the CPU: the torch form
     names = ("q", "k", "v", "g", "beta", "decay")
     for name, x, y in zip(names, got, want, strict=True):
         assert (x.shape, x.dtype) == (y.shape, y.dtype), name
@@ -78,21 +77,21 @@ def test_the_kernels_give_what_the_torch_form_gives():
 
 def test_a_rows_bits_do_not_depend_on_the_other_rows():
     lay = layer(2)
-    stream, taps, b, a = inputs(20, seed=3)
-    together = kernels(lay, stream, taps, b, a)
+    qkv, taps, b, a = inputs(20, seed=3)
+    together = kernels(lay, qkv, taps, b, a)
     for start, stop in ((0, 1), (7, 12), (19, 20)):
-        alone = kernels(lay, stream, taps[start:stop], b[start:stop], a[start:stop])
+        alone = kernels(lay, qkv, taps[start:stop], b[start:stop], a[start:stop])
         for x, y in zip(alone, together, strict=True):
             assert torch.equal(x, y[start:stop])
 
 
 def test_no_rows_and_sizes_that_disagree():
     lay = layer()
-    stream, taps, b, a = inputs(5)
-    empty = kernels(lay, stream, taps[:0], b[:0], a[:0])
+    qkv, taps, b, a = inputs(5)
+    empty = kernels(lay, qkv, taps[:0], b[:0], a[:0])
     assert [tuple(t.shape) for t in empty] == [(0, 6, 32), (0, 6, 32), (0, 6, 32), (0, 6), (0, 6), (0, 6)]
     with pytest.raises(ValueError, match="disagree"):
-        gdn_inputs(stream, taps, lay.conv[:-1], b, a, lay.dt_bias, lay.A_log, key_heads=2, value_heads=6, dk=32, dv=32)
+        gdn_inputs(qkv, taps, lay.conv[:-1], b, a, lay.dt_bias, lay.A_log, key_heads=2, value_heads=6, dk=32, dv=32)
 
 
 def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
