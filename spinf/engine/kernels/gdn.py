@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-BV = 32  # value columns per program (the state block a program holds: BV × dk fp32)
+BV = 16  # value columns per program (the state block a program holds: BV × dk fp32; one warp at the 27B's dk)
 # first row, end row, source slot (-1: zero state), own slot (-1: not kept), level, captured index (-1: none)
 TABLE_COLUMNS = 6
 
@@ -262,7 +262,9 @@ def _tile(dk: int, dv: int, config: tuple[int, int] | None) -> tuple[int, int, i
     """Key dims, value columns and warps of a program: the same for a scoring pass and a decode step, so that their
     reductions group the same terms."""
     bk, bv = triton.next_power_of_2(dk), min(BV, triton.next_power_of_2(dv))
-    warps = 4 if bk * bv >= 4096 else 1  # the tile over whole warps: 4 warps at the 27B's 32 × 128
+    # one warp per 2,048 state elements: the 27B's 16 × 128 tile in one warp ran 1.3-1.7x faster than 32 × 128 in
+    # four on an H100 (benchmarks/RESULTS.md: `python -m tests.engine.qwen35.test_gpu_gdn`)
+    warps = min(8, max(1, bk * bv // 2048))
     if config is not None:
         bv, warps = config
     return bk, bv, warps
