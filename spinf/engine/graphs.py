@@ -168,24 +168,25 @@ class PassGraphs:
     def _fill(self, graph, token_ids: np.ndarray, arrays: PlanArrays) -> None:
         """The pass into the graph's buffers, padded, through pinned memory without blocking."""
         n, bucket = len(token_ids), graph.tokens.shape[0]
-        _copy(graph.tokens, _padded(token_ids.astype(np.int64), (bucket,), 0))
-        _copy(graph.plan.positions, _padded(arrays.positions, (bucket,), 0))
+        fill_padded(graph.tokens, token_ids.astype(np.int64))
+        fill_padded(graph.plan.positions, arrays.positions)
         paths = np.full((bucket, MAX_DEPTH), -1, dtype=np.int32)
         paths[:n, : arrays.paths.shape[1]] = arrays.paths
         _copy(graph.plan.paths, paths)
         for bm, (tiles, segments) in arrays.tables.items():
-            _copy(graph.plan.tiles[bm], _padded(tiles, tuple(graph.plan.tiles[bm].shape), 0))
-            _copy(graph.plan.segments[bm], _padded(segments, tuple(graph.plan.segments[bm].shape), 0))
+            fill_padded(graph.plan.tiles[bm], tiles)
+            fill_padded(graph.plan.segments[bm], segments)
 
 
 def _num_tiles(bucket: int, bm: int) -> int:
     return -(-bucket // bm) + MAX_JOBS
 
 
-def _padded(a: np.ndarray, shape: tuple[int, ...], fill: int) -> np.ndarray:
-    out = np.full(shape, fill, dtype=a.dtype)
+def fill_padded(target: torch.Tensor, a: np.ndarray) -> None:
+    """A graph's buffer ``target`` holds ``a`` in its first places and zeros past them (copied without blocking)."""
+    out = np.zeros(tuple(target.shape), dtype=a.dtype)
     out[tuple(slice(0, k) for k in a.shape)] = a
-    return out
+    _copy(target, out)
 
 
 def _copy(target: torch.Tensor, a: np.ndarray) -> None:

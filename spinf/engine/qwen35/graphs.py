@@ -101,21 +101,26 @@ def run_piece(model, cores: tuple[int, ...], j: int, static: Static) -> None:
     static.keep("h", h)
 
 
-def run_recurrence(model, cores: tuple[int, ...], j: int, static: Static, plan: Qwen35Plan) -> None:
-    """The recurrence after piece ``j``, eager: the pass's own ``plan`` over the inputs piece ``j`` kept, its
-    outputs into the buffer piece ``j + 1`` reads."""
+def run_recurrence(static: Static, plan: Qwen35Plan) -> None:
+    """The recurrence after a piece, eager: the pass's own ``plan`` over the inputs the piece kept, its outputs into
+    the buffer the next piece reads."""
     q, k, v, g, beta, decay = (static[name] for name in INPUTS)
     delta_rule(q, k, v, g, beta, plan, None, decay, out=static["o"])
 
 
-def run_pieces(model, static: Static, plan: Qwen35Plan) -> torch.Tensor:
-    """A whole pass through the pieces, eagerly (what the graphs replay; the CPU tests compare it with the forward):
-    its hidden states [rows, hidden]."""
+def run_pieces(
+    model, static: Static, plan: Qwen35Plan, graphs: list[torch.cuda.CUDAGraph] | None = None
+) -> torch.Tensor:
+    """A whole pass through the pieces, each replayed from ``graphs`` or, without them, run eagerly (the CPU tests
+    compare that with the forward), a recurrence after each but the last: its hidden states [rows, hidden]."""
     cores = recurrent_layers(model)
     for j in range(len(cores) + 1):
-        run_piece(model, cores, j, static)
+        if graphs is None:
+            run_piece(model, cores, j, static)
+        else:
+            graphs[j].replay()
         if j < len(cores):
-            run_recurrence(model, cores, j, static, plan)
+            run_recurrence(static, plan)
     return static["h"]
 
 
@@ -145,12 +150,9 @@ class QwenPassGraphs(PassGraphs):
         self._fill(graph, token_ids, arrays)
         static = graph.static
         plan = self.model.pass_plan(layout, static.plan.attention, taps=static.plan.taps)
-        for j, piece in enumerate(graph.graphs):
-            piece.replay()
-            if j < len(self.cores):
-                run_recurrence(self.model, self.cores, j, static, plan)
+        hidden = run_pieces(self.model, static, plan, graph.graphs)
         self.replays += 1
-        return static["h"][: len(token_ids)]
+        return hidden[: len(token_ids)]
 
     def _capture(self, bucket: int) -> _Pieces:
         device = self.device

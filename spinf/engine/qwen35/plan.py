@@ -176,10 +176,10 @@ def pass_plan(
     if taps_buffer is None:
         taps_on = to_device(taps_rows, device)
     else:
-        padded = np.zeros(tuple(taps_buffer.shape), dtype=np.int64)
-        padded[: len(taps_rows)] = taps_rows
+        from spinf.engine.graphs import fill_padded
+
+        fill_padded(taps_buffer, taps_rows)
         taps_on = taps_buffer
-        taps_on.copy_(torch.from_numpy(padded).pin_memory(), non_blocking=True)
     return Qwen35Plan(
         attention=attention,
         taps=taps_on,

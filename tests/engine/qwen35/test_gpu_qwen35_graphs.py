@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from spinf import Engine
-from spinf.engine.qwen35.int4_write import write_gptq_checkpoint
-from spinf.engine.qwen35.tiny import write_tiny_qwen35
+from tests.engine.qwen35.test_gpu_qwen35_engine import folders  # noqa: F401 - the tiny twin and its GPTQ folder
+from tests.engine.test_gpu_graphs import eager
 from tests.engine.test_independence import CONTENT, TARGETS, body, numbers, other_questions
 
 pytestmark = [
@@ -18,26 +18,11 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen-graphs")
-    float_folder = write_tiny_qwen35(root / "float")
-    return float_folder, write_gptq_checkpoint(float_folder, root / "int4", outlier_channels=4)
-
-
 @pytest.fixture(scope="module", params=["float", "i8"])
-def gpu_engine(request, folders):
+def gpu_engine(request, folders):  # noqa: F811 - the fixture imported above
     if request.param == "float":
         return Engine(str(folders[0]), device="cuda")
     return Engine(str(folders[1]), device="cuda", quant="i8")
-
-
-def eager(engine: Engine, request: dict) -> dict:
-    graphs, engine.scorer.graphs = engine.scorer.graphs, None
-    try:
-        return numbers(engine.score(request))
-    finally:
-        engine.scorer.graphs = graphs
 
 
 @pytest.mark.parametrize("content", ["short", "chunked"])
@@ -54,7 +39,7 @@ def test_a_pass_replayed_in_pieces_gives_the_eager_bits(gpu_engine, content):
     assert numbers(gpu_engine.score(crowd)) == eager(gpu_engine, crowd)  # another bucket, other jobs in the pass
 
 
-def test_the_full_warm_up_captures_every_bucket(folders):
+def test_the_full_warm_up_captures_every_bucket(folders):  # noqa: F811
     from spinf.engine.graphs import all_buckets
 
     engine = Engine(str(folders[1]), device="cuda", quant="i8")

@@ -13,15 +13,12 @@ from spinf.engine.qwen35.model import load_qwen35
 from spinf.engine.qwen35.tiny import write_tiny_qwen35
 from spinf.engine.scorer import one_cpu_thread
 from spinf.engine.trie import Job, add_prompt
+from tests.engine.qwen35.test_qwen35_model import tokens
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return load_qwen35(write_tiny_qwen35(tmp_path_factory.mktemp("tiny-qwen35")))
-
-
-def tokens(seed: int, n: int) -> tuple[int, ...]:
-    return tuple(torch.randint(3, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
 
 
 def test_the_pieces_are_cut_at_every_recurrent_layer(model):
