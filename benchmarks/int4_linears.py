@@ -44,6 +44,15 @@ PRODUCT_TILES = (
     Tile(64, 128, 4, 4),
     Tile(128, 64, 4, 4),
     Tile(256, 128, 8, 3),
+    # persistent programs over grouped tiles, TMA reads (`Tile.persistent`)
+    Tile(128, 256, 8, 3, persistent=True),
+    Tile(128, 256, 8, 4, persistent=True),
+    Tile(128, 128, 8, 4, persistent=True),
+    Tile(128, 128, 4, 4, persistent=True),
+    Tile(64, 128, 4, 4, persistent=True),
+    Tile(128, 64, 4, 4, persistent=True),
+    Tile(256, 128, 8, 3, persistent=True),
+    Tile(128, 256, 8, 3, persistent=True, group=16),
 )
 
 
@@ -55,7 +64,7 @@ def linear(out: int, width: int, split: bool, device: torch.device) -> Int4Linea
 
 
 def label(tile: Tile) -> str:
-    return f"{tile.rows}×{tile.cols} w{tile.warps} s{tile.stages}"
+    return f"{tile.rows}×{tile.cols} w{tile.warps} s{tile.stages}" + (f" p g{tile.group}" if tile.persistent else "")
 
 
 def probe(rows: list[int]) -> list[str]:

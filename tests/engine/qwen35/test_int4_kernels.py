@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spinf.engine.kernels import int4 as kernels
 from spinf.engine.kernels.int4 import (
     ACT_BLOCK,
     Tile,
@@ -157,7 +158,13 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
         Tile(128, 64, 4, 4),
         Tile(64, 64, 4, 3),
         Tile(128, 128, 8, 3),
+        # persistent programs over grouped tiles, read by TMA: rows past 70 and the last block's 64 missing channels
+        # come in as zeros
+        Tile(16, 32, 4, 2, persistent=True, group=2),
+        Tile(64, 64, 4, 3, persistent=True),
+        Tile(128, 128, 8, 3, persistent=True, group=1),
     ):
+        assert not tile.persistent or kernels._tma_ready(xq, kernel._gpu_weight(int8=True))
         got = int8_mm(xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, tile=tile, **scheme)
         assert torch.equal(got, unpacked), tile
     assert kernel.keep_int8() == 64 * width
@@ -202,9 +209,11 @@ def test_a_non_finite_activation_gets_code_zero_and_leaves_the_other_rows_alone(
 
 
 def test_product_tiles_fit_a_card_with_less_shared_memory(monkeypatch):
-    from spinf.engine.kernels import int4 as kernels
-
-    assert product_tile(4096, False) == Tile(128, 256, 8, 4) and product_tile(16, True) == Tile(64, 64, 4, 4)
+    assert product_tile(4096, False) == Tile(128, 256, 8, 4, persistent=True)
+    assert product_tile(4096, True) == Tile(128, 128, 8, 4, persistent=True)
+    assert product_tile(16, True) == Tile(64, 64, 4, 4)
+    monkeypatch.setattr(kernels, "_tma", lambda device: False)  # an A100: the pointer tiles
+    assert product_tile(4096, False) == Tile(128, 256, 8, 4) and product_tile(4096, True) == Tile(64, 128, 4, 4)
     monkeypatch.setattr(
         kernels, "_large_tiles", lambda device: False
     )  # 99 KiB per block (Ada, Ampere's consumer cards)
