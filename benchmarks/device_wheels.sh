@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheels a device call carries (.whl/, ignored through .git/info/exclude): what the project needs beyond the
 # device image's torch, triton, transformers, numpy, safetensors and tokenizers, for Python 3.12 on x86-64, pinned
-# to the versions the CPU constraints test, plus the reference engine (spinf-serve 0.1.1) for the side-by-side runs.
+# to the versions the CPU constraints test, plus the reference engine (spinf-serve 0.1.1) and pydantic, which its
+# service imports (the device image has none), for the side-by-side runs.
 # In the device call: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -euo pipefail
@@ -17,5 +18,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     Hypercorn==0.18.0 hyperframe==6.1.0 itsdangerous==2.2.0 Jinja2==3.1.6 MarkupSafe==3.0.4 outcome==1.3.0.post0 \
     priority==2.0.0 prometheus_client==0.26.0 pytest-trio==0.8.0 Quart==0.22.0 quart-trio==0.12.0 sniffio==1.3.1 \
     sortedcontainers==2.4.0 spinf-client==0.3.1 tomlkit==0.15.3 trio==0.35.0 Werkzeug==3.1.9 wsproto==1.3.2 \
-    compressed-tensors==0.20.1 loguru==0.7.3 spinf-serve==0.1.1
+    compressed-tensors==0.20.1 loguru==0.7.3 spinf-serve==0.1.1 \
+    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 du -sh .whl
