@@ -90,6 +90,7 @@ KERNEL_CATEGORIES = {
     "_softcap_lse_kernel": HEAD,
     "_masked_lse_kernel": HEAD,
     "_int8_kernel": INT4,
+    "_int8_tma_kernel": INT4,
     "_unpack_kernel": INT4,
     "_recurrent_kernel": RECURRENCE,
     "_decode_kernel": RECURRENCE,

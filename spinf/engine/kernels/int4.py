@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from spinf.engine.kernels.rows import int8_code
+from spinf.engine.kernels.rows import _round_to, int8_code
 
 ACT_BLOCK = 128  # input channels per activation scale (`spinf.engine.qwen35.int4.ACT_BLOCK`)
 _UNPACK_ROWS, _UNPACK_COLS = 64, 128  # output rows × packed bytes per program of `unpack_int4`
@@ -159,13 +159,14 @@ def _large_tiles(device: torch.device | None) -> bool:
 
 @triton.jit
 def _epilogue(
-    acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr,
-    BC: tl.constexpr, BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr,
+    acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, res_ptr, out_ptr,
+    BC: tl.constexpr, BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     """The product's ending: ``acc`` is the blocked scheme's fp32 sum of scaled blocks, or the split scheme's exact
     int32 sum, which gets both scales and the fp16 outliers' product: one tensor-core dot of all C channels (fp16
     products are exact in fp32, the sums fp32), which gave the same bits at every tile tried on the H200, from
-    64 × 64 to 256 × 128 (benchmarks/int4_linears.py), and at a third of the time of an fp32 dot."""
+    64 × 64 to 256 × 128 (benchmarks/int4_linears.py), and at a third of the time of an fp32 dot. ``RESIDUAL``:
+    the residual stream's rows added as torch adds them."""
     w_scale = tl.load(w_scale_ptr + rn, mask=rn < N, other=0.0)
     if BLOCKED:
         out = acc * w_scale[None, :]
@@ -177,18 +178,24 @@ def _epilogue(
             xo = tl.load(xo_ptr + rm[:, None] * C + c[None, :], mask=(rm < M)[:, None] & (c < C)[None, :], other=0.0)
             wo = tl.load(wo_ptr + rn[None, :] * C + c[:, None], mask=(c < C)[:, None] & (rn < N)[None, :], other=0.0)
             out = out + tl.dot(xo, wo, out_dtype=tl.float32)
-    tl.store(
-        out_ptr + rm[:, None] * N + rn[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=(rm < M)[:, None] & (rn < N)[None, :],
-    )
+    offsets = rm[:, None] * N + rn[None, :]
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if RESIDUAL:  # torch's ``residual + y``: y rounded to the output's dtype, the sum in fp32, rounded once
+        res = tl.load(res_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if out_ptr.dtype.element_ty == tl.bfloat16:
+            out = _round_to(out, True) + res
+        else:
+            out = out.to(out_ptr.dtype.element_ty).to(tl.float32) + res
+    if out_ptr.dtype.element_ty == tl.bfloat16:  # to nearest on the bits, as a compiled cast (the interpreter's
+        out = _round_to(out, True)  # truncates)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _int8_kernel(
-    a_ptr, a_scale_ptr, b_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, M, N, K, C,
+    a_ptr, a_scale_ptr, b_ptr, w_scale_ptr, xo_ptr, wo_ptr, res_ptr, out_ptr, M, N, K, C,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr,
+    BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
     rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
@@ -211,15 +218,16 @@ def _int8_kernel(
             b = tl.load(b_ptr + rn[None, :] * K + k[:, None], mask=(k < K)[:, None] & (rn < N)[None, :], other=0)
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     _epilogue(
-        acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, BC, BLOCKED, OUTLIERS
+        acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, res_ptr, out_ptr, BC, BLOCKED, OUTLIERS,
+        RESIDUAL,
     )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "programs"])
 def _int8_tma_kernel(
-    a_desc, a_scale_ptr, b_desc, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, M, N, K, C, programs,
+    a_desc, a_scale_ptr, b_desc, w_scale_ptr, xo_ptr, wo_ptr, res_ptr, out_ptr, M, N, K, C, programs,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr,
+    BLOCKED: tl.constexpr, OUTLIERS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     """`_int8_kernel`'s sums and epilogue, persistent over grouped tiles, the operands read by TMA (rows and
     channels past the ends read as zeros, which add nothing)."""
@@ -247,7 +255,8 @@ def _int8_tma_kernel(
             for kb in range(0, blocks):
                 acc = tl.dot(a_desc.load([om, kb * BK]), b_desc.load([on, kb * BK]).T, acc, out_dtype=tl.int32)
         _epilogue(
-            acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, out_ptr, BC, BLOCKED, OUTLIERS
+            acc, rm, rn, M, N, C, a_scale_ptr, w_scale_ptr, xo_ptr, wo_ptr, res_ptr, out_ptr, BC, BLOCKED, OUTLIERS,
+            RESIDUAL,
         )  # fmt: skip
 
 
@@ -273,6 +282,8 @@ def int8_mm(
     x_out: torch.Tensor | None = None,
     w_out: torch.Tensor | None = None,
     tile: Tile | None = None,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The i8 mode's product of ``a`` int8 [M, K] and ``w`` int8 [N, K] with the weight's per-channel ``w_scale``
     fp32 [N], into [M, N] of ``out_dtype``:
@@ -282,10 +293,18 @@ def int8_mm(
     * else: ``a_scales`` fp32 [M] or [M, 1]: ``(a · wᵀ) · a_scale · w_scale``, the sum exact in int32, plus
       ``x_out · w_outᵀ`` (fp16 [M, C] and [N, C], the split scheme's outlier channels) summed in fp32.
 
-    ``tile`` None: `product_tile` for M rows on ``a``'s device."""
+    ``tile`` None: `product_tile` for M rows on ``a``'s device. ``residual`` [M, N] of ``out_dtype``: added to the
+    result as torch's ``residual + result`` would (the result rounded to ``out_dtype``, the sum once), in the same
+    kernel. ``out``: a contiguous [M, N] tensor of ``out_dtype`` to write (a new one when None); it may be
+    ``residual`` itself (each element is read before it is written, by the program that writes it)."""
     (m, k), n = a.shape, w.shape[0]
     assert w.shape[1] == k and a_scales.numel() == m * (triton.cdiv(k, ACT_BLOCK) if blocked else 1)
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    assert out.shape == (m, n) and out.dtype == out_dtype and out.is_contiguous()
+    if residual is not None:
+        assert residual.shape == (m, n) and residual.dtype == out_dtype
+        residual = residual.contiguous()
     if not m:
         return out
     tile = tile or product_tile(m, blocked, a.device)
@@ -298,18 +317,21 @@ def int8_mm(
         _int8_tma_kernel[(programs,)](
             TensorDescriptor(a, [m, k], [k, 1], [tile.rows, ACT_BLOCK]), a_scales.contiguous(),
             TensorDescriptor(w, [n, k], [k, 1], [tile.cols, ACT_BLOCK]), w_scale.contiguous(),
-            x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a, out, m, n, k, channels,
-            programs, BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)),
-            GROUP_M=tile.group, BLOCKED=blocked, OUTLIERS=outliers, num_warps=tile.warps, num_stages=tile.stages,
-            enable_fp_fusion=False,
+            x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a,
+            out if residual is None else residual, out, m, n, k, channels, programs,
+            BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)),
+            GROUP_M=tile.group, BLOCKED=blocked, OUTLIERS=outliers, RESIDUAL=residual is not None,
+            num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=False,
         )  # fmt: skip
         return out
     grid = (triton.cdiv(m, tile.rows), triton.cdiv(n, tile.cols))
     _int8_kernel[grid](
         a, a_scales.contiguous(), w, w_scale.contiguous(),
-        x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a, out, m, n, k, channels,
+        x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a,
+        out if residual is None else residual, out, m, n, k, channels,
         BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)), BLOCKED=blocked,
-        OUTLIERS=outliers, num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=False,
+        OUTLIERS=outliers, RESIDUAL=residual is not None, num_warps=tile.warps, num_stages=tile.stages,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

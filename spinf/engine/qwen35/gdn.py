@@ -21,7 +21,7 @@ from torch import nn
 from spinf.engine.attention import DecodeKV
 from spinf.engine.qwen35.chunked import run_chunked
 from spinf.engine.qwen35.config import Qwen35Config
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, pointwise, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, linear_plus, pointwise, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan
 
 
@@ -153,11 +153,13 @@ class GatedDeltaNet(nn.Module):
         g = -torch.exp(self.A_log.float()) * pointwise(F.softplus, a + self.dt_bias)
         return q, k, v.reshape(n, heads, dv), g, beta, pointwise(torch.exp, g)
 
-    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def output(self, o: torch.Tensor, z: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The gated norm and out_proj of the recurrence's outputs ``o``, added to ``residual`` when given (in the
+        product's kernel where the linear can: `linear_plus`)."""
         cfg, n = self.cfg, o.shape[0]
         gate = pointwise(F.silu, z).reshape(n, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
-        return self.w_out(o.reshape(n, -1))
+        return linear_plus(self.w_out, o.reshape(n, -1), residual)
 
     def inputs(self, x: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         """Everything of a pass's layer before the recurrence, row by row: the pre-convolution q/k/v rows, z, and
@@ -166,9 +168,10 @@ class GatedDeltaNet(nn.Module):
         qkv, z, b, a = self.project(x)
         return qkv, z, self.recurrence_inputs(qkv, plan.taps, b, a)
 
-    def forward(self, x: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: Qwen35Plan, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's mixer over the normed rows ``x``, plus ``residual`` when given (`output`)."""
         if plan.attention.decode is not None:
-            return self.decode(x, plan.attention.decode)
+            return self.decode(x, plan.attention.decode, residual)
         qkv, z, (q, k, v, g, beta, decay) = self.inputs(x, plan)
         capture = plan.attention.capture
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
@@ -177,9 +180,9 @@ class GatedDeltaNet(nn.Module):
             capture.keep_recurrent(qkv, _recurrent_rows(k, v, decay, beta))
             zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]), dtype=torch.float32)
             capture.states.append(torch.stack([states_at[row] if row >= 0 else zero for _, row in capture.prefixes]))
-        return self.output(o, z)
+        return self.output(o, z, residual)
 
-    def decode(self, x: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, kv: DecodeKV, residual: torch.Tensor | None = None) -> torch.Tensor:
         """A decode step's rows (engine spec B.14.4): each row's convolution reads its path's last rows (the
         template's, those generated so far, then the prefix's tail), and its recurrence runs again from its group's
         prefix state over its path, token by token (`delta_step`; on a GPU the kernel's decode step), so the row
@@ -202,7 +205,7 @@ class GatedDeltaNet(nn.Module):
             from spinf.engine.kernels.gdn import decode_delta_rule
 
             out = decode_delta_rule(q, k, v, decay, beta, states, group_of, rows_out, path_index, kv.path_len)
-            return self.output(out, z)
+            return self.output(out, z, residual)
         cfg = self.cfg
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         key_end, value_end = heads * dk, heads * dk + heads * dv
@@ -215,7 +218,7 @@ class GatedDeltaNet(nn.Module):
                 decay_p, beta_p = row[value_end : value_end + heads], row[value_end + heads :]
                 state = delta_update(state, k_p, v_p, decay_p, beta_p)
             _, out[r] = delta_step(state, q[r], k[r], v[r], decay[r], beta[r])
-        return self.output(out, z)
+        return self.output(out, z, residual)
 
 
 def _recurrent_view(kv: DecodeKV, kernel: int) -> tuple[torch.Tensor, ...]:

@@ -239,7 +239,18 @@ class Int4Linear(nn.Module):
             self.int8 = self._gpu_weight(int8=True)
         return self.int8.numel()
 
-    def _gpu_i8(self, x: torch.Tensor) -> torch.Tensor:
+    def plus(self, x: torch.Tensor, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + self(x)``, written into ``out`` when given: on a GPU in the ``i8`` mode the product's kernel
+        adds the residual as torch's ``+`` would (the product rounded to x's dtype first), so no [M, out] sum is
+        launched apart; the same bits."""
+        if x.is_cuda and self.mode == "i8" and residual.dtype == x.dtype:
+            return self._gpu_i8(x, residual, out)
+        y = residual + self(x)
+        return y if out is None else out.copy_(y)
+
+    def _gpu_i8(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The i8 mode through `spinf.engine.kernels.int4`, in x's dtype: the activations quantized in one pass as
         in `_split` / `_blocked`; the product and its epilogue in one kernel, over the weight unpacked per call (the
         checkpoint stays packed in memory) or kept unpacked (`keep_int8`): the same bits
@@ -253,7 +264,7 @@ class Int4Linear(nn.Module):
             xq, x_scale = quantize_blocks(x)
             scheme = {"blocked": True}
         wq = self.int8 if self.int8 is not None else self._gpu_weight(int8=True)
-        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, **scheme)
+        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, residual=residual, out=out, **scheme)
 
     @staticmethod
     def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, check_mode, head_logits, 
 from spinf.engine.layout import PassLayout
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.qwen35.gdn import GatedDeltaNet
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, pointwise, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, pointwise, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan, kernel_config, pass_plan
 from spinf.errors import ModelError
 
@@ -85,7 +85,14 @@ class Attention(nn.Module):
         self.k_norm = nn.Parameter(take(prefix + "k_norm.weight"), requires_grad=False)
         self.wo = linear([prefix + "o_proj"])
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Qwen35Plan) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        plan: Qwen35Plan,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention over the normed rows ``x``, plus ``residual`` when given (`linear_plus`)."""
         cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
         qg, k, v = self.wqkv(x).split(self.sizes, dim=-1)
         q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
@@ -107,7 +114,7 @@ class Attention(nn.Module):
             a = decode_attention(q * scale, keys, values, plan.attention, None)
         else:
             a = tree_attention(q * scale, k, v.reshape(n, -1, d), plan.attention, None)
-        return self.wo(a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1)))
+        return linear_plus(self.wo, a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1)), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -135,7 +142,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
         x = rms_norm(h, self.input_norm, self.eps)
-        h = h + (self.mixer(x, rope, plan) if self.is_attention else self.mixer(x, plan))
+        h = self.mixer(x, rope, plan, h) if self.is_attention else self.mixer(x, plan, h)
         return self.mlp_residual(h)
 
     def mixer_inputs(self, h: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -146,22 +153,29 @@ class DecoderLayer(nn.Module):
 
     def mixer_finish(self, h: torch.Tensor, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """A GDN layer's part after its recurrence's outputs ``o``: the gated norm, out_proj, the residual, the MLP."""
-        return self.mlp_residual(h + self.mixer.output(o, z))
+        return self.mlp_residual(self.mixer.output(o, z, h))
 
     def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` plus the MLP of its normed rows, over at most `MLP_ROWS` rows at a time (each part written into
+        its rows of one output: no concatenation)."""
         x = rms_norm(h, self.post_norm, self.eps)
         if x.shape[0] <= MLP_ROWS:
-            return h + self._mlp(x)
-        return h + torch.cat([self._mlp(part) for part in x.split(MLP_ROWS)])
+            return self._mlp(x, h)
+        out = torch.empty_like(h)
+        for start in range(0, x.shape[0], MLP_ROWS):
+            rows = slice(start, start + MLP_ROWS)
+            self._mlp(x[rows], h[rows], out[rows])
+        return out
 
-    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + mlp(x)``, into ``out`` when given (the down product adds it where it can: `linear_plus`)."""
         gate_up = self.w_gate_up(x)
         if gate_up.is_cuda:  # one row-wise kernel (spinf.engine.kernels.qwen_rows)
             from spinf.engine.kernels.qwen_rows import silu_mul
 
-            return self.w_down(silu_mul(gate_up))
+            return linear_plus(self.w_down, silu_mul(gate_up), residual, out)
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.w_down(pointwise(F.silu, gate) * up)
+        return linear_plus(self.w_down, pointwise(F.silu, gate) * up, residual, out)
 
 
 class Qwen35Text(nn.Module):

@@ -67,6 +67,20 @@ class Dense(nn.Module):
         return stable_mm(x, self.weight.to(x.dtype))
 
 
+def linear_plus(
+    linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``residual + linear(x)`` (``linear(x)`` when ``residual`` is None), written into ``out`` when given: in one
+    kernel where the linear adds it to its product (`spinf.engine.qwen35.int4.Int4Linear.plus`), else as two."""
+    if residual is None:
+        y = linear(x)
+    elif (plus := getattr(linear, "plus", None)) is not None:
+        return plus(x, residual, out)
+    else:
+        y = residual + linear(x)
+    return y if out is None else out.copy_(y)
+
+
 # Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along
 # the output, in that order); float (`float_linears`) or int4 (`spinf.engine.qwen35.int4`).
 MakeLinear = Callable[[list[str]], nn.Module]

@@ -172,6 +172,48 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
     assert torch.equal(kernel._gpu_i8(x[:1]), unpacked[:1])
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["block-scaled", "split"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_residual_added_in_the_product_is_torchs_sum_and_lands_in_the_given_rows(split, dtype):
+    """``residual=`` adds the residual stream in the product's kernel with the bits of torch's ``residual + y``;
+    ``out=`` writes rows of a larger tensor (or the residual itself) and nothing around them."""
+    width = 256
+    _, kernel = twins([packed(48, width, 21)], [9, 130] if split else None)
+    x = activations(40, width, 22).to(dtype).to(DEVICE)
+    residual = (torch.randn(40, 48, generator=torch.Generator().manual_seed(23)) * 4).to(dtype).to(DEVICE)
+    want = residual + kernel._gpu_i8(x)
+    assert torch.equal(kernel.plus(x, residual), want)
+    big = torch.full((60, 48), 7.0, dtype=dtype, device=DEVICE)
+    for tile in (None, Tile(64, 64, 4, 3), Tile(16, 32, 4, 2, persistent=True, group=2)):
+        big.fill_(7.0)
+        if split:
+            xq, x_scale, x_out = quantize_split(x, kernel.keep, kernel.outliers)
+            scheme = {"blocked": False, "x_out": x_out, "w_out": kernel.w_out}
+        else:
+            xq, x_scale = quantize_blocks(x)
+            scheme = {"blocked": True}
+        got = int8_mm(
+            xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, dtype, tile=tile, residual=residual,
+            out=big[10:50], **scheme,
+        )  # fmt: skip
+        assert got.data_ptr() == big[10:50].data_ptr() and torch.equal(got, want), tile
+        assert (big[:10] == 7).all() and (big[50:] == 7).all()
+    in_place = residual.clone()
+    assert torch.equal(kernel.plus(x, in_place, out=in_place), want)
+
+
+def test_a_linear_without_a_fused_sum_adds_the_residual_apart():
+    """`linear_plus` on a float linear: the two ops, into ``out`` when given; no residual, the linear alone."""
+    from spinf.engine.qwen35.ops import Dense, linear_plus
+
+    dense = Dense(torch.randn(6, 8, generator=torch.Generator().manual_seed(3)))
+    x, residual = torch.randn(5, 8), torch.randn(5, 6)
+    assert torch.equal(linear_plus(dense, x, residual), residual + dense(x))
+    assert torch.equal(linear_plus(dense, x, None), dense(x))
+    out = torch.zeros(5, 6)
+    assert linear_plus(dense, x, residual, out) is out and torch.equal(out, residual + dense(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_one_pass_quantizers_give_the_torch_codes_and_scales(dtype):
     x = activations(9, 200, 15).to(dtype).float()  # blocks of 128 and 72; values the dtype holds
