@@ -1,18 +1,20 @@
 """Where an i8 linear's time goes at the 27B's shapes, and which tiles to run (issue 17, engine spec B.14.3).
 
-    python benchmarks/int4_linears.py [--out FILE] [--rows 16,64,128,256,512,2048,16384]
+    python benchmarks/int4_linears.py [--out FILE] [--rows 16,64,128,256,512,2048,16384] [--ptx]
 
 On a GPU, for each of the 27B's int4 linears (random packed weights, the outlier channels of the split scheme where
 it applies) and each row count: the one-pass activation quantizer, the unpacking kernel, the int8 product over an
 unpacked weight at several tiles and at the one the engine picks (`product_tile`), and the whole
 forward as the engine runs it (weight unpacked per call, or kept unpacked), against a bf16 GEMM and
 ``torch._int_mm`` of the same shape. Every tile's result is compared bit for bit with the default tile's (a tile must
-not change a bit). Prints a markdown table, and writes it to ``--out``.
+not change a bit). Prints a markdown table, and writes it to ``--out``; ``--ptx`` adds the tensor-core instructions
+each compiled kernel uses (wgmma or mma.sync), its registers and spills.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -134,14 +136,34 @@ def shape_lines(name, out, width, split, rows, device, tiles_seen) -> list[str]:
     return lines
 
 
+def mma_lines() -> list[str]:
+    """The tensor-core instructions in the PTX of every product kernel compiled so far (wgmma on Hopper, or
+    mma.sync), with registers and spills: one line per compiled specialization."""
+    from spinf.engine.kernels import int4 as kernels
+
+    lines = []
+    for name, kernel in (("pointer", kernels._int8_kernel), ("persistent TMA", kernels._int8_tma_kernel)):
+        for cache in kernel.device_caches.values():
+            for compiled in cache[0].values():
+                ops = sorted(set(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", compiled.asm["ptx"])))
+                regs, spills = getattr(compiled, "n_regs", "?"), getattr(compiled, "n_spills", "?")
+                lines.append(f"- {name}: {', '.join(ops) or 'no MMA'}; {regs} registers, {spills} spills")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rows", default="16,64,128,256,512,2048,16384")
+    parser.add_argument("--ptx", action="store_true", help="also list the MMA instructions the kernels compiled to")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("int4_linears.py times GPU kernels: no CUDA device here")
     lines = probe([int(r) for r in args.rows.split(",")])
+    if args.ptx:
+        mma = mma_lines()
+        print("\n".join(mma), flush=True)
+        lines += ["", "Tensor-core instructions:", "", *mma]
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
 
