@@ -17,7 +17,8 @@
    ``spinf-serve serve`` would (``HF_HUB_OFFLINE``: nothing is downloaded); on the CPU (the tiny shape) it is
    served by its path. ``--groups 32,128``: everything below for each group in turn (one engine at a time), then
    the groups side by side: questions/s, MFU and peak memory per job set.
-2. The int8 GEMM rate of this GPU at 16384 × 5120 × 17408 (``torch._int_mm``): the MFU denominator of int4-i8.
+2. The int8 GEMM rate of this GPU at 16384 × 5120 × 17408, the faster of ``torch._int_mm`` and the engine's own
+   i8 product (which outran cuBLASLt's on the H100: RESULTS.md): the MFU denominator of int4-i8.
 3. Each job set through `Engine.score`: questions/s, tokens run, passes, peak GPU memory, MFU = tokens × 2 × linear
    parameters / time / int8 rate.
 4. ``--invariance``: per-question invariance over the compositions of `benchmarks.invariance` (alone, with its
@@ -259,17 +260,37 @@ def linear_parameters(text: dict) -> int:
     return sum(out * width for out, width in linear_shapes(text).values())
 
 
-def int8_peak_tops(device: torch.device) -> float | None:
-    """The int8 GEMM rate at 16384 × 5120 × 17408 (``torch._int_mm``, the i8 mode's product)."""
-    if device.type != "cuda":
-        return None
-    from benchmarks.gpu_probe import timed
+INT8_PEAK_SHAPE = (16384, 5120, 17408)  # m × k × n of the int8 rate
 
-    m, k, n = 16384, 5120, 17408
+
+def int8_rates(device: torch.device) -> dict[str, float]:
+    """The int8 GEMM rates (TOP/s) of this GPU at `INT8_PEAK_SHAPE`: ``torch._int_mm`` (cuBLASLt) and the engine's own
+    i8 product (`spinf.engine.kernels.int4.int8_mm` at its tile for that many rows, one scale per row and per
+    channel, bf16 out); empty on the CPU."""
+    if device.type != "cuda":
+        return {}
+    from benchmarks.gpu_probe import timed
+    from spinf.engine.kernels.int4 import int8_mm
+
+    m, k, n = INT8_PEAK_SHAPE
     a = torch.randint(-127, 127, (m, k), device=device, dtype=torch.int8)
-    b = torch.randint(-127, 127, (n, k), device=device, dtype=torch.int8).t()
-    seconds = timed(lambda: torch._int_mm(a, b))
-    return 2 * m * k * n / seconds / 1e12
+    w = torch.randint(-127, 127, (n, k), device=device, dtype=torch.int8)
+    a_scale, w_scale = torch.ones((m, 1), device=device), torch.ones(n, device=device)
+    operations = 2 * m * k * n
+    cublas = timed(lambda: torch._int_mm(a, w.t()))
+    ours = timed(lambda: int8_mm(a, a_scale, w, w_scale, torch.bfloat16, blocked=False))
+    return {"torch._int_mm": operations / cublas / 1e12, "the engine's i8 product": operations / ours / 1e12}
+
+
+def int8_peak_tops(device: torch.device) -> tuple[float | None, str]:
+    """The MFU denominator of int4-i8: the faster of `int8_rates` (None on the CPU), and a phrase naming both."""
+    rates = int8_rates(device)
+    if not rates:
+        return None, "no MFU on the CPU"
+    m, k, n = INT8_PEAK_SHAPE
+    both = ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
+    peak = max(rates.values())
+    return peak, f"int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator: the faster of {both} at {m} × {k} × {n})"
 
 
 TEXT_PREFIX = "model.language_model."  # the checkpoint's text weights; transformers' text model calls them "model."
@@ -488,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     device = torch.device(args.device)
-    peak = int8_peak_tops(device)
+    peak, rate_phrase = int8_peak_tops(device)
     flops = 2 * linear_parameters(SHAPES[args.shape])
     sections, summary = [], []
     for group in args.groups:
@@ -507,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_machine()
     command = " ".join(["python", "benchmarks/qwen35.py", *(sys.argv[1:] if argv is None else argv)])
     head = f"`{command}` on {gpu}: the {args.shape} shape, random int4 weights"
-    head += f"; int8 GEMM rate {peak:.0f} TOP/s (the MFU denominator)" if peak else "; no MFU on the CPU"
+    head += f"; {rate_phrase}"
     print(head)
     if args.results is not None:
         groups = "" if args.groups == [GROUP] else f", GPTQ {', '.join(group_name(g) for g in args.groups)}"
