@@ -24,7 +24,7 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks.gpu_probe import timed
-from spinf.engine.kernels.int4 import Tile, int8_mm, product_tile, quantize_blocks, quantize_split
+from spinf.engine.kernels.int4 import Tile, int8_mm, product_tile
 from spinf.engine.qwen35.gptq import GROUP, Int4Weight
 from spinf.engine.qwen35.int4 import Int4Linear
 
@@ -92,15 +92,8 @@ def shape_lines(name, out, width, split, rows, device, tiles_seen) -> list[str]:
     ms = lambda t: f"{1000 * t:.3f} ms"  # noqa: E731
     for m in rows:
         x = torch.randn((m, width), device=device).bfloat16()
-        if split:
-            quantize = lambda x=x: quantize_split(x, lin.keep, lin.outliers)  # noqa: E731
-            xq, x_scale, x_out = quantize()
-            scheme = {"blocked": False, "x_out": x_out, "w_out": lin.w_out}
-        else:
-            quantize = lambda x=x: quantize_blocks(x)  # noqa: E731
-            xq, x_scale = quantize()
-            scheme = {"blocked": True}
-        t_quant = timed(quantize, 10)
+        xq, x_scale, scheme = lin.gpu_quantized(x)
+        t_quant = timed(lambda x=x: lin.gpu_quantized(x), 10)
         want = int8_mm(xq, x_scale, wq, lin.w_scale, torch.bfloat16, **scheme)  # at the engine's tile
         same, times = True, {}
         for tile in PRODUCT_TILES:

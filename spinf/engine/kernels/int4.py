@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from spinf.engine.kernels.gemm import _sms
 from spinf.engine.kernels.rows import _round_to, int8_code
 
 ACT_BLOCK = 128  # input channels per activation scale (`spinf.engine.qwen35.int4.ACT_BLOCK`)
@@ -260,11 +261,6 @@ def _int8_tma_kernel(
         )  # fmt: skip
 
 
-@functools.cache
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _tma_ready(*tensors: torch.Tensor) -> bool:
     """Whether TMA descriptors can read these int8 matrices: contiguous, rows a multiple of 16 bytes, 16-byte
     aligned starts."""
@@ -311,28 +307,27 @@ def int8_mm(
     outliers = x_out is not None
     channels = x_out.shape[1] if outliers else 0
     a, w = a.contiguous(), w.contiguous()
-    if tile.persistent and _tma_ready(a, w):
-        tiles = triton.cdiv(m, tile.rows) * triton.cdiv(n, tile.cols)
-        programs = min(tiles, _sms(a.device.index or 0) if a.is_cuda else 4)
-        _int8_tma_kernel[(programs,)](
-            TensorDescriptor(a, [m, k], [k, 1], [tile.rows, ACT_BLOCK]), a_scales.contiguous(),
-            TensorDescriptor(w, [n, k], [k, 1], [tile.cols, ACT_BLOCK]), w_scale.contiguous(),
-            x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a,
-            out if residual is None else residual, out, m, n, k, channels, programs,
-            BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)),
-            GROUP_M=tile.group, BLOCKED=blocked, OUTLIERS=outliers, RESIDUAL=residual is not None,
-            num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=False,
-        )  # fmt: skip
-        return out
-    grid = (triton.cdiv(m, tile.rows), triton.cdiv(n, tile.cols))
-    _int8_kernel[grid](
-        a, a_scales.contiguous(), w, w_scale.contiguous(),
-        x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a,
+    # both kernels take the same tensors after their operands (unread ones get any pointer) and the same constants
+    rest = (
+        w_scale.contiguous(), x_out.contiguous() if outliers else a, w_out.contiguous() if outliers else a,
         out if residual is None else residual, out, m, n, k, channels,
+    )  # fmt: skip
+    meta = dict(
         BM=tile.rows, BN=tile.cols, BK=ACT_BLOCK, BC=max(16, triton.next_power_of_2(channels)), BLOCKED=blocked,
         OUTLIERS=outliers, RESIDUAL=residual is not None, num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False,
     )  # fmt: skip
+    if tile.persistent and _tma_ready(a, w):
+        tiles = triton.cdiv(m, tile.rows) * triton.cdiv(n, tile.cols)
+        programs = min(tiles, _sms(a.device.index or 0) if a.is_cuda else 4)
+        a_desc = TensorDescriptor(a, [m, k], [k, 1], [tile.rows, ACT_BLOCK])
+        w_desc = TensorDescriptor(w, [n, k], [k, 1], [tile.cols, ACT_BLOCK])
+        _int8_tma_kernel[(programs,)](
+            a_desc, a_scales.contiguous(), w_desc, *rest, programs, GROUP_M=tile.group, **meta
+        )
+    else:
+        grid = (triton.cdiv(m, tile.rows), triton.cdiv(n, tile.cols))
+        _int8_kernel[grid](a, a_scales.contiguous(), w, *rest, **meta)
     return out
 
 

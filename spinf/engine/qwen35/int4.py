@@ -255,16 +255,22 @@ class Int4Linear(nn.Module):
         in `_split` / `_blocked`; the product and its epilogue in one kernel, over the weight unpacked per call (the
         checkpoint stays packed in memory) or kept unpacked (`keep_int8`): the same bits
         (tests/engine/qwen35/test_int4_kernels.py compares them with each other and with the torch code)."""
-        from spinf.engine.kernels.int4 import int8_mm, quantize_blocks, quantize_split
+        from spinf.engine.kernels.int4 import int8_mm
+
+        xq, x_scale, scheme = self.gpu_quantized(x)
+        wq = self.int8 if self.int8 is not None else self._gpu_weight(int8=True)
+        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, residual=residual, out=out, **scheme)
+
+    def gpu_quantized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``x`` quantized in one pass in this linear's i8 scheme (split where it has outlier channels, else
+        block-scaled): the int8 codes, their scales, and the scheme's keyword arguments of `int8_mm`."""
+        from spinf.engine.kernels.int4 import quantize_blocks, quantize_split
 
         if self.outliers is not None:
             xq, x_scale, x_out = quantize_split(x, self.keep, self.outliers)
-            scheme = {"blocked": False, "x_out": x_out, "w_out": self.w_out}
-        else:
-            xq, x_scale = quantize_blocks(x)
-            scheme = {"blocked": True}
-        wq = self.int8 if self.int8 is not None else self._gpu_weight(int8=True)
-        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, residual=residual, out=out, **scheme)
+            return xq, x_scale, {"blocked": False, "x_out": x_out, "w_out": self.w_out}
+        xq, x_scale = quantize_blocks(x)
+        return xq, x_scale, {"blocked": True}
 
     @staticmethod
     def _int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,12 +145,7 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
     assert kernel.kinds == ["int4"]  # the two parts read as one packed weight
     x = activations(70, width, 14).to(DEVICE)
     unpacked = kernel._gpu_i8(x)
-    if split:
-        xq, x_scale, x_out = quantize_split(x, kernel.keep, kernel.outliers)
-        scheme = {"blocked": False, "x_out": x_out, "w_out": kernel.w_out}
-    else:
-        xq, x_scale = quantize_blocks(x)
-        scheme = {"blocked": True}
+    xq, x_scale, scheme = kernel.gpu_quantized(x)
     # mma and wgmma shapes, and the tiles a GPU with 99 KiB of shared memory per block gets (`product_tile`)
     for tile in (
         Tile(16, 32, 4, 2),
@@ -184,14 +179,9 @@ def test_a_residual_added_in_the_product_is_torchs_sum_and_lands_in_the_given_ro
     want = residual + kernel._gpu_i8(x)
     assert torch.equal(kernel.plus(x, residual), want)
     big = torch.full((60, 48), 7.0, dtype=dtype, device=DEVICE)
+    xq, x_scale, scheme = kernel.gpu_quantized(x)
     for tile in (None, Tile(64, 64, 4, 3), Tile(16, 32, 4, 2, persistent=True, group=2)):
         big.fill_(7.0)
-        if split:
-            xq, x_scale, x_out = quantize_split(x, kernel.keep, kernel.outliers)
-            scheme = {"blocked": False, "x_out": x_out, "w_out": kernel.w_out}
-        else:
-            xq, x_scale = quantize_blocks(x)
-            scheme = {"blocked": True}
         got = int8_mm(
             xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, dtype, tile=tile, residual=residual,
             out=big[10:50], **scheme,
