@@ -17,7 +17,11 @@ the pass:
   ``exp(g)`` (fp32);
 * `_silu_mul_kernel`: per row and block of columns of the fused gate/up product, ``silu(gate)`` rounded to its
   dtype, times ``up``, rounded again: `DecoderLayer._mlp`'s ``pointwise(F.silu, gate) * up`` without the copy of
-  the gate half, the SiLU's own pass and the product's.
+  the gate half, the SiLU's own pass and the product's;
+* `_gated_norm_kernel`: per row and block of value heads, each head's RMSNorm of the recurrence output (the steps
+  of `spinf.engine.kernels.rows.qwen_norm`) rounded to its dtype, times ``silu(z)`` rounded to its
+  dtype, rounded again: `GatedDeltaNet.output`'s torch form, with z read in place from the input projection's
+  output (no contiguous copy, no SiLU pass, no product pass).
 
 Every bf16 step rounds with `spinf.engine.kernels.rows._round_to`. The exponentials are Triton's, not torch's, so
 the bits can differ from the torch form's in the last place (the GPU tests bound it); the scoring pass and the
@@ -33,6 +37,7 @@ import triton.language as tl
 from spinf.engine.kernels.rows import _l2_row, _round_to
 
 CHANNELS = 256  # channels (columns) per program of the convolution and of SiLU·up
+GATED_HEADS = 16  # value heads per program of the gated norm (the 27B's 48: three programs a row)
 
 
 @triton.jit
@@ -126,6 +131,42 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         _silu_mul_kernel[(n, triton.cdiv(inner, CHANNELS))](
             gate_up, out, inner, _rows(gate_up, "gate/up product"),
             BF16=gate_up.dtype == torch.bfloat16, BLOCK=CHANNELS,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _gated_norm_kernel(
+    o_ptr, z_ptr, w_ptr, out_ptr, z_row, heads, dv, eps, HEADS: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)  # a block of heads, each a row of the norm
+    dims = tl.arange(0, BLOCK)
+    mask = (head < heads)[:, None] & (dims < dv)[None, :]
+    cols = head[:, None] * dv + dims[None, :]
+    x = tl.load(o_ptr + row * heads * dv + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.math.div_rn(tl.sum(x * x, axis=1), dv.to(tl.float32))
+    y = x * tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))[:, None]
+    y = _round_to(y * tl.load(w_ptr + dims, mask=dims < dv, other=0.0).to(tl.float32)[None, :], BF16)
+    z = tl.load(z_ptr + row * z_row + cols, mask=mask, other=0.0).to(tl.float32)
+    out = _round_to(y * _round_to(_silu(z), BF16), BF16)
+    tl.store(out_ptr + row * heads * dv + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm(o) · weight · silu(z)`` [n, heads · dv] of the recurrence's outputs ``o`` [n, heads, dv] and the
+    gate's rows ``z`` [n, heads · dv] (rows of contiguous elements, any row stride), in o's dtype."""
+    n, heads, dv = o.shape
+    if z.shape != (n, heads * dv) or weight.shape != (dv,):
+        shapes = f"gate rows {tuple(z.shape)} and norm weight {tuple(weight.shape)}"
+        raise ValueError(f"{shapes} do not fit the recurrence's outputs {tuple(o.shape)}")
+    o = o.contiguous()
+    out = torch.empty((n, heads * dv), dtype=o.dtype, device=o.device)
+    if n:
+        block = min(GATED_HEADS, triton.next_power_of_2(heads))
+        _gated_norm_kernel[(n, triton.cdiv(heads, block))](
+            o, z, weight.contiguous(), out, _rows(z, "gate rows"), heads, dv, eps,
+            HEADS=block, BF16=o.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(dv),
         )  # fmt: skip
     return out
 

@@ -155,8 +155,13 @@ class GatedDeltaNet(nn.Module):
 
     def output(self, o: torch.Tensor, z: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The gated norm and out_proj of the recurrence's outputs ``o``, added to ``residual`` when given (in the
-        product's kernel where the linear can: `linear_plus`)."""
+        product's kernel where the linear can: `linear_plus`). On a GPU the gated norm is one row-wise kernel
+        (`spinf.engine.kernels.qwen_rows.gated_norm`)."""
         cfg, n = self.cfg, o.shape[0]
+        if o.is_cuda and o.dtype in (torch.bfloat16, torch.float32) and z.dtype == o.dtype:
+            from spinf.engine.kernels.qwen_rows import gated_norm
+
+            return linear_plus(self.w_out, gated_norm(o, z, self.norm, cfg.rms_norm_eps), residual)
         gate = pointwise(F.silu, z).reshape(n, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
         return linear_plus(self.w_out, o.reshape(n, -1), residual)

@@ -111,3 +111,30 @@ def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
     alone = silu_mul(gate_up[5:9].to(DEVICE)).cpu()
     assert torch.equal(alone, got[5:9])
     assert silu_mul(gate_up[:0].to(DEVICE)).shape == (0, 300)
+
+
+def test_gated_norm_is_the_gdn_outputs_torch_form_and_row_wise():
+    from spinf.engine.kernels.qwen_rows import gated_norm
+    from spinf.engine.qwen35.ops import pointwise, rms_norm
+
+    gen = torch.Generator().manual_seed(5)
+    n, heads, dv = 7, 20, 48  # 20 heads: two blocks, the second part empty; 48 dims: masked lanes
+    o = (torch.randn(n, heads, dv, generator=gen) * 2).bfloat16()
+    zx = (torch.randn(n, heads * dv + 40, generator=gen) * 3).bfloat16()
+    z = zx[:, 20 : 20 + heads * dv]  # a strided view, as the input projection's split gives it
+    w = (torch.randn(dv, generator=gen) + 1).bfloat16()
+    got = gated_norm(o.to(DEVICE), z.to(DEVICE), w.to(DEVICE), 1e-6).cpu()
+    gate = pointwise(torch.nn.functional.silu, z).reshape(n, heads, dv)
+    want = (rms_norm(o, w, 1e-6, offset=0.0) * gate).reshape(n, -1)  # GatedDeltaNet.output's torch form
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    # the norm's sum may be ordered otherwise than torch's, and Triton's exponential is not torch's: a bf16 place
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    assert (got != want).float().mean() < 0.05
+    alone = gated_norm(o[2:5].to(DEVICE), z[2:5].to(DEVICE), w.to(DEVICE), 1e-6).cpu()
+    assert torch.equal(alone, got[2:5])
+    assert gated_norm(o[:0].to(DEVICE), z[:0].to(DEVICE), w.to(DEVICE), 1e-6).shape == (0, heads * dv)
+    with pytest.raises(ValueError, match="do not fit"):
+        gated_norm(o.to(DEVICE), z[:, :-1].to(DEVICE), w.to(DEVICE), 1e-6)
+    with pytest.raises(ValueError, match="rows of contiguous"):
+        columns = zx.to(DEVICE).t().contiguous().t()[:, : heads * dv]  # columns of contiguous elements
+        gated_norm(o.to(DEVICE), columns, w.to(DEVICE), 1e-6)
