@@ -12,6 +12,7 @@ stay in the model dtype under every scheme and run as fixed-shape products (`pla
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ from spinf.engine.attention import (
     decode_attention,
     tree_attention,
 )
+from spinf.engine.elementwise import pointwise
 from spinf.engine.gemm import gpu_mm, row_stable_mm, stable_mm
 from spinf.engine.gemma4.config import LayerSpec, TextConfig
 from spinf.engine.gemma4.moe import MoeBlock
@@ -149,7 +151,7 @@ class DecoderLayer(nn.Module):
         if fused:
             gated = kernels().gelu_mul(torch.cat([gate, per_layer], dim=1))
         else:
-            gated = F.gelu(gate, approximate="tanh") * per_layer
+            gated = pointwise(partial(F.gelu, approximate="tanh"), gate) * per_layer
         return plain_mm(gated, self.per_layer_proj.weight)
 
     def _exchange_kv(

@@ -1,6 +1,6 @@
 """The Qwen3.5 stack's small pieces, shared by its layers: elementwise functions on vector-padded widths
-(`pointwise`), its RMSNorm and L2 norm (row by row on a GPU), and its float linears (`Dense`, made by a
-`MakeLinear` factory: `float_linears` here, the int4 ones in `spinf.engine.qwen35.int4`).
+(`pointwise`, from `spinf.engine.elementwise`), its RMSNorm and L2 norm (row by row on a GPU), and its float
+linears (`Dense`, made by a `MakeLinear` factory: `float_linears` here, the int4 ones in `spinf.engine.qwen35.int4`).
 """
 
 from __future__ import annotations
@@ -8,21 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from spinf.engine.elementwise import pointwise  # noqa: F401 (the stack's layers import it from here)
 from spinf.engine.gemm import stable_mm
-
-# Elementwise exp/sigmoid/softplus/cos run vectorised in blocks and finish a tensor's last elements with scalar code
-# that can differ in the last bit: computed on widths padded to this many columns, no row ever reaches the tail.
-VECTOR_BLOCK = 64
-
-
-def pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` for an elementwise ``fn`` on a 2-D ``x``, computed with the columns padded to `VECTOR_BLOCK`."""
-    width = x.shape[-1]
-    pad = -width % VECTOR_BLOCK
-    return fn(F.pad(x, (0, pad)) if pad else x.contiguous())[..., :width]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, offset: float = 1.0) -> torch.Tensor:
