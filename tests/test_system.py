@@ -330,8 +330,9 @@ def test_sigterm_answers_503_to_the_calls_that_outlast_the_deadline_and_exits_0_
     code = server.stop()
     stopped_in = time.monotonic() - started
     thread.join(60)
-    # the deadline is the deadline: the pass under way is not waited for (issue 33 item 3: 7.9 s after it)
-    assert code == 0 and stopped_in <= 1 + 1
+    # the deadline is the deadline: the pass under way is not waited for (issue 33 item 3: 7.9 s after it); the
+    # slack is the process's own exit on a busy 2-core machine (2.1 s in all once, with the other worker's tests)
+    assert code == 0 and stopped_in <= 1 + 3
     [answer] = answers  # an answer, not a connection closed without one
     assert (answer.status_code, answer.json()["error"]["code"], answer.headers["Retry-After"]) == (
         503,
