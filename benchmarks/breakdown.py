@@ -66,6 +66,7 @@ INT4 = "int4 → int8 GEMM (Triton, shape not recorded)"
 RECURRENCE = "linear attention (GDN recurrence)"
 CHUNKED = "linear attention, fixed prefixes chunked (fla's kernels)"
 GDN_INPUTS = "recurrence inputs (convolution + SiLU, q/k L2 norms, gates)"
+GATES = "output gates (the GDN's gated norm, attention's sigmoid gate)"
 EXPERTS = "expert GEMMs (grouped, Triton, shape not recorded)"
 GEMM_UNKNOWN = "GEMM, shape not recorded (CUDA graph replays)"
 COPIES = "copies and memsets"
@@ -98,6 +99,7 @@ KERNEL_CATEGORIES = {
     "_qk_kernel": GDN_INPUTS,
     "_gates_kernel": GDN_INPUTS,
     "_silu_mul_kernel": SILU,
+    "_gated_norm_kernel": GATES,
     "_grouped_kernel": EXPERTS,
     "_combine_kernel": EXPERTS,
 }
