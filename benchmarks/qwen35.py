@@ -36,6 +36,10 @@
 8. ``--breakdown``: one more call of each job set's first body under torch.profiler, its time by kind of GPU work
    (benchmarks/breakdown.py's categories: the int4 products, the token-by-token recurrence, fla's chunked kernels,
    attention, norms, torch's elementwise ops, the LM head, host gaps), each as time and share.
+9. ``--http N``: once the in-process engine is gone, a real ``spinf-serve serve spinf/qwen3.8-27b-int4`` process on
+   the same cache (``SPINF_CACHE_DIRS``, offline), as a user starts it: the seconds to ``/readyz``; J3's first body
+   ``N`` times one after another on one connection (after 20 warm calls): p50 / p99 and the answers' own timing;
+   J1's first body as one call per input, all at once; each compared bit for bit with the in-process answers.
 """
 
 from __future__ import annotations
@@ -487,6 +491,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--results", type=Path, nargs="?", const=RESULTS, default=None, help="append the figures (to RESULTS.md)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per job set (the median is shown)")
+    parser.add_argument("--http", type=int, default=0, help="J3 calls over HTTP to a real server process (item 9)")
     parser.add_argument(
         "--no-compile", action="store_true", help="the engine's compile setting off: every pass eager, no CUDA graph"
     )
@@ -621,6 +626,13 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         baseline_lines(args, folder, device, jobs, ours, flops, emit)
         gc.collect()  # the baseline's model went with its function
         engine = None
+    if args.http:
+        engine = None
+        gc.unfreeze()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        http_lines(args, folder, jobs, ours, emit)
     if args.cap_gib and device.type == "cuda":
         del engine
         gc.unfreeze()
@@ -628,6 +640,67 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         torch.cuda.empty_cache()
         cap_lines(args, folder, device, jobs, flops, peak, emit)
     return head, lines, ours
+
+
+def http_lines(args, folder: Path, jobs: dict, ours: dict, emit) -> None:
+    """Item 9: the same folder served by a real ``spinf-serve serve`` process; J3 one call after another, J1 as
+    concurrent calls, both compared with the in-process answers."""
+    from benchmarks.http_load import ServerProcess, concurrent, one_after_another, percentile
+    from benchmarks.invariance import differing_bits, keyed, keyed_logprobs, merged, one_per_input
+
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    if args.device == "cpu":
+        argv = [str(folder), "--device", "cpu"]
+    else:
+        argv = [MODEL, "--device", args.device]
+        env["SPINF_CACHE_DIRS"] = str(folder.parents[2])
+    if args.quant:
+        argv += ["--quant", args.quant]
+    log = args.root / "server.log"
+    with ServerProcess([*argv, "--queue", "512"], env=env, log=log, cwd=root, python=sys.executable) as server:
+        ready_s = server.start(900.0)
+        emit(note_row("setup", f"`spinf-serve {' '.join(server.argv[3:])}` ready in {ready_s:.1f} s"))
+        if "J3" in jobs and "J3" in ours:
+            body = jobs["J3"][0]
+            one_after_another(server.port, body, 20)  # warm: templates compiled, floors cached
+            seconds, answers = one_after_another(server.port, body, args.http)
+            lat = sorted(seconds)
+            timing = {
+                key: percentile(sorted(a["timing"][key] for a in answers if isinstance(a, dict)), 0.5)
+                for key in ("wall_ms", "gpu_busy_ms")
+            }
+            want = keyed_logprobs(body, ours["J3"]["logprobs"][0])
+            compared, differ = differing_bits(want, keyed(body, answers[-1]["results"]))
+            emit(
+                note_row(
+                    "J3",
+                    f"over HTTP, {args.http} calls one after another on one connection: p50 "
+                    f"{percentile(lat, 0.5) * 1000:.1f} ms, p99 {percentile(lat, 0.99) * 1000:.1f} ms; the answers' "
+                    f"medians: wall {timing['wall_ms']} ms, GPU busy {timing['gpu_busy_ms']} ms; {compared} "
+                    f"questions against the in-process call: {differ} differ in any bit",
+                )
+            )
+        if "J1" in jobs and "J1" in ours:
+            body = jobs["J1"][0]
+            calls = one_per_input(body)
+            wall, answers = concurrent(server.port, calls)
+            statuses = sorted({status for status, _, _ in answers})
+            done = [(b, a) for b, (status, a, _) in zip(calls, answers, strict=True) if status == 200]
+            got = merged([keyed(b, a["results"]) for b, a in done])
+            compared, differ = differing_bits(keyed_logprobs(body, ours["J1"]["logprobs"][0]), got)
+            questions = len(got)
+            emit(
+                note_row(
+                    "J1",
+                    f"over HTTP, {len(calls)} concurrent calls (one input each, the first round, cold templates): "
+                    f"{wall:.3f} s, {questions / wall:,.0f} questions/s, statuses {statuses}; {compared} questions "
+                    f"against the in-process call: {differ} differ in any bit",
+                )
+            )
+        code = server.stop()
+    emit(note_row("setup", f"the server exited with {code} after SIGTERM"))
 
 
 def cap_lines(args, folder: Path, device: torch.device, jobs: dict, flops: float, peak: float | None, emit) -> None:

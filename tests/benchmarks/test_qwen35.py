@@ -127,3 +127,17 @@ def test_the_tiny_run_compares_groups_side_by_side(tmp_path, capsys):
     assert re.search(r"^\| J3 \| group 64 \| [\d,]+ \| – \| – \| \d\.\d{3}× \|$", out, re.M)
     assert read_gptq_config(qwen35.snapshot_folder(tmp_path, 64)).group_size == 64
     assert read_gptq_config(qwen35.snapshot_folder(tmp_path, 32)).group_size == 32
+
+
+@pytest.mark.slow  # about 20 s on two cores: a real server process loads and warms the tiny model
+def test_the_tiny_run_serves_the_folder_over_http_with_the_in_process_bits(tmp_path, capsys):
+    """``--http``: a real ``spinf-serve serve`` process on the folder, J3 one call after another and J1 as concurrent
+    calls, compared bit for bit with the in-process answers."""
+    argv = ["--root", str(tmp_path), "--shape", "tiny", "--device", "cpu", "--jobs", "J3,J1", "--max-inputs", "2"]
+    qwen35.main([*argv, "--repeats", "1", "--http", "3"])
+    out = capsys.readouterr().out
+    assert re.search(r"^\| setup \| `spinf-serve serve .+` ready in [\d.]+ s \|", out, re.M)
+    j3 = r"^\| J3 \| over HTTP, 3 calls one after another .* 20 questions against the in-process call: 0 differ in"
+    j1 = r"^\| J1 \| over HTTP, 2 concurrent calls .*statuses \[200\]; \d+ questions .*: 0 differ in any bit"
+    assert re.search(j3, out, re.M) and re.search(j1, out, re.M)
+    assert "| setup | the server exited with 0 after SIGTERM |" in out
