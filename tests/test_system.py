@@ -317,11 +317,15 @@ def test_sigterm_with_calls_in_flight_finishes_them_then_exits_0(tmp_path, cache
 
 
 def test_sigterm_answers_503_to_the_calls_that_outlast_the_deadline_and_exits_0_at_it(tmp_path, cache):
-    server = ServerProcess(tmp_path, env={"SPINF_SHUTDOWN_S": "1"}, hf_home=cache)
+    # one pass holds the whole call (no time bound, a budget above its tokens): seconds of work for the tiny model
+    # on a CPU, under way when the signal comes, so it cannot end within the deadline on any machine (with the CPU
+    # default of 0.5 s passes, a pass could end before the deadline and the shutdown was not cut)
+    flags = ("--max-pass-s", "0", "--token-budget", "65536")
+    server = ServerProcess(tmp_path, *flags, env={"SPINF_SHUTDOWN_S": "1"}, hf_home=cache)
     answers = []
 
-    def call():  # seconds of work for the tiny model on a CPU, in passes of seconds: it cannot end within the deadline
-        answers.append(httpx.post(f"{server.url}/v1/score", json=_scoring_body(16, 300, 20), timeout=120))
+    def call():
+        answers.append(httpx.post(f"{server.url}/v1/score", json=_scoring_body(32, 300, 20), timeout=120))
 
     thread = threading.Thread(target=call)
     thread.start()
