@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spinf.engine.kernels.rows import _l2_row, _round_to
+from spinf.engine.kernels.rows import _l2_row, _qwen_inv_rms, _round_to
 
 CHANNELS = 256  # channels (columns) per program of the convolution and of SiLU·up
 GATED_HEADS = 16  # value heads per program of the gated norm (the 27B's 48: three programs a row)
@@ -145,8 +145,7 @@ def _gated_norm_kernel(
     mask = (head < heads)[:, None] & (dims < dv)[None, :]
     cols = head[:, None] * dv + dims[None, :]
     x = tl.load(o_ptr + row * heads * dv + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.math.div_rn(tl.sum(x * x, axis=1), dv.to(tl.float32))
-    y = x * tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))[:, None]
+    y = x * _qwen_inv_rms(tl.sum(x * x, axis=1), dv, eps)[:, None]
     y = _round_to(y * tl.load(w_ptr + dims, mask=dims < dv, other=0.0).to(tl.float32)[None, :], BF16)
     z = tl.load(z_ptr + row * z_row + cols, mask=mask, other=0.0).to(tl.float32)
     out = _round_to(y * _round_to(_silu(z), BF16), BF16)

@@ -447,6 +447,14 @@ def _l2_row(x, eps, BF16: tl.constexpr):
 
 
 @triton.jit
+def _qwen_inv_rms(sum_sq, n, eps):
+    """Qwen3.5's ``1 / sqrt(mean(x²) + eps)`` from a row's fp32 sum of squares over ``n`` elements, every step
+    correctly rounded: `_qwen_norm_kernel` and the kernels that fold this norm into their own work share it, so a
+    row gets the same bits from each."""
+    return tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(sum_sq, n.to(tl.float32)) + eps))
+
+
+@triton.jit
 def _qwen_norm_kernel(
     x_ptr, w_ptr, out_ptr, n, eps, offset, L2: tl.constexpr, HAS_W: tl.constexpr, BF16: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -458,8 +466,7 @@ def _qwen_norm_kernel(
     if L2:
         out = _l2_row(x, eps, BF16)
     else:
-        mean = tl.math.div_rn(tl.sum(x * x, axis=0), n.to(tl.float32))
-        out = x * tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
+        out = x * _qwen_inv_rms(tl.sum(x * x, axis=0), n, eps)
         if HAS_W:
             out = out * (offset + tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32))
     tl.store(out_ptr + row * n + cols, out.to(out_ptr.dtype.element_ty), mask=mask)

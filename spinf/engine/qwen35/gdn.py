@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.attention import DecodeKV
+from spinf.engine.elementwise import pointwise
 from spinf.engine.qwen35.chunked import run_chunked
 from spinf.engine.qwen35.config import Qwen35Config
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, linear_plus, pointwise, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, linear_plus, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan
 
 

@@ -10,7 +10,7 @@ Every layer is a token mixer and a SiLU MLP, each behind an RMSNorm that multipl
 * GDN: the gated delta rule along the segments of the pass's plan (`spinf.engine.qwen35.plan`).
 
 The products run in fixed 128-row blocks (`row_stable_mm`) and elementwise transcendental functions on widths padded
-to whole vector blocks (`spinf.engine.qwen35.ops.pointwise`). On a GPU the recurrence runs in the Triton kernel by
+to whole vector blocks (`spinf.engine.elementwise.pointwise`). On a GPU the recurrence runs in the Triton kernel by
 segment index (`spinf.engine.kernels.gdn`, token by token in every segment) and the full-attention layers in the
 Gemma stack's tree-attention kernel. Linears are made by a factory (`MakeLinear`): float (`Dense`) or int4
 (`spinf.engine.qwen35.int4`). The LM head runs in ``head_mode`` (`spinf.engine.head`, engine spec B.7: the final
@@ -32,12 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from spinf.engine.attention import AttentionPlan, decode_attention, tree_attention
+from spinf.engine.elementwise import pointwise
 from spinf.engine.folder import read_tensors
 from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, check_mode, head_logits, head_precision, head_weight
 from spinf.engine.layout import PassLayout
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.qwen35.gdn import GatedDeltaNet
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, pointwise, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan, kernel_config, pass_plan
 from spinf.errors import ModelError
 

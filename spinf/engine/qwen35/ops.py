@@ -1,6 +1,6 @@
-"""The Qwen3.5 stack's small pieces, shared by its layers: elementwise functions on vector-padded widths
-(`pointwise`, from `spinf.engine.elementwise`), its RMSNorm and L2 norm (row by row on a GPU), and its float
-linears (`Dense`, made by a `MakeLinear` factory: `float_linears` here, the int4 ones in `spinf.engine.qwen35.int4`).
+"""The Qwen3.5 stack's small pieces, shared by its layers: its RMSNorm and L2 norm (row by row on a GPU), and its
+float linears (`Dense`, made by a `MakeLinear` factory: `float_linears` here, the int4 ones in
+`spinf.engine.qwen35.int4`). Elementwise functions on vector-padded widths are `spinf.engine.elementwise`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from spinf.engine.elementwise import pointwise  # noqa: F401 (the stack's layers import it from here)
 from spinf.engine.gemm import stable_mm
 
 

@@ -95,8 +95,8 @@ def test_no_rows_and_sizes_that_disagree():
 
 
 def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
+    from spinf.engine.elementwise import pointwise
     from spinf.engine.kernels.qwen_rows import silu_mul
-    from spinf.engine.qwen35.ops import pointwise
 
     gen = torch.Generator().manual_seed(4)
     gate_up = (torch.randn(9, 2 * 300, generator=gen) * 3).bfloat16()  # 300: no whole 256-column block
@@ -114,8 +114,9 @@ def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
 
 
 def test_gated_norm_is_the_gdn_outputs_torch_form_and_row_wise():
+    from spinf.engine.elementwise import pointwise
     from spinf.engine.kernels.qwen_rows import gated_norm
-    from spinf.engine.qwen35.ops import pointwise, rms_norm
+    from spinf.engine.qwen35.ops import rms_norm
 
     gen = torch.Generator().manual_seed(5)
     n, heads, dv = 7, 20, 48  # 20 heads: two blocks, the second part empty; 48 dims: masked lanes
