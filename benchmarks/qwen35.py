@@ -521,12 +521,7 @@ def main(argv: list[str] | None = None) -> None:
         head, lines, ours = run_group(args, group, device, peak)
         sections.append(head + "\n\n" + "\n".join(lines))
         summary += [(group, job, m) for job, m in ours.items()]
-        # the group's engine went with run_group's frame; hostgc.settle froze the heap with it inside, and a frozen
-        # object's cycles are never collected: unfreeze first, or its memory stays beside the next group's engine
-        gc.unfreeze()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)  # the group's engine went with run_group's frame; not beside the next group's
     if len(args.groups) > 1:
         sections.append("\n".join(group_table(summary, flops, peak)))
         print(sections[-1])
@@ -618,28 +613,28 @@ def run_group(args: argparse.Namespace, group: int, device: torch.device, peak: 
         emit("")
         cost_lines(engine, device, args.extraction, 20, 3, emit)
     if args.baseline:  # ours first gives its memory back: the 27B in bf16 takes 54 GB
-        del engine
-        gc.unfreeze()  # settle froze the engine in the heap: its cycles are collected only once unfrozen
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        engine = None
+        release_memory(device)
         baseline_lines(args, folder, device, jobs, ours, flops, emit)
         gc.collect()  # the baseline's model went with its function
+    if args.http:  # the server process loads its own engine
         engine = None
-    if args.http:
-        engine = None
-        gc.unfreeze()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(device)
         http_lines(args, folder, jobs, ours, emit)
     if args.cap_gib and device.type == "cuda":
-        del engine
-        gc.unfreeze()
-        gc.collect()
-        torch.cuda.empty_cache()
+        engine = None
+        release_memory(device)
         cap_lines(args, folder, device, jobs, flops, peak, emit)
     return head, lines, ours
+
+
+def release_memory(device: torch.device) -> None:
+    """Give back what a dropped engine held: `hostgc.settle` froze it in the heap, and a frozen object's cycles are
+    collected only once unfrozen."""
+    gc.unfreeze()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def http_lines(args, folder: Path, jobs: dict, ours: dict, emit) -> None:
@@ -662,7 +657,7 @@ def http_lines(args, folder: Path, jobs: dict, ours: dict, emit) -> None:
     with ServerProcess([*argv, "--queue", "512"], env=env, log=log, cwd=root, python=sys.executable) as server:
         ready_s = server.start(900.0)
         emit(note_row("setup", f"`spinf-serve {' '.join(server.argv[3:])}` ready in {ready_s:.1f} s"))
-        if "J3" in jobs and "J3" in ours:
+        if "J3" in ours:
             body = jobs["J3"][0]
             one_after_another(server.port, body, 20)  # warm: templates compiled, floors cached
             seconds, answers = one_after_another(server.port, body, args.http)
@@ -682,7 +677,7 @@ def http_lines(args, folder: Path, jobs: dict, ours: dict, emit) -> None:
                     f"questions against the in-process call: {differ} differ in any bit",
                 )
             )
-        if "J1" in jobs and "J1" in ours:
+        if "J1" in ours:
             body = jobs["J1"][0]
             calls = one_per_input(body)
             wall, answers = concurrent(server.port, calls)
