@@ -85,7 +85,9 @@ KERNEL_CATEGORIES = {
     "_qwen_norm_kernel": NORM_QUANT,
     "_quantize_split_kernel": NORM_QUANT,
     "_quantize_blocks_kernel": NORM_QUANT,
+    "_norm_split_kernel": NORM_QUANT,  # Qwen's norm + the split quantizer, one kernel
     "_qkv_kernel": ROTARY,
+    "_qk_rope_kernel": ROTARY,
     "_gelu_mul_kernel": GLU,
     "_fp8_gemm_kernel": GLU_GEMM,
     "_softcap_lse_kernel": HEAD,
@@ -100,6 +102,7 @@ KERNEL_CATEGORIES = {
     "_gates_kernel": GDN_INPUTS,
     "_silu_mul_kernel": SILU,
     "_gated_norm_kernel": GATES,
+    "_sigmoid_mul_kernel": GATES,
     "_grouped_kernel": EXPERTS,
     "_combine_kernel": EXPERTS,
 }

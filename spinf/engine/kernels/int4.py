@@ -12,6 +12,10 @@ the products see int8 or float weights.
 * `quantize_split` and `quantize_blocks`: the activations of either scheme in one pass (torch's codes and scales,
   bit for bit, for finite inputs; a NaN or an inf gets code 0 and its row a scale torch would not give it),
   instead of the several passes over fp32 copies the torch code takes.
+* `norm_quantize_split`: a norm-fed linear's activations straight from the residual rows: Qwen3.5's RMSNorm (the
+  steps of `spinf.engine.kernels.rows.qwen_norm`, rounded to the rows' dtype) and the split scheme's codes, scale
+  and outlier channels in one pass, the normed rows written only when asked (the GDN's b/a product reads them):
+  the same bits as `qwen_norm` then `quantize_split`, without the normed rows' round trip through memory.
 * `int8_mm`: the i8 mode's products with their epilogue, written in the activations' dtype (no [M, N] int32 or fp32
   temporaries): the block-scaled scheme of the norm-free linears (int8 activations with one scale per (token,
   128-channel block), each block's products summed exactly in int32, the blocks added in fp32 in ascending order,
@@ -38,7 +42,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from spinf.engine.kernels.gemm import _sms
-from spinf.engine.kernels.rows import _round_to, int8_code
+from spinf.engine.kernels.rows import _qwen_inv_rms, _round_to, int8_code
 
 ACT_BLOCK = 128  # input channels per activation scale (`spinf.engine.qwen35.int4.ACT_BLOCK`)
 _UNPACK_ROWS, _UNPACK_COLS = 64, 128  # output rows × packed bytes per program of `unpack_int4`
@@ -394,6 +398,62 @@ def quantize_split(
             BK=min(1024, triton.next_power_of_2(k)), BC=max(16, triton.next_power_of_2(c)), num_warps=4,
         )  # fmt: skip
     return q, scale, x_out
+
+
+@triton.jit
+def _norm_split_kernel(
+    h_ptr, w_ptr, keep_ptr, idx_ptr, x_ptr, q_ptr, scale_ptr, xo_ptr, K, C, eps, offset,
+    WRITE_X: tl.constexpr, BF16: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BK)
+    mask = k < K
+    h = tl.load(h_ptr + row * K + k, mask=mask, other=0.0).to(tl.float32)
+    inv = _qwen_inv_rms(tl.sum(h * h, axis=0), K, eps)  # qwen_norm's steps, in its order
+    y = _round_to(h * inv * (offset + tl.load(w_ptr + k, mask=mask, other=0.0).to(tl.float32)), BF16)
+    if WRITE_X:
+        tl.store(x_ptr + row * K + k, y.to(x_ptr.dtype.element_ty), mask=mask)
+    keep = tl.load(keep_ptr + k, mask=mask, other=0)
+    amax = tl.max(tl.where(keep != 0, tl.abs(y), 0.0), axis=0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+    tl.store(scale_ptr + row, scale)
+    tl.store(q_ptr + row * K + k, _round_int8(tl.where(keep != 0, y, 0.0), scale), mask=mask)
+    c = tl.arange(0, BC)
+    idx = tl.load(idx_ptr + c, mask=c < C, other=0)
+    ho = tl.load(h_ptr + row * K + idx, mask=c < C, other=0.0).to(tl.float32)
+    wo = offset + tl.load(w_ptr + idx, mask=c < C, other=0.0).to(tl.float32)
+    yo = _round_to(ho * inv * wo, BF16)  # the same steps on the same inputs as y's: the same bits
+    tl.store(xo_ptr + row * C + c, yo.to(tl.float16), mask=c < C)
+
+
+def norm_quantize_split(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    keep: torch.Tensor,
+    outliers: torch.Tensor,
+    *,
+    offset: float = 1.0,
+    want_x: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The normed rows ``rms_norm(h) · (offset + weight)`` in h's dtype (None unless ``want_x``) and what
+    `quantize_split` gives for them: int8 codes [M, K], scales fp32 [M, 1], the outlier channels fp16 [M, C]."""
+    m, k = h.shape
+    if weight.shape != (k,):
+        raise ValueError(f"a norm weight of {tuple(weight.shape)} for rows of {k}")
+    c = outliers.numel()
+    x = torch.empty_like(h) if want_x else None
+    q = torch.empty((m, k), dtype=torch.int8, device=h.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=h.device)
+    x_out = torch.empty((m, c), dtype=torch.float16, device=h.device)
+    if m:
+        h = h.contiguous()
+        _norm_split_kernel[(m,)](
+            h, weight.contiguous(), keep, outliers, x if want_x else q, q, scale, x_out, k, c, eps, offset,
+            WRITE_X=want_x, BF16=h.dtype == torch.bfloat16, BK=triton.next_power_of_2(k),
+            BC=max(16, triton.next_power_of_2(c)), num_warps=8,
+        )  # fmt: skip
+    return x, q, scale, x_out
 
 
 def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,13 @@ the pass:
 * `_gated_norm_kernel`: per row and block of value heads, each head's RMSNorm of the recurrence output (the steps
   of `spinf.engine.kernels.rows.qwen_norm`) rounded to its dtype, times ``silu(z)`` rounded to its
   dtype, rounded again: `GatedDeltaNet.output`'s torch form, with z read in place from the input projection's
-  output (no contiguous copy, no SiLU pass, no product pass).
+  output (no contiguous copy, no SiLU pass, no product pass);
+* `_qk_rope_kernel`: per row and block of attention heads, the q or k RMSNorm (fp32, ``1 + weight``) rounded to
+  the stream's dtype, rope on the first ``rotary`` dims (cos and sin rounded to the dtype, each product and the sum
+  rounded, as `spinf.engine.qwen35.model.apply_rope`'s torch ops round), then q times the attention scale, rounded:
+  `Attention.forward`'s q and k, read in place from the fused q/gate/k/v product (no copies, no concatenations);
+* `_sigmoid_mul_kernel`: the attention output times ``sigmoid(gate)`` rounded to the dtype, the gate read in place
+  from the fused product.
 
 Every bf16 step rounds with `spinf.engine.kernels.rows._round_to`. The exponentials are Triton's, not torch's, so
 the bits can differ from the torch form's in the last place (the GPU tests bound it); the scoring pass and the
@@ -38,6 +44,8 @@ from spinf.engine.kernels.rows import _l2_row, _qwen_inv_rms, _round_to
 
 CHANNELS = 256  # channels (columns) per program of the convolution and of SiLU·up
 GATED_HEADS = 16  # value heads per program of the gated norm (the 27B's 48: three programs a row)
+ROPE_HEADS = 8  # attention heads per program of the q/k norm and rope
+GATE_COLUMNS = 1024  # columns per program of the attention output's gate
 
 
 @triton.jit
@@ -166,6 +174,97 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
         _gated_norm_kernel[(n, triton.cdiv(heads, block))](
             o, z, weight.contiguous(), out, _rows(z, "gate rows"), heads, dv, eps,
             HEADS=block, BF16=o.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(dv),
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _qk_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, x_row, head_stride, cos_row, heads, d, rotary, eps, scale,
+    HEADS: tl.constexpr, BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    dims = tl.arange(0, BLOCK)
+    live = head < heads
+    mask = live[:, None] & (dims < d)[None, :]
+    half = rotary // 2
+    turned = tl.where(dims < half, dims + half, dims - half)  # rotate-half's partner of each rotary dim
+    src = x_ptr + row * x_row + head[:, None] * head_stride
+    x = tl.load(src + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    inv = _qwen_inv_rms(tl.sum(x * x, axis=1), d, eps)[:, None]
+    w = 1.0 + tl.load(w_ptr + dims, mask=dims < d, other=0.0).to(tl.float32)
+    y = _round_to(x * inv * w[None, :], BF16)
+    # the partner dims' normed values: the same steps on the same inputs, so the same bits
+    in_rot = (dims < rotary)[None, :] & mask
+    xp = tl.load(src + turned[None, :], mask=in_rot, other=0.0).to(tl.float32)
+    wp = 1.0 + tl.load(w_ptr + turned, mask=dims < rotary, other=0.0).to(tl.float32)
+    yp = _round_to(xp * inv * wp[None, :], BF16)
+    yp = tl.where((dims < half)[None, :], -yp, yp)
+    cos = _round_to(tl.load(cos_ptr + row * cos_row + dims, mask=dims < rotary, other=0.0), BF16)
+    sin = _round_to(tl.load(sin_ptr + row * cos_row + dims, mask=dims < rotary, other=0.0), BF16)
+    roped = _round_to(_round_to(y * cos[None, :], BF16) + _round_to(yp * sin[None, :], BF16), BF16)
+    y = tl.where(in_rot, roped, y)
+    y = _round_to(y * scale, BF16)
+    tl.store(out_ptr + (row * heads + head[:, None]) * d + dims[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def qk_rope(
+    x: torch.Tensor,
+    heads: int,
+    head_stride: int,
+    d: int,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """[n, heads, d]: each head of ``x`` (rows of the fused product, head ``h`` at columns ``h · head_stride``
+    onward) RMS-normed with ``1 + weight``, roped on the first ``cos.shape[1]`` dims by ``cos``, ``sin`` [n, rotary]
+    (fp32), times ``scale``; in x's dtype."""
+    n, rotary = cos.shape[0], cos.shape[1]
+    if cos.shape != sin.shape or cos.stride() != sin.stride() or n != x.shape[0] or rotary > d or rotary % 2:
+        raise ValueError(f"rope tables {tuple(cos.shape)} do not fit {n} rows of {heads} heads of {d}")
+    if weight.shape != (d,) or (heads - 1) * head_stride + d > x.shape[1]:
+        raise ValueError(f"{heads} heads of {d} at a stride of {head_stride} do not fit rows of {x.shape[1]}")
+    out = torch.empty((n, heads, d), dtype=x.dtype, device=x.device)
+    if n:
+        block = min(ROPE_HEADS, triton.next_power_of_2(heads))
+        _qk_rope_kernel[(n, triton.cdiv(heads, block))](
+            x, weight.contiguous(), cos, sin, out, _rows(x, "q/k rows"), head_stride, _rows(cos, "rope table"),
+            heads, d, rotary, eps, scale,
+            HEADS=block, BF16=x.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(d),
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _sigmoid_mul_kernel(
+    a_ptr, g_ptr, out_ptr, width, g_row, d, head_stride, BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    a = tl.load(a_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * g_row + (cols // d) * head_stride + cols % d, mask=mask, other=0.0).to(tl.float32)
+    out = _round_to(a * _round_to(tl.math.div_rn(1.0, 1.0 + tl.exp(-g)), BF16), BF16)
+    tl.store(out_ptr + row * width + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sigmoid_mul(a: torch.Tensor, gate: torch.Tensor, d: int, head_stride: int) -> torch.Tensor:
+    """``a · sigmoid(g)`` [n, heads · d] in a's dtype, ``a`` [n, heads, d] the attention output, g's head ``h`` at
+    columns ``h · head_stride`` onward of the rows ``gate`` (rows of contiguous elements: the fused product, read in
+    place)."""
+    n, heads = a.shape[0], a.shape[1]
+    if a.shape[2] != d or (heads - 1) * head_stride + d > gate.shape[1] or gate.shape[0] != n:
+        raise ValueError(f"gate rows {tuple(gate.shape)} do not hold {heads} heads of {d} at a stride {head_stride}")
+    a = a.reshape(n, heads * d).contiguous()
+    out = torch.empty_like(a)
+    if n:
+        _sigmoid_mul_kernel[(n, triton.cdiv(heads * d, GATE_COLUMNS))](
+            a, gate, out, heads * d, _rows(gate, "gate rows"), d, head_stride,
+            BF16=a.dtype == torch.bfloat16, BLOCK=GATE_COLUMNS,
         )  # fmt: skip
     return out
 

@@ -22,7 +22,7 @@ from spinf.engine.attention import DecodeKV
 from spinf.engine.elementwise import pointwise
 from spinf.engine.qwen35.chunked import run_chunked
 from spinf.engine.qwen35.config import Qwen35Config
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, linear_plus, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, l2_norm, linear_plus, norm_linear, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan
 
 
@@ -121,10 +121,14 @@ class GatedDeltaNet(nn.Module):
         self.norm = nn.Parameter(take(prefix + "norm.weight"), requires_grad=False)
         self.w_out = linear([prefix + "out_proj"])
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The input projections of rows ``x``: q/k/v before the convolution, z, b, a."""
+    def project(
+        self, h: torch.Tensor, norm: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input projections of the residual rows ``h`` normed by the layer's input norm ``norm``
+        (`norm_linear`): q/k/v before the convolution, z, b, a."""
         heads = self.cfg.linear_num_value_heads
-        qkv, z = self.w_in(x).split(self.sizes, dim=-1)
+        y, x = norm_linear(self.w_in, h, norm, self.cfg.rms_norm_eps, want_x=True)
+        qkv, z = y.split(self.sizes, dim=-1)
         b, a = self.w_ba(x).split((heads, heads), dim=-1)
         return qkv, z, b, a
 
@@ -167,18 +171,21 @@ class GatedDeltaNet(nn.Module):
         o = rms_norm(o, self.norm, cfg.rms_norm_eps, offset=0.0) * gate
         return linear_plus(self.w_out, o.reshape(n, -1), residual)
 
-    def inputs(self, x: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Everything of a pass's layer before the recurrence, row by row: the pre-convolution q/k/v rows, z, and
-        the recurrence's inputs (q, k, v, g, beta, decay: `recurrence_inputs`). A CUDA graph holds this part
-        (`spinf.engine.qwen35.graphs`); the recurrence, which the pass's segments shape, runs eagerly."""
-        qkv, z, b, a = self.project(x)
+    def inputs(
+        self, h: torch.Tensor, norm: torch.Tensor, plan: Qwen35Plan
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Everything of a pass's layer before the recurrence, row by row, from the residual rows ``h`` and the
+        input norm: the pre-convolution q/k/v rows, z, and the recurrence's inputs (q, k, v, g, beta, decay:
+        `recurrence_inputs`). A CUDA graph holds this part (`spinf.engine.qwen35.graphs`); the recurrence, which
+        the pass's segments shape, runs eagerly."""
+        qkv, z, b, a = self.project(h, norm)
         return qkv, z, self.recurrence_inputs(qkv, plan.taps, b, a)
 
-    def forward(self, x: torch.Tensor, plan: Qwen35Plan, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's mixer over the normed rows ``x``, plus ``residual`` when given (`output`)."""
+    def forward(self, h: torch.Tensor, norm: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
+        """``h`` plus the layer's mixer over its rows normed by the input norm ``norm`` (`output` adds it)."""
         if plan.attention.decode is not None:
-            return self.decode(x, plan.attention.decode, residual)
-        qkv, z, (q, k, v, g, beta, decay) = self.inputs(x, plan)
+            return self.decode(h, norm, plan.attention.decode)
+        qkv, z, (q, k, v, g, beta, decay) = self.inputs(h, norm, plan)
         capture = plan.attention.capture
         states_at = None if capture is None else {row: None for _, row in capture.prefixes if row >= 0}
         o = delta_rule(q, k, v, g, beta, plan, states_at, decay)
@@ -186,9 +193,9 @@ class GatedDeltaNet(nn.Module):
             capture.keep_recurrent(qkv, _recurrent_rows(k, v, decay, beta))
             zero = v.new_zeros((v.shape[1], k.shape[2], v.shape[2]), dtype=torch.float32)
             capture.states.append(torch.stack([states_at[row] if row >= 0 else zero for _, row in capture.prefixes]))
-        return self.output(o, z, residual)
+        return self.output(o, z, h)
 
-    def decode(self, x: torch.Tensor, kv: DecodeKV, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(self, h: torch.Tensor, norm: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
         """A decode step's rows (engine spec B.14.4): each row's convolution reads its path's last rows (the
         template's, those generated so far, then the prefix's tail), and its recurrence runs again from its group's
         prefix state over its path, token by token (`delta_step`; on a GPU the kernel's decode step), so the row
@@ -197,21 +204,21 @@ class GatedDeltaNet(nn.Module):
         (`_recurrent_rows`). Nothing here reads the device from the host on a GPU (a CUDA graph can hold it)."""
         kernel = self.conv.shape[1]
         rows_in, rows_out = kv.keys[self.index], kv.values[self.index]
-        qkv, z, b, a = self.project(x)
+        qkv, z, b, a = self.project(h, norm)
         group_of, write, path_index, taps = _recurrent_view(kv, kernel)
         rows_in.index_copy_(0, write, qkv.to(rows_in.dtype))
-        n = x.shape[0]
+        n = h.shape[0]
         read = rows_in.index_select(0, taps.clamp(min=0).reshape(-1))
         read = torch.where((taps >= 0).reshape(-1, 1), read, torch.zeros((), dtype=read.dtype, device=read.device))
-        local = torch.arange(1, n * kernel + 1, device=x.device).view(n, kernel)  # tap t reads row t - 1
+        local = torch.arange(1, n * kernel + 1, device=h.device).view(n, kernel)  # tap t reads row t - 1
         q, k, v, g, beta, decay = self.recurrence_inputs(read, local, b, a)
         rows_out.index_copy_(0, write, _recurrent_rows(k, v, decay, beta))
         states = kv.states[self.index]
-        if x.is_cuda:
+        if h.is_cuda:
             from spinf.engine.kernels.gdn import decode_delta_rule
 
             out = decode_delta_rule(q, k, v, decay, beta, states, group_of, rows_out, path_index, kv.path_len)
-            return self.output(out, z, residual)
+            return self.output(out, z, h)
         cfg = self.cfg
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         key_end, value_end = heads * dk, heads * dk + heads * dv
@@ -224,7 +231,7 @@ class GatedDeltaNet(nn.Module):
                 decay_p, beta_p = row[value_end : value_end + heads], row[value_end + heads :]
                 state = delta_update(state, k_p, v_p, decay_p, beta_p)
             _, out[r] = delta_step(state, q[r], k[r], v[r], decay[r], beta[r])
-        return self.output(out, z, residual)
+        return self.output(out, z, h)
 
 
 def _recurrent_view(kv: DecodeKV, kernel: int) -> tuple[torch.Tensor, ...]:

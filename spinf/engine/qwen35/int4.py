@@ -43,7 +43,7 @@ from torch import nn
 
 from spinf.engine.gemm import in_row_blocks, row_stable_mm, stable_mm
 from spinf.engine.qwen35.gptq import ZERO, Int4Weight, unpack_gptq
-from spinf.engine.qwen35.ops import MakeLinear
+from spinf.engine.qwen35.ops import MakeLinear, rms_norm
 from spinf.engine.qwen35.outliers import NORM_FED, OUTLIERS_FILE
 from spinf.errors import ModelError
 
@@ -248,6 +248,26 @@ class Int4Linear(nn.Module):
         y = residual + self(x)
         return y if out is None else out.copy_(y)
 
+    def normed(
+        self, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``self(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): on
+        a GPU in the ``i8`` mode with outlier channels (the norm-fed linears' split scheme) the norm runs inside
+        the activations' quantizer (`spinf.engine.kernels.int4.norm_quantize_split`), the same bits as the two
+        steps, and the normed rows reach memory only when asked for."""
+        if (
+            h.is_cuda
+            and self.mode == "i8"
+            and self.outliers is not None
+            and h.dtype in (torch.bfloat16, torch.float32)
+        ):
+            from spinf.engine.kernels.int4 import norm_quantize_split
+
+            x, xq, x_scale, x_out = norm_quantize_split(h, weight, eps, self.keep, self.outliers, want_x=want_x)
+            return self._i8_product(xq, x_scale, h.dtype, blocked=False, x_out=x_out, w_out=self.w_out), x
+        x = rms_norm(h, weight, eps)
+        return self(x), x
+
     def _gpu_i8(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -255,11 +275,16 @@ class Int4Linear(nn.Module):
         in `_split` / `_blocked`; the product and its epilogue in one kernel, over the weight unpacked per call (the
         checkpoint stays packed in memory) or kept unpacked (`keep_int8`): the same bits
         (tests/engine/qwen35/test_int4_kernels.py compares them with each other and with the torch code)."""
+        xq, x_scale, scheme = self.gpu_quantized(x)
+        return self._i8_product(xq, x_scale, x.dtype, residual=residual, out=out, **scheme)
+
+    def _i8_product(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype, **kwargs) -> torch.Tensor:
+        """`spinf.engine.kernels.int4.int8_mm` of quantized activations and this linear's int8 weight (kept, or
+        unpacked for this call), ``kwargs`` its scheme and epilogue."""
         from spinf.engine.kernels.int4 import int8_mm
 
-        xq, x_scale, scheme = self.gpu_quantized(x)
         wq = self.int8 if self.int8 is not None else self._gpu_weight(int8=True)
-        return int8_mm(xq, x_scale, wq, self.w_scale, x.dtype, residual=residual, out=out, **scheme)
+        return int8_mm(xq, x_scale, wq, self.w_scale, dtype, **kwargs)
 
     def gpu_quantized(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """``x`` quantized in one pass in this linear's i8 scheme (split where it has outlier channels, else

@@ -38,7 +38,7 @@ from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, check_mode, head_logits, 
 from spinf.engine.layout import PassLayout
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.qwen35.gdn import GatedDeltaNet
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, norm_linear, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan, kernel_config, pass_plan
 from spinf.errors import ModelError
 
@@ -87,19 +87,25 @@ class Attention(nn.Module):
         self.wo = linear([prefix + "o_proj"])
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        plan: Qwen35Plan,
-        residual: torch.Tensor | None = None,
+        self, h: torch.Tensor, norm: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Qwen35Plan
     ) -> torch.Tensor:
-        """Attention over the normed rows ``x``, plus ``residual`` when given (`linear_plus`)."""
-        cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
-        qg, k, v = self.wqkv(x).split(self.sizes, dim=-1)
-        q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
-        q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
-        k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
+        """``h`` plus attention over its rows normed by the input norm ``norm`` (`norm_linear`, `linear_plus`)."""
+        cfg, n, d = self.cfg, h.shape[0], self.cfg.head_dim
         scale = d**-0.5
+        qkv, _ = norm_linear(self.wqkv, h, norm, cfg.rms_norm_eps)
+        qg, k, v = qkv.split(self.sizes, dim=-1)
+        q, gate = qg.reshape(n, cfg.num_heads, 2 * d).split(d, dim=-1)
+        rows_kernels = qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float32)
+        if rows_kernels:  # one row-wise kernel each for q and k, read in place (`qwen_rows.qk_rope`)
+            from spinf.engine.kernels.qwen_rows import qk_rope
+
+            eps, heads, kv_heads = cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads
+            q_scaled = qk_rope(qkv, heads, 2 * d, d, self.q_norm, *rope, eps, scale)
+            k = qk_rope(qkv[:, self.sizes[0] :], kv_heads, d, d, self.k_norm, *rope, eps)
+        else:
+            q = apply_rope(rms_norm(q, self.q_norm, cfg.rms_norm_eps), *rope)
+            k = apply_rope(rms_norm(k.reshape(n, -1, d), self.k_norm, cfg.rms_norm_eps), *rope)
+            q_scaled = q * scale
         if plan.attention.capture is not None:  # what the decoder attends to: these rows' keys and values
             plan.attention.capture.keep(k, v.reshape(n, -1, d))
             plan.attention.capture.states.append(None)
@@ -110,12 +116,16 @@ class Attention(nn.Module):
             from spinf.engine.kernels import tree_attention_kernel
 
             config = kernel_config(d, cfg.num_heads // cfg.num_kv_heads)
-            a = tree_attention_kernel(q * scale, keys, values, plan.attention.kernel, None, config)
+            a = tree_attention_kernel(q_scaled, keys, values, plan.attention.kernel, None, config)
         elif plan.attention.decode is not None:
-            a = decode_attention(q * scale, keys, values, plan.attention, None)
+            a = decode_attention(q_scaled, keys, values, plan.attention, None)
         else:
-            a = tree_attention(q * scale, k, v.reshape(n, -1, d), plan.attention, None)
-        return linear_plus(self.wo, a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1)), residual)
+            a = tree_attention(q_scaled, k, v.reshape(n, -1, d), plan.attention, None)
+        if rows_kernels and a.dtype == qkv.dtype:
+            from spinf.engine.kernels.qwen_rows import sigmoid_mul
+
+            return linear_plus(self.wo, sigmoid_mul(a.reshape(n, -1, d), qkv[:, d:], d, 2 * d), h)
+        return linear_plus(self.wo, a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1)), h)
 
 
 class DecoderLayer(nn.Module):
@@ -142,14 +152,14 @@ class DecoderLayer(nn.Module):
         self.w_down = linear([at + "mlp.down_proj"])
 
     def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
-        x = rms_norm(h, self.input_norm, self.eps)
-        h = self.mixer(x, rope, plan, h) if self.is_attention else self.mixer(x, plan, h)
-        return self.mlp_residual(h)
+        if self.is_attention:
+            return self.mlp_residual(self.mixer(h, self.input_norm, rope, plan))
+        return self.mlp_residual(self.mixer(h, self.input_norm, plan))
 
     def mixer_inputs(self, h: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """A GDN layer's part before its recurrence (`forward` in three parts, for the CUDA graphs of
         `spinf.engine.qwen35.graphs`): z and the recurrence's inputs (q, k, v, g, beta, decay)."""
-        _, z, inputs = self.mixer.inputs(rms_norm(h, self.input_norm, self.eps), plan)
+        _, z, inputs = self.mixer.inputs(h, self.input_norm, plan)
         return z, inputs
 
     def mixer_finish(self, h: torch.Tensor, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -159,18 +169,18 @@ class DecoderLayer(nn.Module):
     def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` plus the MLP of its normed rows, over at most `MLP_ROWS` rows at a time (each part written into
         its rows of one output: no concatenation)."""
-        x = rms_norm(h, self.post_norm, self.eps)
-        if x.shape[0] <= MLP_ROWS:
-            return self._mlp(x, h)
+        if h.shape[0] <= MLP_ROWS:
+            return self._mlp(h)
         out = torch.empty_like(h)
-        for start in range(0, x.shape[0], MLP_ROWS):
+        for start in range(0, h.shape[0], MLP_ROWS):
             rows = slice(start, start + MLP_ROWS)
-            self._mlp(x[rows], h[rows], out[rows])
+            self._mlp(h[rows], out[rows])
         return out
 
-    def _mlp(self, x: torch.Tensor, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual + mlp(x)``, into ``out`` when given (the down product adds it where it can: `linear_plus`)."""
-        gate_up = self.w_gate_up(x)
+    def _mlp(self, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + mlp(post_norm(residual))``, into ``out`` when given (the norm inside the gate/up product's
+        quantizer and the residual inside the down product where they can: `norm_linear`, `linear_plus`)."""
+        gate_up, _ = norm_linear(self.w_gate_up, residual, self.post_norm, self.eps)
         if gate_up.is_cuda:  # one row-wise kernel (spinf.engine.kernels.qwen_rows)
             from spinf.engine.kernels.qwen_rows import silu_mul
 

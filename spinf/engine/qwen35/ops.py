@@ -69,6 +69,18 @@ def linear_plus(
     return y if out is None else out.copy_(y)
 
 
+def norm_linear(
+    linear: nn.Module, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``linear(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): in
+    one pass with the activations' quantizer where the linear can (`spinf.engine.qwen35.int4.Int4Linear.normed`),
+    the same bits as the two steps."""
+    if (normed := getattr(linear, "normed", None)) is not None:
+        return normed(h, weight, eps, want_x=want_x)
+    x = rms_norm(h, weight, eps)
+    return linear(x), x
+
+
 # Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along
 # the output, in that order); float (`float_linears`) or int4 (`spinf.engine.qwen35.int4`).
 MakeLinear = Callable[[list[str]], nn.Module]

@@ -307,3 +307,32 @@ def test_on_the_gpu_a_model_keeps_its_int8_weights_unpacked_when_there_is_room(m
     assert int4.keep_unpacked(model, torch.device("cuda")) == 256 * 640 and cuda.int8 is not None
     assert torch.equal(cuda(x), per_call)
     assert int4.keep_unpacked(torch.nn.Sequential(cpu), torch.device("cpu")) == 0
+
+
+def test_the_norm_and_the_split_quantizer_in_one_kernel_give_the_two_steps_bits():
+    from spinf.engine.kernels.int4 import norm_quantize_split
+    from spinf.engine.qwen35.ops import rms_norm
+
+    gen = torch.Generator().manual_seed(9)
+    h = (torch.randn(6, 300, generator=gen) * 3).bfloat16()  # 300: the row's block has masked lanes
+    h[4] = 0  # a zero row: scale 1, all codes 0
+    w = (torch.randn(300, generator=gen) * 0.2).bfloat16()
+    outliers = torch.tensor([3, 150, 299])
+    keep = torch.ones(300, dtype=torch.int8).index_fill_(0, outliers, 0)
+    on = [t.to(DEVICE) for t in (h, w, keep, outliers)]
+    x, q, scale, x_out = (t.cpu() for t in norm_quantize_split(on[0], on[1], 1e-6, on[2], on[3], want_x=True))
+    want_x = rms_norm(on[0], on[1], 1e-6).cpu()  # on a GPU qwen_norm's kernel, else torch's (another sum order)
+    if DEVICE.type == "cuda":
+        assert torch.equal(x, want_x)
+    else:
+        torch.testing.assert_close(x.float(), want_x.float(), rtol=2**-7, atol=0)
+    # the quantizer's part, from the normed rows the kernel gave: the split quantizer's bits
+    for got, want in zip((q, scale, x_out), quantize_split(x.to(DEVICE), on[2], on[3]), strict=True):
+        assert torch.equal(got, want.cpu())
+    assert scale[4].item() == 1.0 and (q[4] == 0).all()
+    none, *alone = norm_quantize_split(on[0][2:4], on[1], 1e-6, on[2], on[3])
+    assert none is None
+    for part, whole in zip(alone, (q, scale, x_out), strict=True):
+        assert torch.equal(part.cpu(), whole[2:4])
+    with pytest.raises(ValueError, match="norm weight"):
+        norm_quantize_split(on[0], on[1][:-1], 1e-6, on[2], on[3])

@@ -139,3 +139,49 @@ def test_gated_norm_is_the_gdn_outputs_torch_form_and_row_wise():
     with pytest.raises(ValueError, match="rows of contiguous"):
         columns = zx.to(DEVICE).t().contiguous().t()[:, : heads * dv]  # columns of contiguous elements
         gated_norm(o.to(DEVICE), columns, w.to(DEVICE), 1e-6)
+
+
+def test_qk_rope_and_the_gate_are_the_attentions_torch_form_and_row_wise():
+    """`Attention.forward`'s q and k (RMSNorm with 1 + weight, rope on the first dims, q times the scale) and its
+    output gate, read in place from the fused q/gate/k/v product as the kernels read it."""
+    from spinf.engine.elementwise import pointwise
+    from spinf.engine.kernels.qwen_rows import qk_rope, sigmoid_mul
+    from spinf.engine.qwen35.model import apply_rope
+    from spinf.engine.qwen35.ops import rms_norm
+
+    gen = torch.Generator().manual_seed(6)
+    n, heads, kv_heads, d, rotary = 5, 10, 2, 48, 16  # 10 heads: two blocks of 8, the second part empty
+    qkv = (torch.randn(n, 2 * heads * d + 2 * kv_heads * d, generator=gen) * 2).bfloat16()
+    qw, kw = (torch.randn(d, generator=gen) * 0.3).bfloat16(), (torch.randn(d, generator=gen) * 0.3).bfloat16()
+    angles = torch.rand(n, rotary // 2, generator=gen) * 50
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    scale = d**-0.5
+    qg, k, _ = qkv.split((2 * heads * d, kv_heads * d, kv_heads * d), dim=-1)
+    q, gate = qg.reshape(n, heads, 2 * d).split(d, dim=-1)
+    want_q = apply_rope(rms_norm(q, qw, 1e-6), cos, sin) * scale
+    want_k = apply_rope(rms_norm(k.reshape(n, -1, d), kw, 1e-6), cos, sin)
+    on = [t.to(DEVICE) for t in (qkv, qw, kw, cos, sin)]
+    got_q = qk_rope(on[0], heads, 2 * d, d, on[1], on[3], on[4], 1e-6, scale).cpu()
+    got_k = qk_rope(on[0][:, 2 * heads * d :], kv_heads, d, d, on[2], on[3], on[4], 1e-6).cpu()
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)  # the norm's sum order
+        assert (got != want).float().mean() < 0.05
+    assert torch.equal(
+        qk_rope(on[0][1:3], heads, 2 * d, d, on[1], on[3][1:3], on[4][1:3], 1e-6, scale).cpu(), got_q[1:3]
+    )
+    a = (torch.randn(n, heads, d, generator=gen)).bfloat16()
+    got = sigmoid_mul(a.to(DEVICE), on[0][:, d:], d, 2 * d).cpu()
+    want = a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1))
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    if DEVICE.type == "cuda":  # Triton's exponential against torch's: a bf16 place at most
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    else:
+        assert torch.equal(got, want)
+    assert torch.equal(sigmoid_mul(a[2:4].to(DEVICE), on[0][2:4, d:], d, 2 * d).cpu(), got[2:4])
+    with pytest.raises(ValueError, match="do not fit"):
+        qk_rope(on[0], heads, 2 * d, d, on[1], on[3][:-1], on[4][:-1], 1e-6)
+    with pytest.raises(ValueError, match="do not fit"):
+        qk_rope(on[0], heads + 3, 2 * d, d, on[1], on[3], on[4], 1e-6)  # past the rows' end
+    with pytest.raises(ValueError, match="do not hold"):
+        sigmoid_mul(a.to(DEVICE), on[0][:, : heads * d], d, 2 * d)
