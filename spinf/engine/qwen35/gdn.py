@@ -158,9 +158,9 @@ class GatedDeltaNet(nn.Module):
         g = -torch.exp(self.A_log.float()) * pointwise(F.softplus, a + self.dt_bias)
         return q, k, v.reshape(n, heads, dv), g, beta, pointwise(torch.exp, g)
 
-    def output(self, o: torch.Tensor, z: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The gated norm and out_proj of the recurrence's outputs ``o``, added to ``residual`` when given (in the
-        product's kernel where the linear can: `linear_plus`). On a GPU the gated norm is one row-wise kernel
+    def output(self, o: torch.Tensor, z: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` plus the gated norm and out_proj of the recurrence's outputs ``o`` (the sum in the product's
+        kernel where the linear can: `linear_plus`). On a GPU the gated norm is one row-wise kernel
         (`spinf.engine.kernels.qwen_rows.gated_norm`)."""
         cfg, n = self.cfg, o.shape[0]
         if o.is_cuda and o.dtype in (torch.bfloat16, torch.float32) and z.dtype == o.dtype:
