@@ -83,9 +83,8 @@ KERNEL_CATEGORIES = {
     "_quantize_kernel": NORM_QUANT,
     "_dynamic_quantize_kernel": NORM_QUANT,
     "_qwen_norm_kernel": NORM_QUANT,
-    "_quantize_split_kernel": NORM_QUANT,
     "_quantize_blocks_kernel": NORM_QUANT,
-    "_norm_split_kernel": NORM_QUANT,  # Qwen's norm + the split quantizer, one kernel
+    "_split_kernel": NORM_QUANT,  # the split quantizer, with Qwen's norm before it or not
     "_qkv_kernel": ROTARY,
     "_qk_rope_kernel": ROTARY,
     "_gelu_mul_kernel": GLU,

@@ -15,7 +15,8 @@ the products see int8 or float weights.
 * `norm_quantize_split`: a norm-fed linear's activations straight from the residual rows: Qwen3.5's RMSNorm (the
   steps of `spinf.engine.kernels.rows.qwen_norm`, rounded to the rows' dtype) and the split scheme's codes, scale
   and outlier channels in one pass, the normed rows written only when asked (the GDN's b/a product reads them):
-  the same bits as `qwen_norm` then `quantize_split`, without the normed rows' round trip through memory.
+  `quantize_split`'s bits for the normed rows it makes (its sum of squares in its own order, so a normed value may
+  differ from `qwen_norm`'s in the last place), without the normed rows' round trip through memory.
 * `int8_mm`: the i8 mode's products with their epilogue, written in the activations' dtype (no [M, N] int32 or fp32
   temporaries): the block-scaled scheme of the norm-free linears (int8 activations with one scale per (token,
   128-channel block), each block's products summed exactly in int32, the blocks added in fp32 in ascending order,
@@ -336,31 +337,6 @@ def int8_mm(
 
 
 @triton.jit
-def _quantize_split_kernel(
-    x_ptr, keep_ptr, idx_ptr, q_ptr, scale_ptr, xo_ptr, K, C, BK: tl.constexpr, BC: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    top = tl.zeros((BK,), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
-        top = tl.maximum(top, tl.where(keep != 0, tl.abs(x), 0.0))
-    amax = tl.max(top, axis=0)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-    tl.store(scale_ptr + row, scale)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
-        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
-        tl.store(q_ptr + row * K + k, _round_int8(tl.where(keep != 0, x, 0.0), scale), mask=k < K)
-    c = tl.arange(0, BC)
-    idx = tl.load(idx_ptr + c, mask=c < C, other=0)
-    xo = tl.load(x_ptr + row * K + idx, mask=c < C, other=0.0).to(tl.float32)
-    tl.store(xo_ptr + row * C + c, xo.to(tl.float16), mask=c < C)
-
-
-@triton.jit
 def _quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, M, K, BR: tl.constexpr):
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     k = tl.program_id(1) * 128 + tl.arange(0, 128)
@@ -387,43 +363,74 @@ def quantize_split(
     """The split scheme's activations in one pass over ``x`` [M, K] (any float dtype): the int8 codes [M, K] of the
     channels where ``keep`` (int8 [K]) is 1 (the rest 0), quantized per token by ``amax / 127`` over those channels
     (scale fp32 [M, 1], 1 for a row of zeros), and the ``outliers`` channels (int64 [C]) in fp16 [M, C]."""
-    m, k = x.shape
-    c = outliers.numel()
-    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    x_out = torch.empty((m, c), dtype=torch.float16, device=x.device)
-    if m:
-        _quantize_split_kernel[(m,)](
-            x.contiguous(), keep, outliers, q, scale, x_out, k, c,
-            BK=min(1024, triton.next_power_of_2(k)), BC=max(16, triton.next_power_of_2(c)), num_warps=4,
-        )  # fmt: skip
-    return q, scale, x_out
+    return _split(x, None, 0.0, keep, outliers, norm=False)[1:]
 
 
 @triton.jit
-def _norm_split_kernel(
+def _split_kernel(
     h_ptr, w_ptr, keep_ptr, idx_ptr, x_ptr, q_ptr, scale_ptr, xo_ptr, K, C, eps, offset,
-    WRITE_X: tl.constexpr, BF16: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    NORM: tl.constexpr, WRITE_X: tl.constexpr, BF16: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
+    """The split scheme's activations of one row of ``h``, or (``NORM``) of its RMSNorm, in passes of ``BK``
+    channels (not one block of the whole row, which held too many registers for more than one program an SM): the
+    norm's sum of squares, the activations' largest kept magnitude (the normed rows written if ``WRITE_X``), then
+    the codes, from the same values computed again."""
     row = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, BK)
-    mask = k < K
-    h = tl.load(h_ptr + row * K + k, mask=mask, other=0.0).to(tl.float32)
-    inv = _qwen_inv_rms(tl.sum(h * h, axis=0), K, eps)  # qwen_norm's steps, in its order
-    y = _round_to(h * inv * (offset + tl.load(w_ptr + k, mask=mask, other=0.0).to(tl.float32)), BF16)
-    if WRITE_X:
-        tl.store(x_ptr + row * K + k, y.to(x_ptr.dtype.element_ty), mask=mask)
-    keep = tl.load(keep_ptr + k, mask=mask, other=0)
-    amax = tl.max(tl.where(keep != 0, tl.abs(y), 0.0), axis=0)
+    inv = 1.0
+    if NORM:
+        sq = tl.zeros((BK,), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + tl.arange(0, BK)
+            h = tl.load(h_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+            sq += h * h
+        inv = _qwen_inv_rms(tl.sum(sq, axis=0), K, eps)
+    top = tl.zeros((BK,), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        y = _split_input(h_ptr, w_ptr, row, k, K, inv, offset, NORM, BF16)
+        if WRITE_X:
+            tl.store(x_ptr + row * K + k, y.to(x_ptr.dtype.element_ty), mask=k < K)
+        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
+        top = tl.maximum(top, tl.where(keep != 0, tl.abs(y), 0.0))
+    amax = tl.max(top, axis=0)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
     tl.store(scale_ptr + row, scale)
-    tl.store(q_ptr + row * K + k, _round_int8(tl.where(keep != 0, y, 0.0), scale), mask=mask)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        y = _split_input(h_ptr, w_ptr, row, k, K, inv, offset, NORM, BF16)
+        keep = tl.load(keep_ptr + k, mask=k < K, other=0)
+        tl.store(q_ptr + row * K + k, _round_int8(tl.where(keep != 0, y, 0.0), scale), mask=k < K)
     c = tl.arange(0, BC)
-    idx = tl.load(idx_ptr + c, mask=c < C, other=0)
-    ho = tl.load(h_ptr + row * K + idx, mask=c < C, other=0.0).to(tl.float32)
-    wo = offset + tl.load(w_ptr + idx, mask=c < C, other=0.0).to(tl.float32)
-    yo = _round_to(ho * inv * wo, BF16)  # the same steps on the same inputs as y's: the same bits
-    tl.store(xo_ptr + row * C + c, yo.to(tl.float16), mask=c < C)
+    yo = _split_input(h_ptr, w_ptr, row, tl.load(idx_ptr + c, mask=c < C, other=0), K, inv, offset, NORM, BF16)
+    tl.store(xo_ptr + row * C + c, yo.to(tl.float16), mask=c < C)  # the same steps on the same inputs: y's bits
+
+
+@triton.jit
+def _split_input(h_ptr, w_ptr, row, k, K, inv, offset, NORM: tl.constexpr, BF16: tl.constexpr):
+    """Row ``row``'s activations at channels ``k`` (0 past K), fp32: ``h`` itself, or (``NORM``) its normed values
+    ``h · inv · (offset + w)`` rounded to the rows' dtype."""
+    h = tl.load(h_ptr + row * K + k, mask=k < K, other=0.0).to(tl.float32)
+    if NORM:
+        h = _round_to(h * inv * (offset + tl.load(w_ptr + k, mask=k < K, other=0.0).to(tl.float32)), BF16)
+    return h
+
+
+def _split(h, weight, eps, keep, outliers, *, norm: bool, offset: float = 1.0, want_x: bool = False):
+    """`_split_kernel` over the rows of ``h`` [M, K]: (normed rows or None, codes, scales, outlier channels)."""
+    m, k = h.shape
+    c = outliers.numel()
+    x = torch.empty_like(h) if want_x else None
+    q = torch.empty((m, k), dtype=torch.int8, device=h.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=h.device)
+    x_out = torch.empty((m, c), dtype=torch.float16, device=h.device)
+    if m:
+        h = h.contiguous()
+        _split_kernel[(m,)](
+            h, h if weight is None else weight.contiguous(), keep, outliers, q if x is None else x, q, scale, x_out,
+            k, c, eps, offset, NORM=norm, WRITE_X=want_x, BF16=h.dtype == torch.bfloat16,
+            BK=min(1024, triton.next_power_of_2(k)), BC=max(16, triton.next_power_of_2(c)), num_warps=4,
+        )  # fmt: skip
+    return x, q, scale, x_out
 
 
 def norm_quantize_split(
@@ -438,22 +445,9 @@ def norm_quantize_split(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The normed rows ``rms_norm(h) · (offset + weight)`` in h's dtype (None unless ``want_x``) and what
     `quantize_split` gives for them: int8 codes [M, K], scales fp32 [M, 1], the outlier channels fp16 [M, C]."""
-    m, k = h.shape
-    if weight.shape != (k,):
-        raise ValueError(f"a norm weight of {tuple(weight.shape)} for rows of {k}")
-    c = outliers.numel()
-    x = torch.empty_like(h) if want_x else None
-    q = torch.empty((m, k), dtype=torch.int8, device=h.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=h.device)
-    x_out = torch.empty((m, c), dtype=torch.float16, device=h.device)
-    if m:
-        h = h.contiguous()
-        _norm_split_kernel[(m,)](
-            h, weight.contiguous(), keep, outliers, x if want_x else q, q, scale, x_out, k, c, eps, offset,
-            WRITE_X=want_x, BF16=h.dtype == torch.bfloat16, BK=triton.next_power_of_2(k),
-            BC=max(16, triton.next_power_of_2(c)), num_warps=8,
-        )  # fmt: skip
-    return x, q, scale, x_out
+    if weight.shape != (h.shape[1],):
+        raise ValueError(f"a norm weight of {tuple(weight.shape)} for rows of {h.shape[1]}")
+    return _split(h, weight, eps, keep, outliers, norm=True, offset=offset, want_x=want_x)
 
 
 def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -253,8 +253,8 @@ class Int4Linear(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``self(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): on
         a GPU in the ``i8`` mode with outlier channels (the norm-fed linears' split scheme) the norm runs inside
-        the activations' quantizer (`spinf.engine.kernels.int4.norm_quantize_split`), the same bits as the two
-        steps, and the normed rows reach memory only when asked for."""
+        the activations' quantizer (`spinf.engine.kernels.int4.norm_quantize_split`: the quantizer's bits for the
+        normed rows it makes, row by row), and the normed rows reach memory only when asked for."""
         if (
             h.is_cuda
             and self.mode == "i8"

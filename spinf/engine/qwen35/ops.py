@@ -74,7 +74,7 @@ def norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``linear(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): in
     one pass with the activations' quantizer where the linear can (`spinf.engine.qwen35.int4.Int4Linear.normed`),
-    the same bits as the two steps."""
+    the quantizer's bits for the normed rows (their sum of squares in the kernel's own order)."""
     if (normed := getattr(linear, "normed", None)) is not None:
         return normed(h, weight, eps, want_x=want_x)
     x = rms_norm(h, weight, eps)

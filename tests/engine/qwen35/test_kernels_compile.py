@@ -42,19 +42,16 @@ def cases() -> list:
              "eps": "fp32", "scale": "fp32"},
             {"HEADS": 8, "BF16": True, "BLOCK": 256},
         ),
+    ] + [
         (
-            int4._norm_split_kernel,
+            int4._split_kernel,
             {"h_ptr": "*bf16", "w_ptr": "*bf16", "keep_ptr": "*i8", "idx_ptr": "*i64", "x_ptr": "*bf16",
              "q_ptr": "*i8", "scale_ptr": "*fp32", "xo_ptr": "*fp16", "K": "i32", "C": "i32", "eps": "fp32",
              "offset": "fp32"},
-            {"WRITE_X": True, "BF16": True, "BK": 8192, "BC": 128},
-        ),
-        (
-            int4._quantize_split_kernel,
-            {"x_ptr": "*bf16", "keep_ptr": "*i8", "idx_ptr": "*i64", "q_ptr": "*i8", "scale_ptr": "*fp32",
-             "xo_ptr": "*fp16", "K": "i32", "C": "i32"},
-            {"BK": 1024, "BC": 128},
-        ),
+            {"NORM": norm, "WRITE_X": norm, "BF16": True, "BK": 1024, "BC": 128},
+        )
+        for norm in (False, True)
+    ] + [
         (
             int4._quantize_blocks_kernel,
             {"x_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": "*fp32", "M": "i32", "K": "i32"},
