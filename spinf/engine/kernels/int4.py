@@ -349,6 +349,25 @@ def _quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, M, K, BR: tl.constexpr):
 
 
 @triton.jit
+def store_blocks(y, q_ptr, scale_ptr, row, block, cols, mask, K, blocks):
+    """The block-scaled scheme's codes and scales of ``y`` [B, 128]: blocks ``block`` [B] of row ``row`` of an
+    [M, K] activation whose columns ``cols`` [B, 128] are live where ``mask``; what `_quantize_blocks_kernel` writes
+    for those blocks, for the row-wise kernels that make the activations and quantize them before they reach memory
+    (`spinf.engine.kernels.qwen_rows`)."""
+    y = tl.where(mask, y, 0.0)
+    amax = tl.max(tl.abs(y), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+    tl.store(scale_ptr + row * blocks + block, scale, mask=block < blocks)
+    tl.store(q_ptr + row * K + cols, _round_int8(y, scale[:, None]), mask=mask)
+
+
+def blocks_like(rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty codes int8 [rows, width] and scales fp32 [rows, ceil(width / 128)] of the block-scaled scheme."""
+    codes = torch.empty((rows, width), dtype=torch.int8, device=device)
+    return codes, torch.empty((rows, triton.cdiv(width, ACT_BLOCK)), dtype=torch.float32, device=device)
+
+
+@triton.jit
 def _round_int8(x, scale):
     """``round(x / scale)`` to nearest even, clamped to ±127, as int8, as torch's ``_to_int8`` computes it for
     finite values."""
@@ -455,8 +474,7 @@ def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     [M, ceil(K / 128)] per (token, 128-channel block, the last one narrower), ``amax / 127`` (1 for zeros)."""
     m, k = x.shape
     blocks = triton.cdiv(k, ACT_BLOCK)
-    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    scales = torch.empty((m, blocks), dtype=torch.float32, device=x.device)
+    q, scales = blocks_like(m, k, x.device)
     if m:
         _quantize_blocks_kernel[(triton.cdiv(m, 16), blocks)](x.contiguous(), q, scales, m, k, BR=16, num_warps=4)
     return q, scales

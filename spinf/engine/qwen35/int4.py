@@ -248,6 +248,24 @@ class Int4Linear(nn.Module):
         y = residual + self(x)
         return y if out is None else out.copy_(y)
 
+    def takes_blocks(self, x: torch.Tensor) -> bool:
+        """Whether this linear's product of rows like ``x`` reads the block-scaled scheme's codes and scales
+        (a GPU, the ``i8`` mode, no outlier channels), so the kernel that makes ``x`` can quantize them itself and
+        hand them to `blocks_plus`."""
+        return x.is_cuda and self.mode == "i8" and self.outliers is None and x.dtype in (torch.bfloat16, torch.float32)
+
+    def blocks_plus(
+        self,
+        xq: torch.Tensor,
+        x_scale: torch.Tensor,
+        dtype: torch.dtype,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``residual + self(x)`` (``self(x)`` without a residual) in ``dtype``, from x's block-scaled codes and
+        scales (`spinf.engine.kernels.int4.quantize_blocks`'s, made by the kernel that made x): `plus`'s bits."""
+        return self._i8_product(xq, x_scale, dtype, blocked=True, residual=residual, out=out)
+
     def normed(
         self, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -23,6 +23,7 @@ prefix's end); of a prefix a recurrent layer captures only that state and its la
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from spinf.engine.head import DEFAULT_HEAD, HEAD_ROWS, check_mode, head_logits, 
 from spinf.engine.layout import PassLayout
 from spinf.engine.qwen35.config import FULL, Qwen35Config, read_qwen35_config
 from spinf.engine.qwen35.gdn import GatedDeltaNet
-from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, norm_linear, rms_norm
+from spinf.engine.qwen35.ops import MakeLinear, float_linears, linear_plus, made_plus, norm_linear, rms_norm
 from spinf.engine.qwen35.plan import Qwen35Plan, kernel_config, pass_plan
 from spinf.errors import ModelError
 
@@ -124,7 +125,7 @@ class Attention(nn.Module):
         if rows_kernels and a.dtype == qkv.dtype:
             from spinf.engine.kernels.qwen_rows import sigmoid_mul
 
-            return linear_plus(self.wo, sigmoid_mul(a.reshape(n, -1, d), qkv[:, d:], d, 2 * d), h)
+            return made_plus(self.wo, functools.partial(sigmoid_mul, a.reshape(n, -1, d), qkv[:, d:], d, 2 * d), a, h)
         return linear_plus(self.wo, a.reshape(n, -1) * pointwise(torch.sigmoid, gate.reshape(n, -1)), h)
 
 
@@ -184,7 +185,7 @@ class DecoderLayer(nn.Module):
         if gate_up.is_cuda:  # one row-wise kernel (spinf.engine.kernels.qwen_rows)
             from spinf.engine.kernels.qwen_rows import silu_mul
 
-            return linear_plus(self.w_down, silu_mul(gate_up), residual, out)
+            return made_plus(self.w_down, functools.partial(silu_mul, gate_up), gate_up, residual, out)
         gate, up = gate_up.chunk(2, dim=-1)
         return linear_plus(self.w_down, pointwise(F.silu, gate) * up, residual, out)
 

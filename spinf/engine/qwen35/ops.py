@@ -6,6 +6,7 @@ float linears (`Dense`, made by a `MakeLinear` factory: `float_linears` here, th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -67,6 +68,22 @@ def linear_plus(
     else:
         y = residual + linear(x)
     return y if out is None else out.copy_(y)
+
+
+def made_plus(
+    linear: nn.Module,
+    make: Callable[..., Any],
+    like: torch.Tensor,
+    residual: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`linear_plus` of the rows ``make()`` gives; where the linear reads block-scaled int8 activations
+    (`spinf.engine.qwen35.int4.Int4Linear.takes_blocks`, rows like ``like``), ``make(blocks=True)`` gives their
+    codes and scales instead, from the same kernel, so the rows never reach memory: the same bits."""
+    if (takes := getattr(linear, "takes_blocks", None)) is not None and takes(like):
+        if residual is None or residual.dtype == like.dtype:
+            return linear.blocks_plus(*make(blocks=True), like.dtype, residual, out)
+    return linear_plus(linear, make(), residual, out)
 
 
 def norm_linear(

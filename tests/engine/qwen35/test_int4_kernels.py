@@ -192,6 +192,36 @@ def test_a_residual_added_in_the_product_is_torchs_sum_and_lands_in_the_given_ro
     assert torch.equal(kernel.plus(x, in_place, out=in_place), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_block_scaled_linear_takes_codes_made_elsewhere_with_the_same_bits(dtype):
+    """`Int4Linear.blocks_plus` of `quantize_blocks`' codes and scales is `plus` of the rows; `made_plus` asks the
+    maker for codes exactly where the linear reads block-scaled int8 (a GPU, i8, no outlier channels)."""
+    from spinf.engine.qwen35.ops import made_plus
+
+    width = 224  # blocks of 128 and 96
+    _, kernel = twins([packed(40, width, 31)], None)
+    x = activations(12, width, 32).to(dtype).to(DEVICE)
+    residual = (torch.randn(12, 40, generator=torch.Generator().manual_seed(33)) * 4).to(dtype).to(DEVICE)
+    want = kernel.plus(x, residual)
+    assert torch.equal(kernel.blocks_plus(*quantize_blocks(x), dtype, residual), want)
+    assert torch.equal(kernel.blocks_plus(*quantize_blocks(x), dtype), kernel._gpu_i8(x))
+    asked = []
+
+    def make(blocks=False):
+        asked.append(blocks)
+        return quantize_blocks(x) if blocks else x
+
+    assert torch.equal(made_plus(kernel, make, x, residual), want)
+    assert asked == [kernel.takes_blocks(x)] == [DEVICE.type == "cuda"]
+    kernel.takes_blocks = lambda rows: True  # as on a GPU
+    out = torch.empty_like(residual)
+    assert made_plus(kernel, make, x, residual, out) is out and torch.equal(out, want) and asked[-1] is True
+    made_plus(kernel, make, x, residual.double())  # a residual of another dtype: no fused sum, so the rows
+    assert asked[-1] is False
+    _, split = twins([packed(40, width, 31)], [5, 77])
+    assert not split.takes_blocks(x)  # the split scheme quantizes its own rows
+
+
 def test_a_linear_without_a_fused_sum_adds_the_residual_apart():
     """`linear_plus` on a float linear: the two ops, into ``out`` when given; no residual, the linear alone."""
     from spinf.engine.qwen35.ops import Dense, linear_plus

@@ -17,24 +17,30 @@ def cases() -> list:
     """(kernel, signature, constants): each kernel with the constants the engine launches it with."""
     from spinf.engine.kernels import int4, qwen_rows
 
+    rows = {"inner": "i32", "gu_row": "i32"}
     found = [
         (
             qwen_rows._silu_mul_kernel,
-            {"gu_ptr": "*bf16", "out_ptr": "*bf16", "inner": "i32", "gu_row": "i32"},
-            {"BF16": True, "BLOCK": 256},
-        ),
+            {"gu_ptr": "*bf16", "out_ptr": out, "scale_ptr": "*fp32", **rows},
+            {"BF16": True, "BLOCKS": blocks, "QUANT": quant},
+        )
+        for out, quant, blocks in (("*bf16", False, 2), ("*i8", True, 8))
+    ] + [
         (
             qwen_rows._gated_norm_kernel,
             {"o_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "z_row": "i32",
              "heads": "i32", "dv": "i32", "eps": "fp32"},
             {"HEADS": 16, "BF16": True, "BLOCK": 128},
         ),
+    ] + [
         (
             qwen_rows._sigmoid_mul_kernel,
-            {"a_ptr": "*bf16", "g_ptr": "*bf16", "out_ptr": "*bf16", "width": "i32", "g_row": "i32", "d": "i32",
-             "head_stride": "i32"},
-            {"BF16": True, "BLOCK": 1024},
-        ),
+            {"a_ptr": "*bf16", "g_ptr": "*bf16", "out_ptr": out, "scale_ptr": "*fp32", "width": "i32", "g_row": "i32",
+             "d": "i32", "head_stride": "i32"},
+            {"BF16": True, "BLOCKS": 8, "QUANT": quant},
+        )  # fmt: skip
+        for out, quant in (("*bf16", False), ("*i8", True))
+    ] + [
         (
             qwen_rows._qk_rope_kernel,
             {"x_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",

@@ -185,3 +185,35 @@ def test_qk_rope_and_the_gate_are_the_attentions_torch_form_and_row_wise():
         qk_rope(on[0], heads + 3, 2 * d, d, on[1], on[3], on[4], 1e-6)  # past the rows' end
     with pytest.raises(ValueError, match="do not hold"):
         sigmoid_mul(a.to(DEVICE), on[0][:, : heads * d], d, 2 * d)
+
+
+def test_the_producers_of_block_scaled_rows_quantize_them_as_quantize_blocks_does():
+    """``blocks=True``: SiLU·up and the attention gate write their rows' block-scaled int8 codes and scales (what
+    down_proj and o_proj read) instead of the rows: `quantize_blocks` of the rows they write otherwise, bit for bit,
+    row by row; the last block narrower where the width is no multiple of 128."""
+    from spinf.engine.kernels.int4 import quantize_blocks
+    from spinf.engine.kernels.qwen_rows import sigmoid_mul, silu_mul
+
+    gen = torch.Generator().manual_seed(8)
+    n = 6
+    gate_up = (torch.randn(n, 2 * 300, generator=gen) * 3).bfloat16().to(DEVICE)  # three blocks, the last of 44
+    gate_up[2] = 0  # a zero row: scale 1, codes 0
+    wide = (torch.randn(n, 2 * 2100, generator=gen) * 3).to(DEVICE)  # fp32, and more than one program of columns
+    d, att = 192, 3  # 576 columns: five blocks, the last of 64
+    a = torch.randn(n, att, d, generator=gen).bfloat16().to(DEVICE)
+    g = (torch.randn(n, 2 * att * d, generator=gen) * 2).bfloat16().to(DEVICE)
+    cases = {
+        "silu_mul": lambda rows, **kw: silu_mul(gate_up[rows], **kw),
+        "silu_mul, fp32": lambda rows, **kw: silu_mul(wide[rows], **kw),
+        "sigmoid_mul": lambda rows, **kw: sigmoid_mul(a[rows], g[rows, d:], d, 2 * d, **kw),
+    }
+    for name, make in cases.items():
+        every = slice(None)
+        want_q, want_s = quantize_blocks(make(every))
+        q, s = make(every, blocks=True)
+        assert (q.dtype, s.dtype, q.shape, s.shape) == (torch.int8, torch.float32, want_q.shape, want_s.shape), name
+        assert torch.equal(q, want_q) and torch.equal(s, want_s), name
+        q2, s2 = make(slice(1, 4), blocks=True)
+        assert torch.equal(q2, q[1:4]) and torch.equal(s2, s[1:4]), name
+        assert make(slice(0, 0), blocks=True)[0].shape == (0, q.shape[1]), name
+    assert torch.equal(silu_mul(gate_up, blocks=True)[1][2].cpu(), torch.ones(3))
