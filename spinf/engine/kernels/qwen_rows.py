@@ -59,6 +59,8 @@ QUANT_COLUMNS, QUANT_WARPS = 1024, 2
 GATED_HEADS = 16  # value heads per program of the gated norm (the 27B's 48: three programs a row)
 ROPE_HEADS = 8  # attention heads per program of the q/k norm and rope
 GATE_COLUMNS = 1024  # columns per program of the attention output's gate
+# warps per program of the other kernels (Triton's default); benchmarks/qwen_rows.py times the alternatives
+QK_WARPS = GATED_WARPS = ROPE_WARPS = GATE_WARPS = 4
 _ACT = tl.constexpr(ACT_BLOCK)  # the kernels' name for it (a jit function reads only constexpr globals)
 
 
@@ -202,7 +204,7 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
         block = min(GATED_HEADS, triton.next_power_of_2(heads))
         _gated_norm_kernel[(n, triton.cdiv(heads, block))](
             o, z, weight.contiguous(), out, _rows(z, "gate rows"), heads, dv, eps,
-            HEADS=block, BF16=o.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(dv),
+            HEADS=block, BF16=o.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(dv), num_warps=GATED_WARPS,
         )  # fmt: skip
     return out
 
@@ -263,7 +265,7 @@ def qk_rope(
         _qk_rope_kernel[(n, triton.cdiv(heads, block))](
             x, weight.contiguous(), cos, sin, out, _rows(x, "q/k rows"), head_stride, _rows(cos, "rope table"),
             heads, d, rotary, eps, scale,
-            HEADS=block, BF16=x.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(d),
+            HEADS=block, BF16=x.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(d), num_warps=ROPE_WARPS,
         )  # fmt: skip
     return out
 
@@ -297,7 +299,7 @@ def sigmoid_mul(a: torch.Tensor, gate: torch.Tensor, d: int, head_stride: int, *
     if n:
         _sigmoid_mul_kernel[(n, triton.cdiv(heads * d, GATE_COLUMNS))](
             a, gate, out, out if scales is None else scales, heads * d, _rows(gate, "gate rows"), d, head_stride,
-            BF16=a.dtype == torch.bfloat16, BLOCKS=GATE_COLUMNS // ACT_BLOCK, QUANT=blocks,
+            BF16=a.dtype == torch.bfloat16, BLOCKS=GATE_COLUMNS // ACT_BLOCK, QUANT=blocks, num_warps=GATE_WARPS,
         )  # fmt: skip
     return (out, scales) if blocks else out
 
@@ -350,6 +352,7 @@ def gdn_inputs(
         _qk_kernel[(n, key_heads)](
             mixed, q, k, channels, key_dim, dk**-0.5, eps,
             KEY_HEADS=key_heads, REPEAT=value_heads // key_heads, DK=dk, BF16=bf16, BLOCK=triton.next_power_of_2(dk),
+            num_warps=QK_WARPS,
         )  # fmt: skip
         _gates_kernel[(n,)](
             b, a, dt_bias.contiguous(), a_log.contiguous(), beta, g, decay, _rows(b, "gates' b"), _rows(a, "gates' a"),
