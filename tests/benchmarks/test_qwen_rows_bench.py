@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 
-def test_the_sweep_tries_each_setting_against_the_engines(tmp_path, monkeypatch, capsys):
+def test_the_sweep_tries_each_setting_against_the_engines(tmp_path):
     from benchmarks import qwen_rows as bench
     from spinf.engine.kernels import qwen_rows
 
