@@ -55,6 +55,8 @@ PRODUCT_TILES = (
     Tile(128, 64, 4, 4, persistent=True),
     Tile(256, 128, 8, 3, persistent=True),
     Tile(128, 256, 8, 3, persistent=True, group=16),
+    Tile(64, 128, 4, 3, persistent=True, per_sm=2),
+    Tile(128, 128, 8, 4, persistent=True, per_sm=2),
 )
 
 
@@ -66,7 +68,8 @@ def linear(out: int, width: int, split: bool, device: torch.device) -> Int4Linea
 
 
 def label(tile: Tile) -> str:
-    return f"{tile.rows}×{tile.cols} w{tile.warps} s{tile.stages}" + (f" p g{tile.group}" if tile.persistent else "")
+    persistent = f" p g{tile.group}" + (f" ×{tile.per_sm}/SM" if tile.per_sm > 1 else "") if tile.persistent else ""
+    return f"{tile.rows}×{tile.cols} w{tile.warps} s{tile.stages}{persistent}"
 
 
 def probe(rows: list[int]) -> list[str]:

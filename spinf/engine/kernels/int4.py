@@ -115,7 +115,8 @@ class Tile:
 
     ``persistent``: one program per SM walks the tiles in groups of ``group`` row tiles (the weight's columns stay
     in L2 while those rows pass) and reads both operands through TMA descriptors (Hopper; any card through the
-    interpreter); the sums and the epilogue are the same, so are the bits."""
+    interpreter); the sums and the epilogue are the same, so are the bits. ``per_sm`` programs share each SM (the
+    interpreter: 4 × ``per_sm`` programs)."""
 
     rows: int
     cols: int
@@ -123,12 +124,19 @@ class Tile:
     stages: int
     persistent: bool = False
     group: int = 8
+    per_sm: int = 1  # persistent programs per SM (two: one program's loads overlap the other's products)
 
 
 SMALL_ROWS = 256  # up to this many rows, the small tiles
 # the measured tiles' shared memory (Triton's, sm_90: 192 KiB for the large split tile) needs a Hopper- or
 # A100-sized opt-in (228 / 164 KiB); a card with less (Ada, Ampere's consumer parts: 99 KiB) gets tiles that fit it
 LARGE_TILE_SHARED = 160 * 2**10
+
+
+# the block-scaled products past SMALL_ROWS on Hopper: two programs of 64 × 128 per SM. On an H100 (ab probe,
+# RESULTS.md) at 16,384 rows o_proj took 1.22 ms against 1.35 at one 128 × 128 program per SM, down_proj 3.36
+# against 3.61, and down_proj at 768 rows 0.165 against 0.183
+BLOCKED_PERSISTENT = Tile(64, 128, 4, 3, persistent=True, per_sm=2)
 
 
 def product_tile(rows: int, blocked: bool, device: torch.device | None = None) -> Tile:
@@ -140,7 +148,7 @@ def product_tile(rows: int, blocked: bool, device: torch.device | None = None) -
     if not _large_tiles(device):
         return Tile(64, 64, 4, 3) if rows <= SMALL_ROWS or blocked else Tile(128, 128, 8, 3)
     if rows > SMALL_ROWS and _tma(device):
-        return Tile(128, 128, 8, 4, persistent=True) if blocked else Tile(128, 256, 8, 4, persistent=True)
+        return BLOCKED_PERSISTENT if blocked else Tile(128, 256, 8, 4, persistent=True)
     if blocked:
         return Tile(64, 64, 4, 4) if rows <= SMALL_ROWS else Tile(64, 128, 4, 4)
     return Tile(64, 128, 4, 4) if rows <= SMALL_ROWS else Tile(128, 256, 8, 4)
@@ -324,7 +332,7 @@ def int8_mm(
     )  # fmt: skip
     if tile.persistent and _tma_ready(a, w):
         tiles = triton.cdiv(m, tile.rows) * triton.cdiv(n, tile.cols)
-        programs = min(tiles, _sms(a.device.index or 0) if a.is_cuda else 4)
+        programs = min(tiles, tile.per_sm * (_sms(a.device.index or 0) if a.is_cuda else 4))
         a_desc = TensorDescriptor(a, [m, k], [k, 1], [tile.rows, ACT_BLOCK])
         w_desc = TensorDescriptor(w, [n, k], [k, 1], [tile.cols, ACT_BLOCK])
         _int8_tma_kernel[(programs,)](
@@ -342,23 +350,23 @@ def _quantize_blocks_kernel(x_ptr, q_ptr, scale_ptr, M, K, BR: tl.constexpr):
     k = tl.program_id(1) * 128 + tl.arange(0, 128)
     mask = (r < M)[:, None] & (k < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-    tl.store(scale_ptr + r * tl.num_programs(1) + tl.program_id(1), scale, mask=r < M)
-    tl.store(q_ptr + r[:, None] * K + k[None, :], _round_int8(x, scale[:, None]), mask=mask)
+    store_blocks(
+        x, q_ptr + r[:, None] * K + k[None, :], scale_ptr + r * tl.num_programs(1) + tl.program_id(1), mask, r < M
+    )
 
 
 @triton.jit
-def store_blocks(y, q_ptr, scale_ptr, row, block, cols, mask, K, blocks):
-    """The block-scaled scheme's codes and scales of ``y`` [B, 128]: blocks ``block`` [B] of row ``row`` of an
-    [M, K] activation whose columns ``cols`` [B, 128] are live where ``mask``; what `_quantize_blocks_kernel` writes
-    for those blocks, for the row-wise kernels that make the activations and quantize them before they reach memory
-    (`spinf.engine.kernels.qwen_rows`)."""
+def store_blocks(y, q_ptrs, scale_ptrs, mask, scale_mask):
+    """The block-scaled scheme's codes and scales of ``y`` [B, 128] (B blocks of 128 columns, of one row or of B
+    rows): each block's scale ``amax / 127`` over its live columns (``mask``; 1 for a block of zeros) to
+    ``scale_ptrs`` [B] where ``scale_mask``, its codes to ``q_ptrs`` [B, 128] where ``mask``. `quantize_blocks`
+    writes through it, and so do the row-wise kernels that make the activations and quantize them before they
+    reach memory (`spinf.engine.kernels.qwen_rows`)."""
     y = tl.where(mask, y, 0.0)
     amax = tl.max(tl.abs(y), axis=1)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-    tl.store(scale_ptr + row * blocks + block, scale, mask=block < blocks)
-    tl.store(q_ptr + row * K + cols, _round_int8(y, scale[:, None]), mask=mask)
+    tl.store(scale_ptrs, scale, mask=scale_mask)
+    tl.store(q_ptrs, _round_int8(y, scale[:, None]), mask=mask)
 
 
 def blocks_like(rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,7 +153,13 @@ def _silu_mul_kernel(
     up = tl.load(gu_ptr + row * gu_row + inner + cols, mask=mask, other=0.0).to(tl.float32)
     out = _round_to(_round_to(_silu(gate), BF16) * up, BF16)
     if QUANT:
-        store_blocks(out, out_ptr, scale_ptr, row, block, cols, mask, inner, tl.cdiv(inner, _ACT))
+        store_blocks(
+            out,
+            out_ptr + row * inner + cols,
+            scale_ptr + row * tl.cdiv(inner, _ACT) + block,
+            mask,
+            block < tl.cdiv(inner, _ACT),
+        )
     else:
         tl.store(out_ptr + row * inner + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -282,7 +288,13 @@ def _sigmoid_mul_kernel(
     g = tl.load(g_ptr + row * g_row + (cols // d) * head_stride + cols % d, mask=mask, other=0.0).to(tl.float32)
     out = _round_to(a * _round_to(tl.math.div_rn(1.0, 1.0 + tl.exp(-g)), BF16), BF16)
     if QUANT:
-        store_blocks(out, out_ptr, scale_ptr, row, block, cols, mask, width, tl.cdiv(width, _ACT))
+        store_blocks(
+            out,
+            out_ptr + row * width + cols,
+            scale_ptr + row * tl.cdiv(width, _ACT) + block,
+            mask,
+            block < tl.cdiv(width, _ACT),
+        )
     else:
         tl.store(out_ptr + row * width + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 

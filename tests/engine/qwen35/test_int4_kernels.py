@@ -158,6 +158,8 @@ def test_every_tile_and_a_kept_int8_weight_give_the_same_bits(split):
         Tile(16, 32, 4, 2, persistent=True, group=2),
         Tile(64, 64, 4, 3, persistent=True),
         Tile(128, 128, 8, 3, persistent=True, group=1),
+        Tile(16, 16, 4, 2, persistent=True, group=2, per_sm=2),  # 8 programs over 20 tiles: some walk 3, some 2
+        kernels.BLOCKED_PERSISTENT,
     ):
         assert not tile.persistent or kernels._tma_ready(xq, kernel._gpu_weight(int8=True))
         got = int8_mm(xq, x_scale, kernel._gpu_weight(int8=True), kernel.w_scale, tile=tile, **scheme)
@@ -272,7 +274,7 @@ def test_a_non_finite_activation_gets_code_zero_and_leaves_the_other_rows_alone(
 
 def test_product_tiles_fit_a_card_with_less_shared_memory(monkeypatch):
     assert product_tile(4096, False) == Tile(128, 256, 8, 4, persistent=True)
-    assert product_tile(4096, True) == Tile(128, 128, 8, 4, persistent=True)
+    assert product_tile(4096, True) == Tile(64, 128, 4, 3, persistent=True, per_sm=2)
     assert product_tile(16, True) == Tile(64, 64, 4, 4)
     monkeypatch.setattr(kernels, "_tma", lambda device: False)  # an A100: the pointer tiles
     assert product_tile(4096, False) == Tile(128, 256, 8, 4) and product_tile(4096, True) == Tile(64, 128, 4, 4)
