@@ -133,9 +133,10 @@ SMALL_ROWS = 256  # up to this many rows, the small tiles
 LARGE_TILE_SHARED = 160 * 2**10
 
 
-# the block-scaled products past SMALL_ROWS on Hopper: two programs of 64 × 128 per SM. On an H100 (ab probe,
-# RESULTS.md) at 16,384 rows o_proj took 1.22 ms against 1.35 at one 128 × 128 program per SM, down_proj 3.36
-# against 3.61, and down_proj at 768 rows 0.165 against 0.183
+# the block-scaled products past SMALL_ROWS on Hopper: two programs of 64 × 128 per SM. On an H100
+# (benchmarks/int4_linears.py, RESULTS.md) o_proj at 16,384 rows took 1.20 ms against 1.35 at one 128 × 128
+# program per SM; down_proj at 16,384 rows came out 3.63 against 3.54 in that run and 3.36 against 3.61 in a probe
+# an hour earlier (run-to-run noise); at 768 rows the new tile was the fastest tried for both
 BLOCKED_PERSISTENT = Tile(64, 128, 4, 3, persistent=True, per_sm=2)
 
 
