@@ -56,12 +56,16 @@ def stable_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def in_row_blocks(x: torch.Tensor, product, rows: int = GPU_BLOCK_ROWS) -> torch.Tensor:
     """``product`` (a row-wise function of a 2-D tensor, a GEMM say) on blocks of exactly ``rows`` rows of ``x``,
-    the last one padded with zero rows: every call of ``product`` has the same shape whatever ``x``'s row count."""
+    the last one padded with zero rows: every call of ``product`` has the same shape (and a contiguous block)
+    whatever ``x``'s row count. Only the last block's rows are copied; the whole blocks are ``x``'s own rows."""
     count = x.shape[0]
-    padded = -(-count // rows) * rows
-    if padded != count:
-        x = torch.cat([x, x.new_zeros((padded - count, x.shape[1]))])
-    return torch.cat([product(block) for block in x.split(rows)])[:count]
+    whole = count - count % rows
+    parts = [product(x[start : start + rows].contiguous()) for start in range(0, whole, rows)]
+    if whole != count or not parts:
+        last = x.new_zeros((rows, x.shape[1]))
+        last[: count - whole] = x[whole:]
+        parts.append(product(last)[: count - whole])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 __all__ = ["GEMM_ROWS", "GPU_BF16_MIN_ROWS", "GPU_BLOCK_ROWS", "gpu_mm", "in_row_blocks", "row_stable_mm", "stable_mm"]

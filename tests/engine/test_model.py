@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spinf.engine.attention import AttentionPlan
-from spinf.engine.gemm import GEMM_ROWS, row_stable_mm
+from spinf.engine.gemm import GEMM_ROWS, in_row_blocks, row_stable_mm
 from spinf.engine.gemma4.config import read_text_config
 from spinf.engine.gemma4.loading import load_gemma4_text
 
@@ -50,6 +50,29 @@ def test_gemm_rows_do_not_depend_on_the_row_count_or_position(threads):
                 assert torch.equal(row_stable_mm(x[offset : offset + rows], weight), full[offset : offset + rows])
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 24, 27])
+def test_row_blocks_give_every_product_call_one_shape_and_copy_only_the_last_block(count):
+    """`in_row_blocks` (the GPU's fixed-row-block products): every call gets exactly ``rows`` contiguous rows, the
+    last block padded with zeros; the whole blocks are ``x``'s own rows (no copy of ``x``), even from a strided
+    view, and the rows come back in order."""
+    x = torch.arange(30 * 6, dtype=torch.float32).reshape(30, 6)[:count, ::2]  # a strided view
+    seen = []
+
+    def product(block: torch.Tensor) -> torch.Tensor:
+        seen.append((tuple(block.shape), block.is_contiguous(), block.data_ptr()))
+        return block * 2 + 1
+
+    got = in_row_blocks(x, product, rows=8)
+    assert torch.equal(got, x * 2 + 1)
+    assert {shape for shape, _, _ in seen} == {(8, 3)} and all(contiguous for _, contiguous, _ in seen)
+    assert len(seen) == max(1, -(-count // 8))
+    dense = torch.arange(30 * 3, dtype=torch.float32).reshape(30, 3)[:count]
+    seen.clear()
+    assert torch.equal(in_row_blocks(dense, product, rows=8), dense * 2 + 1)
+    whole = count // 8
+    assert [ptr for _, _, ptr in seen[:whole]] == [dense[8 * b :].data_ptr() for b in range(whole)]
 
 
 def test_both_serialisations_of_the_per_layer_overrides_give_the_same_config():
