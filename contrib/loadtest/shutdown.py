@@ -44,33 +44,37 @@ HEADERS = {"Content-Type": "application/json"}
 LOSSES = ("reset", "closed without an answer", "other error")
 
 
-def _attempt(port: int, payload: bytes) -> str:
-    """One call on a new connection: what came of it (an answer's status, ``refused``, or a loss)."""
+def _attempt(port: int, payload: bytes) -> tuple[str, str]:
+    """One call on a new connection: what came of it (an answer's status, ``refused``, or a loss) and the step it
+    was at (``connect``, ``send`` or ``read``: where a loss happened)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    step = "connect"
     try:
         try:
             conn.connect()
         except ConnectionRefusedError:
-            return "refused"
+            return "refused", step
+        step = "send"
         conn.request("POST", "/v1/score", body=payload, headers=HEADERS)
+        step = "read"
         answer = conn.getresponse()
         data = answer.read()
     except ConnectionResetError:
-        return "reset"
+        return "reset", step
     except http.client.RemoteDisconnected:
-        return "closed without an answer"
+        return "closed without an answer", step
     except (OSError, http.client.HTTPException):
-        return "other error"
+        return "other error", step
     finally:
         conn.close()
     if answer.status != 503:
-        return str(answer.status)
+        return str(answer.status), step
     try:
         code = json.loads(data)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         code = None
     enveloped = code == "model_unavailable" and (answer.getheader("Retry-After") or "").isdigit()
-    return "503 enveloped" if enveloped else "503 bare"
+    return ("503 enveloped" if enveloped else "503 bare"), step
 
 
 def shutdown(folder: Path, *, clients: int, load_s: float = 3.0, shutdown_s: float = 30.0) -> dict:
@@ -82,12 +86,18 @@ def shutdown(folder: Path, *, clients: int, load_s: float = 3.0, shutdown_s: flo
     lock, start = threading.Lock(), threading.Barrier(clients + 1)
     give_up = time.monotonic() + load_s + shutdown_s + 30
 
+    signalled = float("inf")
+    lost: list[str] = []  # each loss: its kind, its step, and when it ended against SIGTERM
+
     def client() -> None:
         start.wait()
         while time.monotonic() < give_up:
-            outcome = _attempt(server.port, payload)
+            outcome, step = _attempt(server.port, payload)
+            ended = time.monotonic() - signalled
             with lock:
                 outcomes[outcome] += 1
+                if outcome in LOSSES:
+                    lost.append(f"{outcome} at {step}, {ended:+.2f} s" if ended > -1e9 else f"{outcome} at {step}")
             if outcome == "refused":
                 return
 
@@ -101,7 +111,7 @@ def shutdown(folder: Path, *, clients: int, load_s: float = 3.0, shutdown_s: flo
     exit_s = time.monotonic() - signalled
     for thread in threads:
         thread.join()
-    return {"clients": clients, "outcomes": dict(outcomes), "exit_code": exit_code, "exit_s": exit_s}
+    return {"clients": clients, "outcomes": dict(outcomes), "exit_code": exit_code, "exit_s": exit_s, "lost": lost}
 
 
 def deadline(folder: Path, *, shutdown_s: float = 2.0) -> dict:
@@ -206,6 +216,9 @@ def report(shut: list[dict], cut: dict | None, left: dict | None) -> str:
             f"| {figures['clients']} | {answers} | {outcomes.get('refused', 0)} | {lost} | "
             f"{figures['exit_code']} | {figures['exit_s']:.2f} |"
         )
+    for figures in shut:
+        if figures.get("lost"):  # where each loss happened, against SIGTERM (before it: negative)
+            rows.append(f"\n{figures['clients']} clients, losses: " + "; ".join(figures["lost"][:20]))
     if cut is not None:
         status, code, retry = cut["answer"]
         rows += [
