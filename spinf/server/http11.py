@@ -30,8 +30,10 @@ What this module owns, beside that:
   cancelling its accept loop and leaves the socket listening until the process exits, so the connections the
   kernel accepted meanwhile were reset with their requests sent, and its idle task closed every connection without a
   request under way, one whose request was arriving among them. Here, once the shutdown trigger returns, the
-  connections waiting in the kernel's queue are taken and the socket is closed in the same step (nothing in between
-  can let another in: a later client is refused before it sends anything), and a connection that has not sent its
+  connections waiting in the kernel's queue are taken and the socket is closed in the same step, before their tasks
+  start (a later client is refused before it sends anything). The kernel completes handshakes on its own, so one
+  that completes between the last accept and the close is still reset: that window is the two calls apart, where
+  starting the queued connections' tasks first had widened it to their count. A connection that has not sent its
   first request yet, or has part of its next one, is given `FIRST_REQUEST_S` to send it and gets its answer (a 503
   once the server is stopping); one idle between requests is closed at once, as Hypercorn closes it.
 
@@ -285,9 +287,10 @@ async def serve(
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
             for sock, listener in zip(listening, listeners, strict=True):  # no checkpoint until terminated is set
-                for stream in _queued(sock):
+                queued = _queued(sock)
+                listener.socket.close()  # at once: one that completes its handshake before this is reset
+                for stream in queued:
                     connections.start_soon(run, stream)
-                listener.socket.close()
             await context.terminated.set()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
