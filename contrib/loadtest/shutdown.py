@@ -86,18 +86,16 @@ def shutdown(folder: Path, *, clients: int, load_s: float = 3.0, shutdown_s: flo
     lock, start = threading.Lock(), threading.Barrier(clients + 1)
     give_up = time.monotonic() + load_s + shutdown_s + 30
 
-    signalled = float("inf")
-    lost: list[str] = []  # each loss: its kind, its step, and when it ended against SIGTERM
+    lost: list[tuple[str, str, float]] = []  # each loss: its kind, its step, when it ended
 
     def client() -> None:
         start.wait()
         while time.monotonic() < give_up:
             outcome, step = _attempt(server.port, payload)
-            ended = time.monotonic() - signalled
             with lock:
                 outcomes[outcome] += 1
                 if outcome in LOSSES:
-                    lost.append(f"{outcome} at {step}, {ended:+.2f} s" if ended > -1e9 else f"{outcome} at {step}")
+                    lost.append((outcome, step, time.monotonic()))
             if outcome == "refused":
                 return
 
@@ -111,7 +109,8 @@ def shutdown(folder: Path, *, clients: int, load_s: float = 3.0, shutdown_s: flo
     exit_s = time.monotonic() - signalled
     for thread in threads:
         thread.join()
-    return {"clients": clients, "outcomes": dict(outcomes), "exit_code": exit_code, "exit_s": exit_s, "lost": lost}
+    where = [f"{kind} at {step}, {ended - signalled:+.2f} s" for kind, step, ended in lost]  # against SIGTERM
+    return {"clients": clients, "outcomes": dict(outcomes), "exit_code": exit_code, "exit_s": exit_s, "lost": where}
 
 
 def deadline(folder: Path, *, shutdown_s: float = 2.0) -> dict:

@@ -143,6 +143,14 @@ def _blocks_of(BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def _store_row_blocks(y, q_ptr, scale_ptr, row, block, cols, mask, width):
+    """`store_blocks` for this program's column blocks ``block`` (columns ``cols``, live where ``mask``) of row
+    ``row`` of a [rows, width] activation: codes int8 [rows, width], scales [rows, ceil(width / 128)]."""
+    blocks = tl.cdiv(width, _ACT)
+    store_blocks(y, q_ptr + row * width + cols, scale_ptr + row * blocks + block, mask, block < blocks)
+
+
+@triton.jit
 def _silu_mul_kernel(
     gu_ptr, out_ptr, scale_ptr, inner, gu_row, BF16: tl.constexpr, BLOCKS: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
@@ -153,13 +161,7 @@ def _silu_mul_kernel(
     up = tl.load(gu_ptr + row * gu_row + inner + cols, mask=mask, other=0.0).to(tl.float32)
     out = _round_to(_round_to(_silu(gate), BF16) * up, BF16)
     if QUANT:
-        store_blocks(
-            out,
-            out_ptr + row * inner + cols,
-            scale_ptr + row * tl.cdiv(inner, _ACT) + block,
-            mask,
-            block < tl.cdiv(inner, _ACT),
-        )
+        _store_row_blocks(out, out_ptr, scale_ptr, row, block, cols, mask, inner)
     else:
         tl.store(out_ptr + row * inner + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -288,13 +290,7 @@ def _sigmoid_mul_kernel(
     g = tl.load(g_ptr + row * g_row + (cols // d) * head_stride + cols % d, mask=mask, other=0.0).to(tl.float32)
     out = _round_to(a * _round_to(tl.math.div_rn(1.0, 1.0 + tl.exp(-g)), BF16), BF16)
     if QUANT:
-        store_blocks(
-            out,
-            out_ptr + row * width + cols,
-            scale_ptr + row * tl.cdiv(width, _ACT) + block,
-            mask,
-            block < tl.cdiv(width, _ACT),
-        )
+        _store_row_blocks(out, out_ptr, scale_ptr, row, block, cols, mask, width)
     else:
         tl.store(out_ptr + row * width + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
