@@ -190,4 +190,7 @@ def fill_padded(target: torch.Tensor, a: np.ndarray) -> None:
 
 
 def _copy(target: torch.Tensor, a: np.ndarray) -> None:
-    target.copy_(torch.from_numpy(a).pin_memory(), non_blocking=True)
+    """``a`` into the device buffer ``target`` through reused pinned memory, not blocking (`spinf.engine.pinned`)."""
+    from spinf.engine.pinned import stager
+
+    stager(target.device).copy_into(target, a)

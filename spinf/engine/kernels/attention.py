@@ -290,11 +290,13 @@ def device_plan(arrays: PlanArrays, device: torch.device) -> KernelPlan:
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device``; to a GPU through pinned memory without blocking the host."""
-    t = torch.from_numpy(a)
+    """A host array on ``device``; to a GPU through reused pinned memory without blocking the host
+    (`spinf.engine.pinned`)."""
     if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+        from spinf.engine.pinned import stager
+
+        return stager(device).to_device(a)
+    return torch.from_numpy(a).to(device)
 
 
 def tree_attention_kernel(
