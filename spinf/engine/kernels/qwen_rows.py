@@ -41,6 +41,8 @@ decode step both run these kernels, so a decoded row keeps the bits it has as a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -332,11 +334,17 @@ def gdn_inputs(
     dk: int,
     dv: int,
     eps: float = 1e-6,
+    empty: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """q, k [n, Hv, dk], v [n, Hv, dv] (a view of the convolution's output), g, beta and the decay [n, Hv] of the
     rows whose convolution reads ``taps`` [n, kernel] (oldest first) from ``rows`` (the pre-convolution q/k/v rows:
     tap ``t`` reads row ``t - 1``, tap 0 a zero row, the missing predecessor), with ``conv`` [channels, kernel] and
-    the gates' inputs ``b``, ``a`` [n, Hv]: what `GatedDeltaNet.recurrence_inputs` gives, with the decay beside it."""
+    the gates' inputs ``b``, ``a`` [n, Hv]: what `GatedDeltaNet.recurrence_inputs` gives, with the decay beside it.
+
+    ``empty(name, shape, dtype)``, when given, is where each output goes (``mixed``, the convolution's output that v
+    is a view of, then ``q``, ``k``, ``beta``, ``g``, ``decay``): a contiguous tensor of that shape and dtype on
+    the rows' device, the CUDA graphs' buffers (`spinf.engine.qwen35.graphs.Static.place`), which the recurrence then
+    reads with no copy between. Without it each is a new tensor."""
     n, kernel = taps.shape
     channels = conv.shape[0]
     key_dim = key_heads * dk
@@ -345,12 +353,22 @@ def gdn_inputs(
     if value_heads % key_heads:
         raise ValueError(f"{value_heads} value heads do not share {key_heads} key heads evenly")
     bf16 = rows.dtype == torch.bfloat16
-    mixed = torch.empty((n, channels), dtype=rows.dtype, device=rows.device)
-    q = torch.empty((n, value_heads, dk), dtype=rows.dtype, device=rows.device)
-    k = torch.empty_like(q)
-    beta = torch.empty((n, value_heads), dtype=b.dtype, device=b.device)
-    g = torch.empty((n, value_heads), dtype=torch.float32, device=b.device)
-    decay = torch.empty_like(g)
+    made = empty or (lambda name, shape, dtype: torch.empty(shape, dtype=dtype, device=rows.device))
+
+    def out(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        tensor = made(name, shape, dtype)
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise ValueError(
+                f"the {name} buffer is {tuple(tensor.shape)} {tensor.dtype}, not contiguous {shape} {dtype}"
+            )
+        return tensor
+
+    mixed = out("mixed", (n, channels), rows.dtype)
+    q = out("q", (n, value_heads, dk), rows.dtype)
+    k = out("k", (n, value_heads, dk), rows.dtype)
+    beta = out("beta", (n, value_heads), b.dtype)
+    g = out("g", (n, value_heads), torch.float32)
+    decay = out("decay", (n, value_heads), torch.float32)
     if n:
         taps = taps.to(torch.int64).contiguous()
         _conv_silu_kernel[(n, triton.cdiv(channels, CONV_COLUMNS))](

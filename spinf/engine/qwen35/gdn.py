@@ -122,21 +122,26 @@ class GatedDeltaNet(nn.Module):
         self.w_out = linear([prefix + "out_proj"])
 
     def project(
-        self, h: torch.Tensor, norm: torch.Tensor
+        self, h: torch.Tensor, norm: torch.Tensor, empty=None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input projections of the residual rows ``h`` normed by the layer's input norm ``norm``
-        (`norm_linear`): q/k/v before the convolution, z, b, a."""
+        (`norm_linear`): q/k/v before the convolution, z, b, a; q/k/v and z as views of one product, written into
+        ``empty("projected", shape, dtype)`` when given (the CUDA graphs' buffer, so z needs no copy there)."""
         heads = self.cfg.linear_num_value_heads
-        y, x = norm_linear(self.w_in, h, norm, self.cfg.rms_norm_eps, want_x=True)
+        out = None if empty is None else empty("projected", (h.shape[0], sum(self.sizes)), h.dtype)
+        y, x = norm_linear(self.w_in, h, norm, self.cfg.rms_norm_eps, want_x=True, out=out)
         qkv, z = y.split(self.sizes, dim=-1)
         b, a = self.w_ba(x).split((heads, heads), dim=-1)
         return qkv, z, b, a
 
-    def recurrence_inputs(self, rows: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+    def recurrence_inputs(
+        self, rows: torch.Tensor, taps: torch.Tensor, b: torch.Tensor, a: torch.Tensor, empty=None
+    ) -> tuple[torch.Tensor, ...]:
         """q, k [n, Hv, dk], v [n, Hv, dv], g (the log decay), beta and the decay ``exp(g)`` [n, Hv] of the rows whose
         convolution reads ``taps`` [n, kernel] (oldest first) from ``rows`` (pre-convolution q/k/v rows; tap ``t``
         reads row ``t - 1``, tap 0 a zero row: the missing predecessor). On a GPU three row-wise kernels
-        (`spinf.engine.kernels.qwen_rows`), else torch ops over the rows with a zero row in front."""
+        (`spinf.engine.kernels.qwen_rows`), writing into ``empty``'s tensors when given (`gdn_inputs`); else torch
+        ops over the rows with a zero row in front, whose results are new tensors whatever ``empty`` is."""
         cfg, n = self.cfg, taps.shape[0]
         heads, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         if rows.is_cuda:
@@ -144,7 +149,7 @@ class GatedDeltaNet(nn.Module):
 
             return gdn_inputs(
                 rows, taps, self.conv, b, a, self.dt_bias, self.A_log,
-                key_heads=cfg.linear_num_key_heads, value_heads=heads, dk=dk, dv=dv,
+                key_heads=cfg.linear_num_key_heads, value_heads=heads, dk=dk, dv=dv, empty=empty,
             )  # fmt: skip
         stream = torch.cat([rows.new_zeros((1, rows.shape[1])), rows])
         mixed = stream[taps[:, 0]] * self.conv[:, 0]
@@ -172,14 +177,14 @@ class GatedDeltaNet(nn.Module):
         return linear_plus(self.w_out, o.reshape(n, -1), residual)
 
     def inputs(
-        self, h: torch.Tensor, norm: torch.Tensor, plan: Qwen35Plan
+        self, h: torch.Tensor, norm: torch.Tensor, plan: Qwen35Plan, empty=None
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         """Everything of a pass's layer before the recurrence, row by row, from the residual rows ``h`` and the
         input norm: the pre-convolution q/k/v rows, z, and the recurrence's inputs (q, k, v, g, beta, decay:
-        `recurrence_inputs`). A CUDA graph holds this part (`spinf.engine.qwen35.graphs`); the recurrence, which
-        the pass's segments shape, runs eagerly."""
-        qkv, z, b, a = self.project(h, norm)
-        return qkv, z, self.recurrence_inputs(qkv, plan.taps, b, a)
+        `recurrence_inputs`, into ``empty``'s tensors on a GPU when given). A CUDA graph holds this part
+        (`spinf.engine.qwen35.graphs`); the recurrence, which the pass's segments shape, runs eagerly."""
+        qkv, z, b, a = self.project(h, norm, empty)
+        return qkv, z, self.recurrence_inputs(qkv, plan.taps, b, a, empty)
 
     def forward(self, h: torch.Tensor, norm: torch.Tensor, plan: Qwen35Plan) -> torch.Tensor:
         """``h`` plus the layer's mixer over its rows normed by the input norm ``norm`` (`output` adds it)."""

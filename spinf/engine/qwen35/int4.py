@@ -267,12 +267,14 @@ class Int4Linear(nn.Module):
         return self._i8_product(xq, x_scale, dtype, blocked=True, residual=residual, out=out)
 
     def normed(
-        self, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False
+        self, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False, out=None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``self(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): on
         a GPU in the ``i8`` mode with outlier channels (the norm-fed linears' split scheme) the norm runs inside
         the activations' quantizer (`spinf.engine.kernels.int4.norm_quantize_split`: the quantizer's bits for the
-        normed rows it makes, row by row), and the normed rows reach memory only when asked for."""
+        normed rows it makes, row by row), and the normed rows reach memory only when asked for. The
+        product goes into ``out`` when given (a contiguous [rows, out features] tensor of h's dtype; copied there
+        off the GPU path)."""
         if (
             h.is_cuda
             and self.mode == "i8"
@@ -282,9 +284,13 @@ class Int4Linear(nn.Module):
             from spinf.engine.kernels.int4 import norm_quantize_split
 
             x, xq, x_scale, x_out = norm_quantize_split(h, weight, eps, self.keep, self.outliers, want_x=want_x)
-            return self._i8_product(xq, x_scale, h.dtype, blocked=False, x_out=x_out, w_out=self.w_out), x
+            y = self._i8_product(xq, x_scale, h.dtype, blocked=False, x_out=x_out, w_out=self.w_out, out=out)
+            return y, x
         x = rms_norm(h, weight, eps)
-        return self(x), x
+        if x.is_cuda and self.mode == "i8":  # `forward`'s product, written into ``out`` by its kernel
+            return self._gpu_i8(x, out=out), x
+        y = self(x)
+        return (y if out is None else out.copy_(y)), x
 
     def _gpu_i8(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None

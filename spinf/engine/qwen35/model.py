@@ -152,27 +152,35 @@ class DecoderLayer(nn.Module):
         self.w_gate_up = linear([at + "mlp.gate_proj", at + "mlp.up_proj"])
         self.w_down = linear([at + "mlp.down_proj"])
 
-    def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope, plan: Qwen35Plan, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output rows, into ``out`` when given (a tensor shaped as ``h`` that ``h`` does not share)."""
         if self.is_attention:
-            return self.mlp_residual(self.mixer(h, self.input_norm, rope, plan))
-        return self.mlp_residual(self.mixer(h, self.input_norm, plan))
+            return self.mlp_residual(self.mixer(h, self.input_norm, rope, plan), out)
+        return self.mlp_residual(self.mixer(h, self.input_norm, plan), out)
 
-    def mixer_inputs(self, h: torch.Tensor, plan: Qwen35Plan) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def mixer_inputs(
+        self, h: torch.Tensor, plan: Qwen35Plan, empty=None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """A GDN layer's part before its recurrence (`forward` in three parts, for the CUDA graphs of
-        `spinf.engine.qwen35.graphs`): z and the recurrence's inputs (q, k, v, g, beta, decay)."""
-        _, z, inputs = self.mixer.inputs(h, self.input_norm, plan)
+        `spinf.engine.qwen35.graphs`): z and the recurrence's inputs (q, k, v, g, beta, decay), these into
+        ``empty``'s tensors on a GPU when given (`GatedDeltaNet.recurrence_inputs`)."""
+        _, z, inputs = self.mixer.inputs(h, self.input_norm, plan, empty)
         return z, inputs
 
-    def mixer_finish(self, h: torch.Tensor, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """A GDN layer's part after its recurrence's outputs ``o``: the gated norm, out_proj, the residual, the MLP."""
-        return self.mlp_residual(self.mixer.output(o, z, h))
+    def mixer_finish(
+        self, h: torch.Tensor, o: torch.Tensor, z: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A GDN layer's part after its recurrence's outputs ``o``: the gated norm, out_proj, the residual, the MLP;
+        into ``out`` when given (which may be ``h``'s own buffer: ``h`` is read before the MLP writes)."""
+        return self.mlp_residual(self.mixer.output(o, z, h), out)
 
-    def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
+    def mlp_residual(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``h`` plus the MLP of its normed rows, over at most `MLP_ROWS` rows at a time (each part written into
-        its rows of one output: no concatenation)."""
+        its rows of one output, ``out`` when given: no concatenation)."""
         if h.shape[0] <= MLP_ROWS:
-            return self._mlp(h)
-        out = torch.empty_like(h)
+            return self._mlp(h, out)
+        if out is None:
+            out = torch.empty_like(h)
         for start in range(0, h.shape[0], MLP_ROWS):
             rows = slice(start, start + MLP_ROWS)
             self._mlp(h[rows], out[rows])

@@ -87,15 +87,23 @@ def made_plus(
 
 
 def norm_linear(
-    linear: nn.Module, h: torch.Tensor, weight: torch.Tensor, eps: float, *, want_x: bool = False
+    linear: nn.Module,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    want_x: bool = False,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``linear(rms_norm(h, weight, eps))`` and the normed rows when ``want_x`` (else None, or them anyway): in
     one pass with the activations' quantizer where the linear can (`spinf.engine.qwen35.int4.Int4Linear.normed`),
-    the quantizer's bits for the normed rows (their sum of squares in the kernel's own order)."""
+    the quantizer's bits for the normed rows (their sum of squares in the kernel's own order). The product goes
+    into ``out`` when given (by the product's kernel where it can, else copied)."""
     if (normed := getattr(linear, "normed", None)) is not None:
-        return normed(h, weight, eps, want_x=want_x)
+        return normed(h, weight, eps, want_x=want_x, out=out)
     x = rms_norm(h, weight, eps)
-    return linear(x), x
+    y = linear(x)
+    return (y if out is None else out.copy_(y)), x
 
 
 # Makes one linear from the checkpoint's tensors: the full weight names without ``.weight`` (several: fused along

@@ -1,6 +1,7 @@
 """CUDA graphs for the Qwen3.5 stack's scoring passes (spinf.engine.qwen35.graphs), gpu-marked: a pass replayed in
-pieces around its eager recurrences gives the eager pass's bits, for the tiny twin in bf16 and a tiny GPTQ folder in
-int4-i8, on contents short enough to run token by token and long enough that their fixed prefix runs chunked."""
+pieces around its recurrences (the pass's own graph, replayed at each GDN layer) gives the eager pass's bits, for
+the tiny twin in bf16 and a tiny GPTQ folder in int4-i8, on contents short enough to run token by token and long
+enough that their fixed prefix runs chunked."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def test_a_pass_replayed_in_pieces_gives_the_eager_bits(gpu_engine, content):
     replays = graphs.replays
     graphed = numbers(gpu_engine.score(small))
     assert graphs.replays > replays and not graphs.failed and graphs.captured
+    # the pass's recurrences ran as one graph, captured at its first GDN layer (`PassRecurrence`)
+    assert not graphs.recurrence_failed and graphs._recurrence.graph is not None
     assert graphed == eager(gpu_engine, small)
     crowd = body(other_questions(12) + TARGETS, [("z", "Other news."), ("a", text)])
     assert numbers(gpu_engine.score(crowd)) == eager(gpu_engine, crowd)  # another bucket, other jobs in the pass

@@ -46,4 +46,25 @@ def test_the_pieces_run_eagerly_give_the_forwards_bits(model, prefix_len):
         got = run_pieces(model, static, plan)
     assert torch.equal(got, expected)
     assert arena["h"].shape[0] == rows + 7
-    assert {"q", "k", "v", "g", "beta", "decay", "z", "o", "cos", "sin"} <= set(arena)
+    assert {"q", "k", "v", "g", "beta", "decay", "z", "o", "cos", "sin", "projected"} <= set(arena)
+    # z is a view of the input projection's buffer (its last columns), kept without a copy
+    assert arena["z"].untyped_storage().data_ptr() == arena["projected"].data_ptr()
+    assert arena["z"].shape[0] == rows + 7 and arena["z"].stride() == arena["projected"].stride()
+
+
+def test_a_value_a_kernel_wrote_into_a_buffer_is_kept_without_a_copy():
+    tokens_ = torch.zeros(5, dtype=torch.long)
+    arena: dict[str, torch.Tensor] = {}
+    static = Static(5, tokens_, None, arena, capacity=8)
+    mixed = static.place("mixed", (5, 12), torch.float32)
+    mixed.copy_(torch.arange(60.0).view(5, 12))
+    v = mixed[:, 4:].view(5, 2, 4)  # a kernel's output, then a view of its last columns (gdn_inputs' v)
+    kept = static.keep("v", v)
+    assert kept.data_ptr() == v.data_ptr() and torch.equal(kept, v)
+    assert arena["v"].shape == (8, 2, 4) and arena["v"].untyped_storage().data_ptr() == arena["mixed"].data_ptr()
+    other = torch.ones(5, 3)  # made elsewhere: copied into a buffer of its own
+    assert static.keep("z", other).data_ptr() == arena["z"].data_ptr() != other.data_ptr()
+    with pytest.raises(ValueError, match="rows"):
+        static.place("q", (6, 12), torch.float32)
+    with pytest.raises(ValueError, match="asked for"):
+        static.place("mixed", (5, 13), torch.float32)

@@ -94,6 +94,34 @@ def test_no_rows_and_sizes_that_disagree():
         gdn_inputs(qkv, taps, lay.conv[:-1], b, a, lay.dt_bias, lay.A_log, key_heads=2, value_heads=6, dk=32, dv=32)
 
 
+def test_the_kernels_write_into_the_buffers_they_are_given():
+    lay = layer()
+    qkv, taps, b, a = inputs(9)
+    want = kernels(lay, qkv, taps, b, a)
+    made: dict[str, torch.Tensor] = {}
+
+    def empty(name, shape, dtype):  # NaN-filled larger buffers' first rows, as the CUDA graphs' arena gives
+        made[name] = torch.full((shape[0] + 3, *shape[1:]), float("nan"), dtype=dtype, device=DEVICE)
+        return made[name][: shape[0]]
+
+    on = [t.to(DEVICE) for t in (qkv, taps, lay.conv, b, a, lay.dt_bias, lay.A_log)]
+    got = gdn_inputs(*on, key_heads=KEY_HEADS, value_heads=VALUE_HEADS, dk=DK, dv=DV, empty=empty)
+    assert set(made) == {"mixed", "q", "k", "beta", "g", "decay"}
+    for x, y in zip(got, want, strict=True):
+        assert torch.equal(x.cpu(), y)
+    q, k, v, g, beta, decay = got
+    for name, tensor in (("q", q), ("k", k), ("g", g), ("beta", beta), ("decay", decay)):
+        assert tensor.data_ptr() == made[name].data_ptr(), name
+    assert v.untyped_storage().data_ptr() == made["mixed"].untyped_storage().data_ptr()  # v: the mixed rows' view
+    assert made["q"][9:].isnan().all()  # nothing past the rows
+
+    def strided(name, shape, dtype):
+        return torch.empty((shape[0], 2 * shape[1], *shape[2:]), dtype=dtype, device=DEVICE)[:, : shape[1]]
+
+    with pytest.raises(ValueError, match="mixed buffer"):
+        gdn_inputs(*on, key_heads=KEY_HEADS, value_heads=VALUE_HEADS, dk=DK, dv=DV, empty=strided)
+
+
 def test_silu_mul_is_the_mlps_torch_form_and_row_wise():
     from spinf.engine.elementwise import pointwise
     from spinf.engine.kernels.qwen_rows import silu_mul
