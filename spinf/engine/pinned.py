@@ -37,7 +37,8 @@ class PinnedStager:
     def to_device(self, a: np.ndarray) -> torch.Tensor:
         """``a`` as a new tensor on the device, copied without blocking the host."""
         a = np.ascontiguousarray(a)
-        out = torch.empty(a.shape, dtype=torch.from_numpy(a).dtype, device=self.device)
+        source = torch.from_numpy(a)
+        out = torch.empty(source.shape, dtype=source.dtype, device=self.device)
         self.copy_into(out, a)
         return out
 

@@ -226,8 +226,12 @@ class QwenPassGraphs(PassGraphs):
         # each pass's recurrence as one graph (`PassRecurrence`), in a pool of their own, captured on a side stream
         self._recurrence_pool = None
         self._side: torch.cuda.Stream | None = None
-        self._recurrence: PassRecurrence | None = None
-        self.recurrence_failed = False
+        self._recurrence: PassRecurrence | None = None  # the last pass's (after a failed capture, no new ones)
+
+    @property
+    def recurrence_failed(self) -> bool:
+        """Whether a pass's recurrence capture was refused (the recurrences run eagerly from then on)."""
+        return self._recurrence is not None and self._recurrence.failed
 
     def run(self, token_ids: np.ndarray, arrays, layout=None) -> torch.Tensor | None:
         if layout is None or layout.media:  # the recurrence needs the pass's layout; images move rotary positions
@@ -249,7 +253,6 @@ class QwenPassGraphs(PassGraphs):
             # the last pass's graph goes only now: the pool must have a live graph when this pass's capture begins
             # (the stream orders the last pass's replays before this pass's, so their shared blocks never clash)
             self._recurrence = recurrence
-            self.recurrence_failed = recurrence.failed
         self.replays += 1
         return hidden[: len(token_ids)]
 

@@ -227,10 +227,12 @@ class Int4Linear(nn.Module):
     def out_features(self) -> int:
         return sum((part[0] if kind == "int4" else part).shape[0] for kind, _, part in self._parts())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``'s product, written into ``out`` when given (by the product's kernel on a GPU in the ``i8`` mode)."""
         if x.is_cuda and self.mode == "i8":
-            return self._gpu_i8(x)
-        return self._forward(x, self.weight()).to(x.dtype)
+            return self._gpu_i8(x, out=out)
+        y = self._forward(x, self.weight()).to(x.dtype)
+        return y if out is None else out.copy_(y)
 
     def keep_int8(self) -> int:
         """Unpack the i8 mode's int8 weight once and keep it beside the packed one (no unpacking per call, at the
@@ -287,10 +289,7 @@ class Int4Linear(nn.Module):
             y = self._i8_product(xq, x_scale, h.dtype, blocked=False, x_out=x_out, w_out=self.w_out, out=out)
             return y, x
         x = rms_norm(h, weight, eps)
-        if x.is_cuda and self.mode == "i8":  # `forward`'s product, written into ``out`` by its kernel
-            return self._gpu_i8(x, out=out), x
-        y = self(x)
-        return (y if out is None else out.copy_(y)), x
+        return self(x, out), x
 
     def _gpu_i8(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
